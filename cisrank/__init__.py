@@ -1,0 +1,3 @@
+"""cisrank: retrieval and reranking by causal relevance."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,318 @@
+"""The `cisrank` command. A stable contract: flags are documented, errors are one line and exit 2.
+
+Verbs: `eval` (TREC DL evaluation of a reranker over first-stage candidates), `rerank` (rank
+passages for one query), `version`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cisrank.errors import CisrankError
+
+app = typer.Typer(
+    name="cisrank",
+    help="Retrieval and reranking by causal relevance (CIS) for retrieval-augmented generation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+eval_app = typer.Typer(
+    help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
+    "(nDCG@1/5/10, AP(rel=2), R(rel=2)@100 with ir_measures, trec_eval semantics).",
+    no_args_is_help=True,
+)
+app.add_typer(eval_app, name="eval")
+
+RerankerOpt = Annotated[
+    str,
+    typer.Option(
+        "--reranker",
+        "-r",
+        help="Reranker to apply to the first-stage candidates: none, dense, ...",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Model for the reranker: Hugging Face id or local folder."),
+]
+DepthOpt = Annotated[
+    int, typer.Option("--depth", min=1, help="How many first-stage candidates to rerank per query.")
+]
+BatchOpt = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Passages per model batch.")
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="Folder for run.trec, metrics.json, per_query.tsv and the delta plot "
+        "(default out/eval-<dataset>-<reranker>).",
+    ),
+]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="The dataset's folder (topics.tsv, qrels.txt, candidates json). Default: "
+        "$CISRANK_DATA_DIR/<dataset>, else ir_datasets.",
+    ),
+]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="torch device (cpu, cuda, cuda:1); auto by default.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")
+]
+
+
+def _evaluate(
+    name: str,
+    data_dir: Path | None,
+    reranker: str,
+    model: str | None,
+    depth: int,
+    batch_size: int | None,
+    output: Path | None,
+    device: str | None,
+    quiet: bool,
+    as_json: bool,
+    *,
+    files: dict[str, Path | None] | None = None,
+) -> None:
+    from rich.console import Console
+
+    from cisrank.eval import datasets
+    from cisrank.eval.pipeline import RERANKED, run_eval
+    from cisrank.eval.report import metrics_table
+    from cisrank.rerank.registry import check_name, load_reranker
+
+    check_name(reranker)
+    if files is not None:
+        dataset = datasets.load_local(name, **files)
+    else:
+        dataset = datasets.load_named(name, data_dir)
+    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device)
+    output = output or Path("out") / f"eval-{name}-{reranker}"
+    result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    console = Console()
+    title = f"{name}: {len(dataset.qids)} queries, {sum(len(h) for h in dataset.candidates.values())} candidates"
+    console.print(metrics_table(result.metrics, title=title))
+    if result.significance:
+        s = result.significance
+        timing = result.info.get("timing", {})
+        console.print(
+            f"{RERANKED} vs first-stage on {s['measure']}: delta {s['mean_delta']:+.4f} "
+            f"({s['wins']} up, {s['losses']} down, {s['ties']} tied), paired t-test p={s['p_ttest']:.3g}, "
+            f"randomization p={s['p_randomization']:.3g}; "
+            f"{timing.get('passages_per_s', 0):.1f} passages/s"
+        )
+    console.print(f"outputs in {output}/ (run.trec, metrics.json, per_query.tsv, plot)")
+
+
+def _dataset_command(name: str, doc: str):
+    def command(
+        data_dir: DataDirOpt = None,
+        reranker: RerankerOpt = "none",
+        model: ModelOpt = None,
+        depth: DepthOpt = 100,
+        batch_size: BatchOpt = None,
+        output: OutputOpt = None,
+        device: DeviceOpt = None,
+        quiet: QuietOpt = False,
+        as_json: JsonOpt = False,
+    ) -> None:
+        _evaluate(
+            name, data_dir, reranker, model, depth, batch_size, output, device, quiet, as_json
+        )
+
+    command.__doc__ = doc
+    eval_app.command(name)(command)
+
+
+_dataset_command(
+    "trec-dl19",
+    "TREC DL 2019 passage (43 judged queries): rerank the BM25 top-100 and evaluate.",
+)
+_dataset_command(
+    "trec-dl21",
+    "TREC DL 2021 passage, MS MARCO v2 (53 judged queries): rerank the BM25 top-100 and evaluate.",
+)
+
+
+@eval_app.command("run")
+def eval_run(
+    data_dir: DataDirOpt = None,
+    topics: Annotated[Path | None, typer.Option(help="topics file: qid<TAB>query")] = None,
+    qrels: Annotated[Path | None, typer.Option(help="qrels file: qid Q0 docid grade")] = None,
+    candidates: Annotated[
+        Path | None,
+        typer.Option(help="candidates JSON(.gz) with passage text, as in ../shared/data"),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Dataset name in reports.")] = None,
+    reranker: RerankerOpt = "none",
+    model: ModelOpt = None,
+    depth: DepthOpt = 100,
+    batch_size: BatchOpt = None,
+    output: OutputOpt = None,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
+    if data_dir is None and candidates is None:
+        raise CisrankError(
+            "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
+        )
+    if data_dir is not None:
+        label = name or Path(data_dir).name
+        _evaluate(
+            label, data_dir, reranker, model, depth, batch_size, output, device, quiet, as_json
+        )
+    else:
+        files = {"topics": topics, "qrels": qrels, "candidates": candidates}
+        label = name or Path(candidates).parent.name
+        _evaluate(
+            label,
+            None,
+            reranker,
+            model,
+            depth,
+            batch_size,
+            output,
+            device,
+            quiet,
+            as_json,
+            files=files,
+        )
+
+
+def _read_passages(path: Path) -> tuple[list[str], list[str]]:
+    """jsonl with `text` (and optional `id`), or one passage per line."""
+    if not path.is_file():
+        raise CisrankError(f"passages file '{path}' does not exist")
+    texts, ids = [], []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+                text = obj["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CisrankError(
+                    f"{path}:{lineno}: expected a JSON object with a 'text' field"
+                ) from None
+            if not isinstance(text, str) or not text.strip():
+                raise CisrankError(f"{path}:{lineno}: 'text' must be a non-empty string")
+            texts.append(text)
+            ids.append(str(obj.get("id", len(ids))))
+        else:
+            texts.append(line)
+            ids.append(str(len(ids)))
+    if not texts:
+        raise CisrankError(f"passages file '{path}' holds no passages")
+    return texts, ids
+
+
+@app.command("rerank")
+def rerank(
+    query: Annotated[str, typer.Option("--query", help="The query.")],
+    passages: Annotated[
+        Path,
+        typer.Option(
+            "--passages", help="jsonl with 'text' and optional 'id', or one passage per line."
+        ),
+    ],
+    reranker: RerankerOpt = "dense",
+    model: ModelOpt = None,
+    top_n: Annotated[
+        int | None, typer.Option("--top-n", min=1, help="Show only the best N.")
+    ] = None,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rank passages for one query, most relevant first."""
+    from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
+
+    if check_name(reranker) == NO_RERANKER:
+        raise CisrankError("`rerank` needs a reranker: --reranker dense, ...")
+    if not query.strip():
+        raise CisrankError("--query is empty")
+    texts, ids = _read_passages(passages)
+    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device)
+    ranked = model_obj.rerank(query, texts, top_n=top_n)
+    if as_json:
+        rows = [
+            {"rank": r, "index": p.index, "id": ids[p.index], "score": p.score, "text": p.text}
+            for r, p in enumerate(ranked, 1)
+        ]
+        typer.echo(
+            json.dumps(
+                {
+                    "query": query,
+                    "reranker": reranker,
+                    "model": model_obj.model_name,
+                    "results": rows,
+                },
+                indent=2,
+            )
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{reranker} ({model_obj.model_name}): {query}")
+    for col, justify in (
+        ("rank", "right"),
+        ("id", "left"),
+        ("score", "right"),
+        ("passage", "left"),
+    ):
+        table.add_column(col, justify=justify)
+    for r, p in enumerate(ranked, 1):
+        text = p.text if len(p.text) <= 100 else p.text[:97] + "..."
+        table.add_row(str(r), ids[p.index], f"{p.score:.4f}", text)
+    Console().print(table)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the versions of cisrank and its main dependencies."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as v
+
+    for pkg in ("cisrank", "torch", "transformers", "sentence-transformers", "ir_measures"):
+        try:
+            typer.echo(f"{pkg} {v(pkg)}")
+        except PackageNotFoundError:
+            typer.echo(f"{pkg} not installed")
+
+
+def main() -> None:
+    from cisrank.log import setup_logging
+
+    setup_logging()
+    try:
+        app()
+    except CisrankError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

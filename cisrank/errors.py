@@ -1,0 +1,48 @@
+"""Errors a user can act on.
+
+Every failure that the user can fix (a bad path, an unknown name, a missing extra) is raised as a
+`CisrankError` whose message says what was wrong and what to do. The CLI prints that message on one
+line and exits non-zero; the API maps it to a 4xx. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class CisrankError(Exception):
+    """Base class for errors caused by input or environment, never by a bug."""
+
+    exit_code: int = 2
+
+
+class DataError(CisrankError):
+    """A dataset folder or file is missing or malformed."""
+
+
+class ModelNotFoundError(CisrankError):
+    """A model id or path cannot be resolved to weights on this machine."""
+
+
+class UnknownRerankerError(CisrankError):
+    """The name does not match any registered reranker."""
+
+
+class MissingExtraError(CisrankError):
+    """An optional dependency is not installed; the message names the extra."""
+
+    def __init__(self, module: str, extra: str, feature: str) -> None:
+        super().__init__(
+            f"{feature} needs the Python package '{module}', which is not installed: "
+            f"run `pip install 'cisrank[{extra}]'`"
+        )
+        self.module = module
+        self.extra = extra
+
+
+def require(module: str, extra: str, feature: str):
+    """Import an optional dependency lazily, turning ImportError into an actionable message."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise MissingExtraError(module, extra, feature) from exc

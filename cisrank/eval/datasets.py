@@ -1,0 +1,254 @@
+"""Evaluation datasets: queries, graded judgments and first-stage candidates with passage text.
+
+The local folder layout is the one of `../shared/data/<name>/`: `topics.tsv` (qid TAB query),
+`qrels.txt` (qid Q0 docid grade), `candidates-bm25-top100.json[.gz]` (a JSON array of
+`{"query", "hits": [{"qid", "docid", "rank", "score", "content"}]}`). When no local folder exists,
+queries and judgments come from ir_datasets (needs network the first time).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cisrank.errors import DataError, require
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "topics.tsv"
+QRELS_FILE = "qrels.txt"
+CANDIDATE_FILES = ("candidates-bm25-top100.json", "candidates-bm25-top100.json.gz")
+
+# Named datasets: local folder name under CISRANK_DATA_DIR, and the ir_datasets id as fallback.
+KNOWN_DATASETS: dict[str, str] = {
+    "trec-dl19": "msmarco-passage/trec-dl-2019/judged",
+    "trec-dl20": "msmarco-passage/trec-dl-2020/judged",
+    "trec-dl21": "msmarco-passage-v2/trec-dl-2021/judged",
+    "trec-dl22": "msmarco-passage-v2/trec-dl-2022/judged",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A first-stage candidate: passage id and text with its first-stage score and rank."""
+
+    docid: str
+    text: str
+    score: float
+    rank: int
+
+
+@dataclass
+class Dataset:
+    name: str
+    topics: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    candidates: dict[str, list[Hit]]
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def qids(self) -> list[str]:
+        """Queries that have both text and candidates, in topic-file order."""
+        return [q for q in self.topics if q in self.candidates]
+
+    def passages(self) -> dict[str, str]:
+        """Distinct passages of all candidate lists (the pool corpus), first text seen wins."""
+        pool: dict[str, str] = {}
+        for hits in self.candidates.values():
+            for h in hits:
+                pool.setdefault(h.docid, h.text)
+        return pool
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def read_topics(path: Path) -> dict[str, str]:
+    topics: dict[str, str] = {}
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            qid, sep, text = line.partition("\t")
+            if not sep or not qid.strip() or not text.strip():
+                raise DataError(f"{path}:{lineno}: expected 'qid<TAB>query', got {line[:80]!r}")
+            topics[qid.strip()] = text.strip()
+    if not topics:
+        raise DataError(f"{path}: no topics in file")
+    return topics
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = {}
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 4:
+                raise DataError(
+                    f"{path}:{lineno}: expected 'qid Q0 docid grade', got {line[:80]!r}"
+                )
+            qid, _, docid, grade = parts
+            try:
+                qrels.setdefault(qid, {})[docid] = int(grade)
+            except ValueError:
+                raise DataError(f"{path}:{lineno}: grade {grade!r} is not an integer") from None
+    if not qrels:
+        raise DataError(f"{path}: no judgments in file")
+    return qrels
+
+
+def read_candidates(path: Path) -> tuple[dict[str, str], dict[str, list[Hit]], int]:
+    """Parse a candidates JSON; returns (queries, hits per qid, duplicate hits dropped)."""
+    try:
+        with _open_text(path) as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable candidates JSON file ({exc})") from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON array of {{query, hits}} objects")
+    queries: dict[str, str] = {}
+    candidates: dict[str, list[Hit]] = {}
+    dropped = 0
+    for i, entry in enumerate(data):
+        try:
+            raw_hits = entry["hits"]
+            if not raw_hits:
+                continue
+            qid = str(raw_hits[0]["qid"])
+            hits = sorted(
+                (
+                    Hit(str(h["docid"]), h["content"], float(h["score"]), int(h["rank"]))
+                    for h in raw_hits
+                ),
+                key=lambda h: h.rank,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{path}: entry {i} is malformed (missing or bad {exc})") from None
+        seen: set[str] = set()
+        unique = []
+        for h in hits:
+            if h.docid in seen:
+                dropped += 1
+                continue
+            seen.add(h.docid)
+            unique.append(h)
+        queries[qid] = entry.get("query", "")
+        candidates[qid] = unique
+    return queries, candidates, dropped
+
+
+def load_local(
+    name: str,
+    *,
+    topics: Path | None = None,
+    qrels: Path | None = None,
+    candidates: Path | None = None,
+    require_qrels: bool = True,
+) -> Dataset:
+    """Load from explicit files; missing topics fall back to the query text in the candidates."""
+    if candidates is None:
+        raise DataError("a candidates file is needed (the first-stage run with passage text)")
+    for label, p in (("topics", topics), ("qrels", qrels), ("candidates", candidates)):
+        if p is not None and not Path(p).is_file():
+            raise DataError(f"{label} file '{p}' does not exist")
+    cand_queries, cands, dropped = read_candidates(Path(candidates))
+    notes = []
+    if dropped:
+        notes.append(f"{dropped} duplicate docids in the candidates were collapsed (first kept)")
+        log.warning("%s: %s", candidates, notes[-1])
+    topic_map = (
+        read_topics(Path(topics)) if topics else {q: t for q, t in cand_queries.items() if t}
+    )
+    if qrels is None and require_qrels:
+        raise DataError(f"dataset '{name}': no qrels file, so nothing to evaluate against")
+    qrel_map = read_qrels(Path(qrels)) if qrels else {}
+    return Dataset(
+        name, topic_map, qrel_map, cands, source=str(Path(candidates).parent), notes=notes
+    )
+
+
+def load_folder(folder: str | Path, name: str | None = None, require_qrels: bool = True) -> Dataset:
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"data folder '{folder}' does not exist")
+    cand = next((folder / c for c in CANDIDATE_FILES if (folder / c).is_file()), None)
+    if cand is None:
+        raise DataError(f"data folder '{folder}' has no {' or '.join(CANDIDATE_FILES)}")
+    topics = folder / TOPICS_FILE
+    qrels = folder / QRELS_FILE
+    return load_local(
+        name or folder.name,
+        topics=topics if topics.is_file() else None,
+        qrels=qrels if qrels.is_file() else None,
+        candidates=cand,
+        require_qrels=require_qrels,
+    )
+
+
+def data_root() -> Path | None:
+    root = os.environ.get("CISRANK_DATA_DIR")
+    return Path(root).expanduser() if root else None
+
+
+def load_named(name: str, data_dir: str | Path | None = None) -> Dataset:
+    """A dataset by name: `--data-dir`, else `$CISRANK_DATA_DIR/<name>`, else ir_datasets."""
+    if data_dir is not None:
+        return load_folder(data_dir, name)
+    root = data_root()
+    if root is not None and (root / name).is_dir():
+        return load_folder(root / name, name)
+    if name not in KNOWN_DATASETS:
+        raise DataError(
+            f"unknown dataset '{name}' and no folder for it: pass --data-dir DIR "
+            f"(known names: {', '.join(KNOWN_DATASETS)})"
+        )
+    where = f"{root / name} does not exist" if root else "CISRANK_DATA_DIR is not set"
+    log.info("no local folder for %s (%s); trying ir_datasets", name, where)
+    return load_ir_datasets(name, KNOWN_DATASETS[name], local_hint=where)
+
+
+def load_ir_datasets(name: str, dataset_id: str, depth: int = 100, local_hint: str = "") -> Dataset:
+    """Queries, qrels and the official first-stage run (with passage text) from ir_datasets."""
+    ir_datasets = require("ir_datasets", "ir-datasets", "loading datasets without a local folder")
+    try:
+        ds = ir_datasets.load(dataset_id)
+        topics = {q.query_id: q.text for q in ds.queries_iter()}
+        qrels: dict[str, dict[str, int]] = {}
+        for r in ds.qrels_iter():
+            qrels.setdefault(r.query_id, {})[r.doc_id] = int(r.relevance)
+        ranked: dict[str, list[tuple[str, float]]] = {}
+        for sd in ds.scoreddocs_iter():
+            if sd.query_id in topics:
+                ranked.setdefault(sd.query_id, []).append((sd.doc_id, float(sd.score)))
+        store = ds.docs_store()
+        candidates: dict[str, list[Hit]] = {}
+        for qid, pairs in ranked.items():
+            pairs = sorted(pairs, key=lambda p: -p[1])[:depth]
+            docs = store.get_many([d for d, _ in pairs])
+            candidates[qid] = [
+                Hit(d, docs[d].text, s, r) for r, (d, s) in enumerate(pairs, 1) if d in docs
+            ]
+    except Exception as exc:
+        raise DataError(
+            f"ir_datasets could not load '{dataset_id}' ({type(exc).__name__}: {exc}); "
+            f"it downloads on first use, and {local_hint or 'no local folder was given'}: "
+            f"pass --data-dir with a local copy (layout of ../shared/data)"
+        ) from None
+    return Dataset(name, topics, qrels, candidates, source=f"ir_datasets:{dataset_id}")
+
+
+def iter_pairs(dataset: Dataset, depth: int) -> Iterable[tuple[str, str, list[Hit]]]:
+    for qid in dataset.qids:
+        yield qid, dataset.topics[qid], dataset.candidates[qid][:depth]

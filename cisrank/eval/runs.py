@@ -1,0 +1,91 @@
+"""Runs: ranked lists per query, and their TREC file form (`qid Q0 docid rank score tag`).
+
+A `Run` always holds strictly decreasing scores and no duplicate docids, so every evaluator
+(trec_eval breaks score ties by docid, others by file order) reads the same ranking from it. Ties
+in the input are broken by input order (for a reranked list, the first-stage order), then nudged
+apart by the smallest float step, which leaves the ranking and the values otherwise untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cisrank.errors import DataError
+from cisrank.fileio import atomic_write_text
+from cisrank.rerank.base import rank_order
+
+Ranking = list[tuple[str, float]]
+
+
+def strictly_ranked(entries: Sequence[tuple[str, float]]) -> Ranking:
+    """Sort (docid, score) best first; ties keep input order; tied scores nudged apart."""
+    seen: set[str] = set()
+    for docid, score in entries:
+        if docid in seen:
+            raise DataError(f"duplicate docid '{docid}' in one ranking")
+        seen.add(docid)
+        if not math.isfinite(score):
+            raise DataError(f"score for docid '{docid}' is not finite ({score})")
+    order = rank_order([s for _, s in entries])
+    ranked: Ranking = []
+    prev = math.inf
+    for i in order:
+        docid, score = entries[i]
+        score = float(score)
+        if score >= prev:
+            score = float(np.nextafter(prev, -np.inf))
+        ranked.append((docid, score))
+        prev = score
+    return ranked
+
+
+@dataclass
+class Run:
+    """A named run: qid -> ranking, best first, strictly decreasing scores."""
+
+    name: str
+    rankings: dict[str, Ranking]
+
+    @classmethod
+    def from_scores(cls, name: str, scores: Mapping[str, Sequence[tuple[str, float]]]) -> Run:
+        return cls(name, {qid: strictly_ranked(entries) for qid, entries in scores.items()})
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """The form ir_measures and pytrec_eval take."""
+        return {qid: dict(r) for qid, r in self.rankings.items()}
+
+    def lines(self, tag: str | None = None) -> Iterable[str]:
+        tag = tag or self.name
+        for qid, ranking in self.rankings.items():
+            for rank, (docid, score) in enumerate(ranking, 1):
+                yield f"{qid} Q0 {docid} {rank} {score!r} {tag}\n"
+
+    def write_trec(self, path: str | Path, tag: str | None = None) -> Path:
+        return atomic_write_text(Path(path), "".join(self.lines(tag)))
+
+    @classmethod
+    def read_trec(cls, path: str | Path, name: str | None = None) -> Run:
+        path = Path(path)
+        scores: dict[str, list[tuple[str, float]]] = {}
+        seen: dict[str, set[str]] = {}
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                if len(parts) != 6:
+                    raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag'")
+                qid, _, docid, _, score, _ = parts
+                if docid in seen.setdefault(qid, set()):
+                    raise DataError(f"{path}:{lineno}: duplicate docid '{docid}' for query {qid}")
+                seen[qid].add(docid)
+                try:
+                    scores.setdefault(qid, []).append((docid, float(score)))
+                except ValueError:
+                    raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from None
+        return cls.from_scores(name or path.stem, scores)

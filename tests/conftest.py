@@ -1,0 +1,69 @@
+"""Shared fixtures: tiny models saved to temp dirs and the real TREC DL data in ../shared/data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from cisrank import testing
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _data_root() -> Path:
+    env = os.environ.get("CISRANK_DATA_DIR")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """Root of the real datasets; tests that need it skip (with the reason) where it is absent."""
+    root = _data_root()
+    if not (root / "trec-dl19").is_dir():
+        pytest.skip(
+            f"real TREC DL data not found at {root}: set CISRANK_DATA_DIR to the folder that holds "
+            "trec-dl19/ (../shared/data in this workplace)"
+        )
+    return root
+
+
+@pytest.fixture(scope="session")
+def dl19_dir(data_root: Path) -> Path:
+    return data_root / "trec-dl19"
+
+
+@pytest.fixture(scope="session")
+def word_vocab() -> list[str]:
+    return testing.words(testing.SAMPLE_SENTENCES)
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer(word_vocab):
+    return testing.word_level_tokenizer(word_vocab)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory, word_tokenizer) -> Path:
+    return testing.build_causal_lm(tmp_path_factory.mktemp("gpt2"), word_tokenizer, "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, word_tokenizer) -> Path:
+    return testing.build_causal_lm(tmp_path_factory.mktemp("llama"), word_tokenizer, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_bpe_dir(tmp_path_factory) -> Path:
+    tok = testing.bpe_tokenizer(testing.SAMPLE_SENTENCES * 3, vocab_size=320)
+    return testing.build_causal_lm(tmp_path_factory.mktemp("gpt2bpe"), tok, "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, word_vocab) -> Path:
+    return testing.build_bert(tmp_path_factory.mktemp("bert"), word_vocab)
