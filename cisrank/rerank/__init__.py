@@ -3,4 +3,21 @@
 from cisrank.rerank.base import BaseReranker, RankedPassage, Reranker, rank_order
 from cisrank.rerank.registry import available, load_reranker
 
-__all__ = ["BaseReranker", "RankedPassage", "Reranker", "available", "load_reranker", "rank_order"]
+__all__ = [
+    "BaseReranker",
+    "CISReranker",
+    "RankedPassage",
+    "Reranker",
+    "available",
+    "load_reranker",
+    "rank_order",
+]
+
+
+def __getattr__(name: str):
+    # CISReranker pulls in torch and transformers: import it only when asked for.
+    if name == "CISReranker":
+        from cisrank.rerank.cis import CISReranker
+
+        return CISReranker
+    raise AttributeError(f"module 'cisrank.rerank' has no attribute {name!r}")

@@ -58,6 +58,11 @@ class BaseReranker(ABC):
     @abstractmethod
     def score(self, query: str, passages: Sequence[str]) -> list[float]: ...
 
+    def score_many(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """Score several (query, passages) pairs; rerankers that can share one model batch
+        across queries override this (the API coalesces concurrent requests through it)."""
+        return [self.score(q, p) for q, p in requests]
+
     def rerank(
         self, query: str, passages: Sequence[str], top_n: int | None = None
     ) -> list[RankedPassage]:

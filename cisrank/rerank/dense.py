@@ -62,12 +62,29 @@ class DenseReranker(BaseReranker):
         return np.asarray(emb, dtype=np.float32)
 
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
-        if not passages:
-            return []
-        # Identical passages are embedded once: cheaper, and they cannot get different scores
-        # from sitting in differently padded batches.
-        unique = list(dict.fromkeys(passages))
-        q = self.embed([query], self.config.query_prefix)[0]
-        p = self.embed(unique, self.config.passage_prefix)
-        by_text = dict(zip(unique, (p @ q).astype(np.float64).tolist(), strict=True))
-        return [by_text[t] for t in passages]
+        return self.score_many([(query, passages)])[0]
+
+    def score_many(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """All queries in one encode call and all passages in another, so concurrent requests
+        share model batches. Identical texts are embedded once: cheaper, and they cannot get
+        different scores from sitting in differently padded batches."""
+        requests = [(q, list(p)) for q, p in requests]
+        if not any(p for _, p in requests):
+            return [[] for _ in requests]
+        queries = list(dict.fromkeys(q for q, p in requests if p))
+        texts = list(dict.fromkeys(t for _, p in requests for t in p))
+        q_emb = dict(zip(queries, self.embed(queries, self.config.query_prefix), strict=True))
+        p_emb = self.embed(texts, self.config.passage_prefix)
+        row = {t: i for i, t in enumerate(texts)}
+        out = []
+        for q, p in requests:
+            if not p:
+                out.append([])
+                continue
+            # One dot product per distinct text, in float64: BLAS may round identical rows of
+            # one matrix differently, which would split exact ties.
+            rows = list(dict.fromkeys(row[t] for t in p))
+            sims = p_emb[rows].astype(np.float64) @ q_emb[q].astype(np.float64)
+            by_row = dict(zip(rows, sims.tolist(), strict=True))
+            out.append([by_row[row[t]] for t in p])
+        return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cisrank.errors import UnknownRerankerError
+from cisrank.errors import CisrankError, UnknownRerankerError
 from cisrank.rerank.base import Reranker
 
 
@@ -17,10 +17,20 @@ def _dense(model: str | None, **options: Any) -> Reranker:
     from cisrank.config import DenseRerankerConfig
     from cisrank.rerank.dense import DenseReranker
 
+    unknown = sorted(set(options) - set(DenseRerankerConfig.model_fields))
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise CisrankError(f"{flags}: option(s) of the cis reranker, not of dense; drop them")
     return DenseReranker(DenseRerankerConfig(), model=model, **options)
 
 
-_FACTORIES: dict[str, Callable[..., Reranker]] = {"dense": _dense}
+def _cis(model: str | None, **options: Any) -> Reranker:
+    from cisrank.rerank.cis import CISReranker
+
+    return CISReranker(model=model, **options)
+
+
+_FACTORIES: dict[str, Callable[..., Reranker]] = {"dense": _dense, "cis": _cis}
 
 NO_RERANKER = "none"
 

@@ -112,3 +112,14 @@ def test_paired_test_on_known_differences():
     # differences to share a sign: 2 of 8, whatever the zero's sign -> 1/4.
     assert out["p_randomization"] == pytest.approx(1 / 4, abs=0.015)
     assert paired_test(base, base)["p_ttest"] == 1.0
+
+
+def test_written_files_get_normal_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        path = Run.from_scores("t", {"q": [("a", 1.0)]}).write_trec(tmp_path / "r.trec")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644

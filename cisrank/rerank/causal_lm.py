@@ -1,0 +1,403 @@
+"""The causal-LM log-likelihood engine: the one hot path for every score built on log p(text).
+
+CIS (log p(K|Q) - log p(K)), and later question likelihood and PMI ordering, all reduce to one
+question: given prefix token ids and a list of continuations, what is the summed log-probability of
+each continuation? This module answers it, fast and exactly (GUIDE §3):
+
+- the shared prefix (BOS + templated query) runs once per call and its key/value cache is expanded
+  along the batch dimension for every batch of continuations, so query tokens are never recomputed;
+- continuations are deduplicated, sorted by length and cut into batches under a token budget, so
+  padding waste stays small; results come back in input order;
+- position ids and the 2D attention mask are built explicitly for either padding side, so a passage
+  scores the same whichever batch it lands in;
+- the LM head runs only on the hidden states that predict continuation tokens, gathered from the base
+  model's output, in chunks of `head_chunk_rows` rows, with a float32 log-softmax: full
+  `[batch, length, vocab]` logits are never built;
+- models whose cache cannot be reused fall back to full forwards of `[prefix, continuation]`.
+
+On a 2-core CPU the cost is dominated by the transformer body and the vocabulary projection; both
+scale with the number of continuation tokens, which is what this engine minimises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cisrank.devices import resolve_device, resolve_dtype
+from cisrank.errors import CisrankError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+PADDING_SIDES = ("right", "left")
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuationScores:
+    """Summed log-probabilities (and optionally per-token ones) of continuations, in input order."""
+
+    logprobs: list[float]
+    num_tokens: list[int]
+    token_logprobs: list[np.ndarray] | None = None
+
+
+def _default_batch_tokens(device: torch.device) -> int:
+    # CPU matmuls saturate at a few thousand rows; bigger batches only add padding and memory.
+    return 4096 if device.type == "cpu" else 32768
+
+
+def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype):
+    """Load a causal LM and its tokenizer by hub id or folder, with one-line actionable errors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cisrank.models import resolve_model
+
+    path = resolve_model(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(
+            f"cannot load causal LM '{model}' from {path}: {first}; pass --model with a folder "
+            "that holds a causal language model (config.json, weights, tokenizer)"
+        ) from exc
+    lm.to(device)
+    lm.eval()
+    return lm, tokenizer
+
+
+class CausalLMEngine:
+    """Summed log-probabilities of continuations given a shared prefix, for any HF causal LM.
+
+    Args:
+        model: a loaded `PreTrainedModel` with a causal LM head, or a hub id / local folder.
+        tokenizer: the model's tokenizer (loaded with the model when `model` is a name).
+        device, dtype: torch device and dtype; auto (CUDA + bf16 where present, CPU float32
+            otherwise) when None.
+        batch_tokens: padded tokens per batch (rows x longest continuation).
+        batch_size: at most this many continuations per batch.
+        head_chunk_rows: hidden states per LM-head call; bounds the logits buffer to
+            `head_chunk_rows x vocab` floats.
+        padding_side: "right" or "left"; scores do not depend on it.
+        use_prefix_cache: reuse the prefix's key/value cache (auto: on, falling back to full
+            forwards if the model rejects a cache).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        batch_tokens: int | None = None,
+        batch_size: int | None = None,
+        head_chunk_rows: int = 1024,
+        padding_side: str = "right",
+        use_prefix_cache: bool | None = None,
+    ) -> None:
+        if padding_side not in PADDING_SIDES:
+            raise CisrankError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        if head_chunk_rows < 1:
+            raise CisrankError(f"head_chunk_rows must be >= 1, got {head_chunk_rows}")
+        if isinstance(model, (str, Path)):
+            dev = resolve_device(device)
+            dt = resolve_dtype(dtype, dev)
+            self.model_name = str(model)
+            model, tokenizer = load_causal_lm(str(model), dev, dt)
+        else:
+            if tokenizer is None:
+                raise CisrankError("a loaded model needs its tokenizer: pass tokenizer=...")
+            dev = next(model.parameters()).device if device is None else resolve_device(device)
+            dt = next(model.parameters()).dtype if dtype is None else resolve_dtype(dtype, dev)
+            model = model.to(device=dev, dtype=dt).eval()
+            self.model_name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = dev
+        self.dtype = dt
+        self.base = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        if self.lm_head is None or self.base is model:
+            raise CisrankError(
+                f"model '{self.model_name}' has no separate LM head: a causal LM is needed"
+            )
+        self.batch_tokens = batch_tokens or _default_batch_tokens(dev)
+        self.batch_size = batch_size
+        self.head_chunk_rows = head_chunk_rows
+        self.padding_side = padding_side
+        self.use_prefix_cache = True if use_prefix_cache is None else use_prefix_cache
+        self._cache_checked = use_prefix_cache is not None
+        bos = tokenizer.bos_token_id
+        if bos is None:
+            bos = tokenizer.eos_token_id
+        if bos is None:
+            raise CisrankError(
+                f"tokenizer of '{self.model_name}' has neither a BOS nor an EOS token: "
+                "CIS needs one to start every sequence"
+            )
+        self.bos_id = int(bos)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+        cfg = cfg or model.config
+        self.max_positions = next(
+            (
+                int(v)
+                for k in ("max_position_embeddings", "n_positions", "n_ctx")
+                if isinstance(v := getattr(cfg, k, None), int) and v > 0
+            ),
+            None,
+        )
+        self._softcap = getattr(cfg, "final_logit_softcapping", None)
+        self._logit_scale = getattr(cfg, "logit_scale", None)
+        self._fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ tokenization
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` without special tokens."""
+        return list(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+    def encode_batch(self, texts: Sequence[str], max_tokens: int | None = None) -> list[list[int]]:
+        """Token ids of each text without special tokens, each truncated to `max_tokens`."""
+        if not texts:
+            return []
+        ids = self.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+        if max_tokens is not None:
+            ids = [list(x[:max_tokens]) for x in ids]
+        return [list(x) for x in ids]
+
+    # ------------------------------------------------------------------ identity
+    def fingerprint(self) -> str:
+        """A hash of everything in the model and tokenizer that changes a log-probability.
+
+        Covers the config, the compute dtype, a strided sample of every parameter tensor (any
+        fine-tune moves them) with its name and shape, the full tokenizer serialization and the
+        BOS id. Cheap (no hashing of whole weight files), deterministic across processes.
+        """
+        if self._fingerprint is not None:
+            return self._fingerprint
+        h = hashlib.sha256()
+        h.update(self.model.config.to_json_string(use_diff=False).encode())
+        h.update(str(self.dtype).encode())
+        with torch.inference_mode():
+            for name, p in sorted(self.model.state_dict().items()):
+                flat = p.detach().reshape(-1)
+                step = max(1, flat.numel() // 4096)
+                sample = flat[::step][:4096].to(device="cpu", dtype=torch.float32)
+                h.update(f"{name}:{tuple(p.shape)}".encode())
+                h.update(sample.numpy().tobytes())
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            h.update(backend.to_str().encode())
+        else:
+            h.update(repr(sorted(self.tokenizer.get_vocab().items())).encode())
+        h.update(f"bos={self.bos_id}".encode())
+        self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    # ------------------------------------------------------------------ scoring
+    def score_continuations(
+        self,
+        prefix: Sequence[int],
+        continuations: Sequence[Sequence[int]],
+        *,
+        return_tokens: bool = False,
+    ) -> ContinuationScores:
+        """Summed log p(continuation | prefix) for each continuation, in input order.
+
+        `prefix` must be non-empty (it starts with BOS). Identical continuations are scored once;
+        an empty continuation scores 0.0 with 0 tokens.
+        """
+        prefix = [int(t) for t in prefix]
+        if not prefix:
+            raise CisrankError("the prefix must hold at least one token (BOS)")
+        conts = [tuple(int(t) for t in c) for c in continuations]
+        uniq: dict[tuple[int, ...], int] = {}
+        for c in conts:
+            uniq.setdefault(c, len(uniq))
+        unique = list(uniq)
+        longest = max((len(c) for c in unique), default=0)
+        if self.max_positions is not None and len(prefix) + longest > self.max_positions:
+            raise CisrankError(
+                f"prefix ({len(prefix)} tokens) plus passage ({longest} tokens) exceed the "
+                f"context of '{self.model_name}' ({self.max_positions} tokens): lower "
+                "--max-doc-tokens or shorten the query/template"
+            )
+        sums = [0.0] * len(unique)
+        per_tok: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(unique)
+        todo = [i for i, c in enumerate(unique) if c]
+        if todo:
+            with torch.inference_mode():
+                self._score_unique(prefix, unique, todo, sums, per_tok)
+        idx = [uniq[c] for c in conts]
+        return ContinuationScores(
+            logprobs=[sums[i] for i in idx],
+            num_tokens=[len(c) for c in conts],
+            token_logprobs=[per_tok[i].copy() for i in idx] if return_tokens else None,
+        )
+
+    def _batches(self, lengths: list[int], order: list[int]) -> list[list[int]]:
+        """Cut length-sorted (descending) items into batches under the padded-token budget."""
+        batches: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            width = lengths[cur[0]] if cur else lengths[i]
+            full = self.batch_size is not None and len(cur) >= self.batch_size
+            if cur and (full or (len(cur) + 1) * width > self.batch_tokens):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+        return batches
+
+    def _score_unique(
+        self,
+        prefix: list[int],
+        unique: list[tuple[int, ...]],
+        todo: list[int],
+        sums: list[float],
+        per_tok: list[np.ndarray],
+    ) -> None:
+        cached = None
+        if self.use_prefix_cache:
+            cached = self._prefix_state(prefix)
+        extra = 0 if cached is not None else len(prefix)
+        lengths = [len(unique[i]) + extra for i in range(len(unique))]
+        order = sorted(todo, key=lambda i: (-lengths[i], i))
+        for batch in self._batches(lengths, order):
+            seqs = [unique[i] for i in batch]
+            if cached is not None:
+                lp = self._forward_cached(prefix, cached, seqs)
+            else:
+                lp = self._forward_full(prefix, seqs)
+            start = 0
+            for i, s in zip(batch, seqs, strict=True):
+                row = lp[start : start + len(s)]
+                start += len(s)
+                sums[i] = float(row.sum(dtype=np.float64))
+                per_tok[i] = row
+
+    def _prefix_state(self, prefix: list[int]):
+        """Run the prefix once: per-layer key/value tensors and the last hidden state."""
+        ids = torch.tensor([prefix], device=self.device)
+        mask = torch.ones_like(ids)
+        try:
+            from transformers import DynamicCache
+
+            out = self.base(
+                input_ids=ids,
+                attention_mask=mask,
+                past_key_values=DynamicCache(config=self.model.config),
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            if not layers or any(k is None or k.shape[-2] != len(prefix) for k, _ in layers):
+                raise ValueError("cache does not hold the prefix")
+        except (TypeError, ValueError, AttributeError, NotImplementedError) as exc:
+            if self._cache_checked:
+                raise
+            log.warning(
+                "model %s does not support prefix-cache reuse (%s): using full forwards",
+                self.model_name,
+                exc,
+            )
+            self.use_prefix_cache = False
+            self._cache_checked = True
+            return None
+        self._cache_checked = True
+        return layers, out.last_hidden_state[0, -1]
+
+    def _expanded_cache(self, layers, batch: int):
+        from transformers import DynamicCache
+
+        data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in layers]
+        return DynamicCache(ddp_cache_data=data, config=self.model.config)
+
+    def _pad(self, seqs: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Padded ids [B, L], 0/1 mask [B, L] and each row's offset of its first real token."""
+        width = max(len(s) for s in seqs)
+        pad_id = self.tokenizer.pad_token_id
+        pad_id = self.bos_id if pad_id is None else int(pad_id)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        offsets = []
+        for r, s in enumerate(seqs):
+            off = width - len(s) if self.padding_side == "left" else 0
+            ids[r, off : off + len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[r, off : off + len(s)] = 1
+            offsets.append(off)
+        return ids, mask, offsets
+
+    def _forward_cached(self, prefix, cached, seqs: list[tuple[int, ...]]) -> np.ndarray:
+        layers, last_hidden = cached
+        p = len(prefix)
+        ids, mask, offsets = self._pad(seqs)
+        bsz, width = ids.shape
+        off = torch.tensor(offsets).unsqueeze(1)
+        positions = (p + torch.arange(width).unsqueeze(0) - off).clamp_min(p)
+        full_mask = torch.cat([torch.ones((bsz, p), dtype=torch.long), mask], dim=1)
+        out = self.base(
+            input_ids=ids.to(self.device),
+            attention_mask=full_mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=self._expanded_cache(layers, bsz),
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state.reshape(bsz * width, -1)
+        # Row r, token j is predicted by the hidden state just before it: the prefix's last state
+        # for j == 0 (source index 0), else position off_r + j - 1 of row r (source 1 + ...).
+        src, tgt = [], []
+        for r, s in enumerate(seqs):
+            base = 1 + r * width + offsets[r]
+            src.append(0)
+            src.extend(range(base, base + len(s) - 1))
+            tgt.extend(s)
+        source = torch.cat([last_hidden.unsqueeze(0), hidden], dim=0)
+        return self._head_logprobs(source, src, tgt)
+
+    def _forward_full(self, prefix, seqs: list[tuple[int, ...]]) -> np.ndarray:
+        p = len(prefix)
+        ids, mask, offsets = self._pad([tuple(prefix) + s for s in seqs])
+        bsz, width = ids.shape
+        off = torch.tensor(offsets).unsqueeze(1)
+        positions = (torch.arange(width).unsqueeze(0) - off).clamp_min(0)
+        out = self.base(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state.reshape(bsz * width, -1)
+        src, tgt = [], []
+        for r, s in enumerate(seqs):
+            base = r * width + offsets[r] + p - 1
+            src.extend(range(base, base + len(s)))
+            tgt.extend(s)
+        return self._head_logprobs(hidden, src, tgt)
+
+    def _head_logprobs(self, source: torch.Tensor, src: list[int], tgt: list[int]) -> np.ndarray:
+        """log softmax(lm_head(source[src]))[tgt], in chunks, float32 log-softmax."""
+        src_t = torch.tensor(src, device=source.device)
+        tgt_t = torch.tensor(tgt, device=source.device)
+        out = torch.empty(len(src), dtype=torch.float32, device=source.device)
+        step = self.head_chunk_rows
+        for start in range(0, len(src), step):
+            rows = source.index_select(0, src_t[start : start + step])
+            logits = self.lm_head(rows).float()
+            if self._logit_scale is not None:
+                logits = logits * float(self._logit_scale)
+            if self._softcap is not None:
+                logits = torch.tanh(logits / self._softcap) * self._softcap
+            picked = logits.gather(1, tgt_t[start : start + step].unsqueeze(1)).squeeze(1)
+            out[start : start + step] = picked - torch.logsumexp(logits, dim=-1)
+            del logits
+        return out.cpu().numpy()

@@ -1,0 +1,224 @@
+"""CIS reranker: rank passages by causal relevance, `CIS(Q->K) = log p(K|Q) - log p(K)`.
+
+Implements the CIS contract of GUIDE §3 on top of the one causal-LM engine (`causal_lm`):
+
+- D = the passage's tokens without special tokens, truncated to `max_doc_tokens` (the same D in
+  both terms); P = the templated query's tokens; B = [BOS] (EOS where there is no BOS);
+- log p(K|Q) scores D after [B, P]; log p(K) scores D after [B]; ids are joined, never strings;
+- `log p(K)` comes from the prior store when one is given (misses are computed in batches and
+  written back), else from an in-memory cache for the lifetime of the reranker.
+
+`normalize="sum"` (the paper, default) returns summed log-probabilities; `"mean"` divides each of
+`score`, `log_conditional` and `log_prior` by the passage's token count, so that long passages are
+not favoured or penalised for their length alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from cisrank.config import ComponentConfig
+from cisrank.errors import CisrankError
+from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
+
+TEMPLATES: dict[str, str] = {"plain": "{query}", "qa": "Question: {query}\nAnswer:"}
+_MEMORY_PRIORS_MAX = 200_000
+
+
+def resolve_template(template: str) -> str:
+    """A named template (`plain`, `qa`) or a custom string holding `{query}`."""
+    if template in TEMPLATES:
+        return TEMPLATES[template]
+    if "{query}" not in template:
+        raise CisrankError(
+            f"template {template!r} is neither a named template ({', '.join(TEMPLATES)}) "
+            "nor a string holding '{query}'"
+        )
+    try:
+        template.format(query="q")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise CisrankError(
+            f"template {template!r} has braces other than '{{query}}' ({exc}): "
+            "double literal braces as '{{' and '}}'"
+        ) from None
+    return template
+
+
+class CISRerankerConfig(ComponentConfig):
+    """Settings of the CIS reranker (CLI flags, API config file and tests build it alike)."""
+
+    model: str = "gpt2"
+    template: str = "plain"
+    max_doc_tokens: int = Field(default=512, ge=1)
+    batch_size: int | None = Field(default=None, ge=1, description="Passages per batch at most.")
+    batch_tokens: int | None = Field(default=None, ge=1, description="Padded tokens per batch.")
+    device: str | None = None
+    dtype: str | None = None
+    prior_store: str | None = Field(default=None, description="SQLite file of stored log p(K).")
+    normalize: Literal["sum", "mean"] = "sum"
+    padding_side: Literal["right", "left"] = "right"
+
+    @field_validator("template")
+    @classmethod
+    def _check_template(cls, v: str) -> str:
+        resolve_template(v)
+        return v
+
+
+class CISReranker(BaseReranker):
+    """Causal Inference Score reranker over any Hugging Face causal LM.
+
+    Example:
+        r = CISReranker(model="/path/to/model", template="qa", prior_store="priors.sqlite")
+        r.score("When was the author of Hamlet born?", passages)
+    """
+
+    name = "cis"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        template: str | None = None,
+        max_doc_tokens: int | None = None,
+        batch_size: int | None = None,
+        device: str | None = None,
+        prior_store: PriorStore | str | Path | None = None,
+        normalize: str | None = None,
+        *,
+        config: CISRerankerConfig | None = None,
+        engine: CausalLMEngine | None = None,
+        **overrides,
+    ) -> None:
+        store_obj = prior_store if isinstance(prior_store, PriorStore) else None
+        changes = dict(
+            model=model,
+            template=template,
+            max_doc_tokens=max_doc_tokens,
+            batch_size=batch_size,
+            device=device,
+            prior_store=None if prior_store is None or store_obj else str(prior_store),
+            normalize=normalize,
+            **overrides,
+        )
+        unknown = set(changes) - set(CISRerankerConfig.model_fields)
+        if unknown:
+            raise CisrankError(
+                f"unknown CIS reranker option(s): {', '.join(sorted(unknown))}; "
+                f"valid: {', '.join(CISRerankerConfig.model_fields)}"
+            )
+        base = config or CISRerankerConfig()
+        merged = {**base.model_dump(), **{k: v for k, v in changes.items() if v is not None}}
+        self.config = CISRerankerConfig.model_validate(merged)
+        self.template = resolve_template(self.config.template)
+        self.engine = engine or CausalLMEngine(
+            self.config.model,
+            device=self.config.device,
+            dtype=self.config.dtype,
+            batch_size=self.config.batch_size,
+            batch_tokens=self.config.batch_tokens,
+            padding_side=self.config.padding_side,
+        )
+        self.model_name = self.config.model if engine is None else engine.model_name
+        if store_obj is not None:
+            self.prior_store: PriorStore | None = store_obj
+        elif self.config.prior_store:
+            self.prior_store = PriorStore(self.config.prior_store)
+        else:
+            self.prior_store = None
+        self._memory_priors: dict[str, tuple[float, int]] = {}
+        self._store_fp: str | None = None
+
+    # ------------------------------------------------------------------ pieces
+    @property
+    def normalize(self) -> str:
+        return self.config.normalize
+
+    @property
+    def store_fingerprint(self) -> str:
+        """Namespace of this reranker's priors: model, tokenizer, dtype and `max_doc_tokens`."""
+        if self._store_fp is None:
+            self._store_fp = store_fingerprint(
+                self.engine.fingerprint(), self.config.max_doc_tokens
+            )
+        return self._store_fp
+
+    def prefix_ids(self, query: str) -> list[int]:
+        """[BOS] + tokens of the templated query, tokenized on its own."""
+        return [self.engine.bos_id, *self.engine.encode(self.template.format(query=query))]
+
+    def passage_ids(self, passages: Sequence[str]) -> list[list[int]]:
+        """D for each passage: tokens without special tokens, truncated to `max_doc_tokens`."""
+        if isinstance(passages, str):
+            raise CisrankError("passages must be a list of strings, not one string")
+        return self.engine.encode_batch(passages, self.config.max_doc_tokens)
+
+    def _norm(self, values: Sequence[float], counts: Sequence[int]) -> list[float]:
+        if self.config.normalize == "mean":
+            return [v / max(n, 1) for v, n in zip(values, counts, strict=True)]
+        return [float(v) for v in values]
+
+    def _conditional_raw(self, query: str, docs: list[list[int]]) -> list[float]:
+        return self.engine.score_continuations(self.prefix_ids(query), docs).logprobs
+
+    def _prior_raw(self, docs: list[list[int]]) -> list[float]:
+        """Summed log p(K) per passage: store (or memory) first, misses computed and written."""
+        keys = [passage_key(d) for d in docs]
+        if self.prior_store is not None:
+            known = self.prior_store.get_many(self.store_fingerprint, keys)
+        else:
+            known = {k: self._memory_priors[k] for k in keys if k in self._memory_priors}
+        missing: dict[str, list[int]] = {}
+        for k, d in zip(keys, docs, strict=True):
+            if k not in known:
+                missing.setdefault(k, d)
+        if missing:
+            miss_keys = list(missing)
+            res = self.engine.score_continuations(
+                [self.engine.bos_id], [missing[k] for k in miss_keys]
+            )
+            fresh = {
+                k: (lp, n) for k, lp, n in zip(miss_keys, res.logprobs, res.num_tokens, strict=True)
+            }
+            if self.prior_store is not None:
+                self.prior_store.put_many(
+                    self.store_fingerprint, [(k, lp, n) for k, (lp, n) in fresh.items()]
+                )
+            else:
+                if len(self._memory_priors) + len(fresh) > _MEMORY_PRIORS_MAX:
+                    self._memory_priors.clear()
+                self._memory_priors.update(fresh)
+            known.update(fresh)
+        return [known[k][0] for k in keys]
+
+    # ------------------------------------------------------------------ public API
+    def log_conditional(self, query: str, passages: Sequence[str]) -> list[float]:
+        """log p(K|Q) per passage, input order (divided by token count if normalize='mean')."""
+        docs = self.passage_ids(passages)
+        return self._norm(self._conditional_raw(query, docs), [len(d) for d in docs])
+
+    def log_prior(self, passages: Sequence[str]) -> list[float]:
+        """log p(K) per passage, input order, read from / written to the prior store."""
+        docs = self.passage_ids(passages)
+        return self._norm(self._prior_raw(docs), [len(d) for d in docs])
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        """CIS(Q->K) = log p(K|Q) - log p(K) per passage, input order."""
+        if not passages:
+            return []
+        docs = self.passage_ids(passages)
+        cond = self._conditional_raw(query, docs)
+        prior = self._prior_raw(docs)
+        cis = [c - p for c, p in zip(cond, prior, strict=True)]
+        return self._norm(cis, [len(d) for d in docs])
+
+    def __repr__(self) -> str:
+        return (
+            f"CISReranker(model={self.model_name!r}, template={self.config.template!r}, "
+            f"max_doc_tokens={self.config.max_doc_tokens}, normalize={self.config.normalize!r})"
+        )

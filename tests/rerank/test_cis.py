@@ -1,0 +1,179 @@
+"""CISReranker against the GUIDE §3 contract computed by brute force (float64, one forward each)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cisrank.errors import CisrankError
+from cisrank.rerank import CISReranker, load_reranker
+from cisrank.rerank.cis import TEMPLATES
+from cisrank.rerank.prior_store import PriorStore
+
+TOL = 1e-3
+QUERY = "When was the author of Hamlet born?"
+PASSAGES = [
+    "Shakespeare was born in 1564 in Stratford-upon-Avon.",
+    "Hamlet is a tragedy set in Denmark.",
+    "Paris is the capital of France.",
+    "When was the author of Hamlet born? The author of Hamlet.",
+    "Shakespeare was born in 1564 in Stratford-upon-Avon.",
+    "Fleas can live up to a year depending on conditions.",
+]
+
+
+def brute(ref, tok, template: str, query: str, passage: str, max_doc: int = 512):
+    """(log p(K|Q), log p(K), n) exactly as GUIDE §3 says, float64, full logits."""
+    bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    d = tok(passage, add_special_tokens=False)["input_ids"][:max_doc]
+    p = tok(template.format(query=query), add_special_tokens=False)["input_ids"]
+
+    def lp(ctx):
+        with torch.no_grad():
+            logits = ref(torch.tensor([ctx + d])).logits[0].double()
+        ls = torch.log_softmax(logits, -1)
+        return sum(float(ls[len(ctx) - 1 + i, t]) for i, t in enumerate(d))
+
+    return lp([bos, *p]), lp([bos]), len(d)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_gpt2_dir, tiny_llama_dir, tiny_gpt2_bpe_dir):
+    out = {}
+    for name, path in (
+        ("gpt2", tiny_gpt2_dir),
+        ("llama", tiny_llama_dir),
+        ("bpe", tiny_gpt2_bpe_dir),
+    ):
+        out[name] = (
+            path,
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval(),
+            AutoTokenizer.from_pretrained(path),
+        )
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("template", ["plain", "qa"])
+def test_matches_brute_force(refs, arch, template, tmp_path):
+    path, ref, tok = refs[arch]
+    exp = [brute(ref, tok, TEMPLATES[template], QUERY, k) for k in PASSAGES]
+    r = CISReranker(str(path), template=template, device="cpu", batch_size=4)
+    assert np.abs(np.array(r.log_conditional(QUERY, PASSAGES)) - [e[0] for e in exp]).max() <= TOL
+    assert np.abs(np.array(r.log_prior(PASSAGES)) - [e[1] for e in exp]).max() <= TOL
+    cis = [e[0] - e[1] for e in exp]
+    assert np.abs(np.array(r.score(QUERY, PASSAGES)) - cis).max() <= TOL
+    mean = CISReranker(str(path), template=template, normalize="mean", engine=r.engine)
+    assert (
+        np.abs(
+            np.array(mean.score(QUERY, PASSAGES))
+            - [c / e[2] for c, e in zip(cis, exp, strict=True)]
+        ).max()
+        <= TOL / 10
+    )
+    # invariance: batch sizes, padding side, shuffled order, warm vs cold store
+    store = PriorStore(tmp_path / "priors.sqlite")
+    order = list(range(len(PASSAGES)))
+    random.Random(1).shuffle(order)
+    for bs, side in ((1, "left"), (2, "right"), (len(PASSAGES), "left")):
+        rr = CISReranker(
+            str(path), template=template, batch_size=bs, padding_side=side, prior_store=store
+        )
+        got = rr.score(QUERY, [PASSAGES[i] for i in order])
+        assert np.abs(np.array(got) - [cis[i] for i in order]).max() <= TOL, (bs, side)
+    assert store.count() == len(set(PASSAGES))  # one entry per distinct passage
+    assert store.stats() == {"hits": 2 * len(PASSAGES), "misses": len(PASSAGES)}
+
+
+def test_custom_template_and_bpe_boundary(refs):
+    """Prefix and passage are tokenized apart: a BPE merge across the boundary cannot change D."""
+    path, ref, tok = refs["bpe"]
+    template, query, passage = "Q: {query}", "the author of Hamlet is Shakesp", "eare."
+    joint = tok(template.format(query=query) + passage, add_special_tokens=False)["input_ids"]
+    sep = tok(passage, add_special_tokens=False)["input_ids"]
+    assert joint[-len(sep) :] != sep  # the joint string really tokenizes differently
+    r = CISReranker(str(path), template=template, device="cpu")
+    c, p, _ = brute(ref, tok, template, query, passage)
+    assert abs(r.log_conditional(query, [passage])[0] - c) <= TOL
+    assert abs(r.score(query, [passage])[0] - (c - p)) <= TOL
+
+
+def test_store_misses_on_other_model_or_max_doc_tokens(refs, tmp_path):
+    store = PriorStore(tmp_path / "priors.sqlite")
+    gpt2 = CISReranker(str(refs["gpt2"][0]), prior_store=store)
+    cold = gpt2.log_prior(PASSAGES)
+    warm = gpt2.log_prior(PASSAGES)
+    assert cold == warm and store.stats() == {"hits": len(PASSAGES), "misses": len(PASSAGES)}
+    llama = CISReranker(str(refs["llama"][0]), prior_store=store)
+    llama.log_prior(PASSAGES)
+    assert store.stats()["misses"] == 2 * len(PASSAGES)
+    short = CISReranker(str(refs["gpt2"][0]), prior_store=store, max_doc_tokens=4)
+    got = short.log_prior(PASSAGES)
+    assert store.stats()["misses"] == 3 * len(PASSAGES)
+    _, ref, tok = refs["gpt2"]
+    assert abs(got[0] - brute(ref, tok, "{query}", QUERY, PASSAGES[0], max_doc=4)[1]) <= TOL
+    assert store.count() == 3 * len(set(PASSAGES))
+
+
+def test_validation_and_registry(refs, tmp_path):
+    path = str(refs["gpt2"][0])
+    with pytest.raises(CisrankError, match="neither a named template"):
+        CISReranker(path, template="no placeholder")
+    with pytest.raises(CisrankError, match="unknown CIS reranker option"):
+        CISReranker(path, temperature=2)
+    with pytest.raises(CisrankError, match="cis reranker, not of dense"):
+        load_reranker("dense", "all-MiniLM-L6-v2", template="qa")
+    r = load_reranker("cis", path, template="qa", max_doc_tokens=8, prior_store=str(tmp_path / "s"))
+    assert isinstance(r, CISReranker) and r.prior_store is not None
+    assert r.config.max_doc_tokens == 8 and r.score(QUERY, []) == []
+    ranked = r.rerank(QUERY, PASSAGES, top_n=2)
+    assert [p.score for p in ranked] == sorted(r.score(QUERY, PASSAGES), reverse=True)[:2]
+
+
+def _cli(monkeypatch, capsys, args: list[str]) -> tuple[int, str, str]:
+    from cisrank.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["cisrank", *args])
+    capsys.readouterr()  # drop earlier output
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def test_cli_rerank_and_errors(refs, tmp_path, monkeypatch, capsys):
+    path = str(refs["gpt2"][0])
+    passages = tmp_path / "p.jsonl"
+    passages.write_text(
+        "\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(PASSAGES))
+    )
+    base = ["rerank", "--query", QUERY, "--passages", str(passages)]
+    store = str(tmp_path / "s.db")
+    code, out, err = _cli(
+        monkeypatch,
+        capsys,
+        [*base, "-r", "cis", "-m", path, "--template", "qa", "--prior-store", store, "--json"],
+    )
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    expected = CISReranker(path, template="qa").score(QUERY, PASSAGES)
+    assert rows[0]["id"] == f"d{int(np.argmax(expected))}"
+    assert abs(rows[0]["score"] - max(expected)) <= TOL
+    assert PriorStore(store).count() == len(set(PASSAGES))
+    code, _, err = _cli(monkeypatch, capsys, [*base, "-r", "cis", "-m", str(tmp_path / "no" / "m")])
+    assert code == 2 and err.count("\n") == 1 and "does not exist" in err
+    code, _, err = _cli(monkeypatch, capsys, [*base, "-r", "dense", "--template", "qa"])
+    assert code == 2 and "--template" in err
+
+
+def test_import_rerank_does_not_load_transformers():
+    code = "import sys, cisrank.rerank; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
