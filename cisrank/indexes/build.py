@@ -1,0 +1,190 @@
+"""Offline index build jobs: one driver for every kind, so each kind only says how to build.
+
+The protocol that makes builds safe to interrupt:
+
+1. The output folder is claimed with a state file (`.build-state.json`: kind, corpus checksum,
+   parameters). A folder that holds neither a state file nor a manifest but has files in it is
+   never touched (it is not ours).
+2. A complete index (one with `manifest.json`) is rebuilt only with `overwrite=True`, and then its
+   manifest is deleted *first*, so an interruption from then on leaves an incomplete index.
+3. A rerun with the same state resumes: the builder gets `resume=True` and reuses what it can
+   verify (the dense builder keeps finished embedding shards). A rerun with a different corpus or
+   parameters starts clean.
+4. The builder writes its files; the driver writes `manifest.json` last, then drops the state file.
+
+Adding a kind is one function with the `Builder` signature and one `register_builder` call; the
+CLI's `index build <kind>` command only parses that kind's options into `params`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cisrank.errors import CisrankError, DataError
+from cisrank.fileio import atomic_write_text
+from cisrank.indexes.manifest import MANIFEST_FILE, Manifest, write_manifest
+from cisrank.retrieval.corpus import CorpusReader, Format, OnError, file_checksum
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = ".build-state.json"
+
+
+@dataclass
+class BuildOutput:
+    """What a builder reports back: its files (relative to the index folder) and provenance."""
+
+    files: list[str]
+    params: dict[str, Any]
+    libraries: dict[str, str | None]
+    model: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Builder = Callable[..., BuildOutput]
+"""`builder(corpus: CorpusReader, out: Path, params: dict, *, resume: bool, progress: bool,
+**options)`: stream the corpus (`for passage in corpus`) or `corpus.load()` it whole; either way
+it must read it to the end once, which leaves the validated statistics in `corpus.stats`."""
+
+_BUILDERS: dict[str, Callable[[], Builder]] = {}
+
+
+def register_builder(kind: str, loader: Callable[[], Builder]) -> None:
+    """Register a kind; `loader` imports the builder lazily (heavy extras stay optional)."""
+    _BUILDERS[kind] = loader
+
+
+def _bm25() -> Builder:
+    from cisrank.retrieval.bm25 import build_bm25
+
+    return build_bm25
+
+
+def _lucene() -> Builder:
+    from cisrank.retrieval.lucene import build_lucene
+
+    return build_lucene
+
+
+def _dense() -> Builder:
+    from cisrank.retrieval.dense import build_dense
+
+    return build_dense
+
+
+register_builder("bm25", _bm25)
+register_builder("lucene", _lucene)
+register_builder("dense", _dense)
+
+
+def builder_kinds() -> list[str]:
+    return list(_BUILDERS)
+
+
+def _claim(out: Path, state: dict[str, Any], overwrite: bool) -> bool:
+    """Prepare `out` for a build; returns True when a matching interrupted build can resume."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = out / MANIFEST_FILE
+    state_path = out / STATE_FILE
+    if manifest.exists():
+        if not overwrite:
+            raise CisrankError(
+                f"'{out}' already holds a complete index: pass --overwrite to rebuild it, "
+                "or choose another --out"
+            )
+        manifest.unlink()  # from here on, an interruption leaves an incomplete index
+        _clear(out)
+    elif not state_path.exists() and any(out.iterdir()):
+        raise CisrankError(
+            f"'{out}' is not empty and is not a cisrank index folder: choose an empty or new --out"
+        )
+    resume = False
+    if state_path.exists():
+        try:
+            resume = json.loads(state_path.read_text(encoding="utf-8")) == state
+        except json.JSONDecodeError:
+            resume = False
+        if not resume:
+            log.info("%s: previous build had other inputs or parameters; starting clean", out)
+            _clear(out)
+    atomic_write_text(state_path, json.dumps(state, indent=2, sort_keys=True))
+    return resume
+
+
+def _clear(out: Path) -> None:
+    for p in out.iterdir():
+        if p.name == STATE_FILE:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def build_index(
+    kind: str,
+    corpus: str | Path,
+    out: str | Path,
+    params: dict[str, Any] | None = None,
+    *,
+    fmt: Format | None = None,
+    on_error: OnError = "raise",
+    overwrite: bool = False,
+    progress: bool = True,
+    options: dict[str, Any] | None = None,
+) -> Manifest:
+    """Build one index of `kind` from a corpus file into `out`; returns its manifest.
+
+    `params` define the index (recorded in the manifest; a change means a clean rebuild);
+    `options` only say how to run (e.g. `device`) and go to the builder unrecorded.
+    """
+    if kind not in _BUILDERS:
+        raise CisrankError(f"unknown index kind '{kind}': one of {', '.join(_BUILDERS)}")
+    builder = _BUILDERS[kind]()
+    corpus_path = Path(corpus).expanduser()
+    if not corpus_path.is_file():
+        raise DataError(f"corpus file '{corpus_path}' does not exist")
+    out = Path(out).expanduser()
+    params = dict(params or {})
+    sha, _ = file_checksum(corpus_path)
+    state = {
+        "kind": kind,
+        "corpus_sha256": sha,
+        "format": fmt,
+        "on_error": on_error,
+        "params": params,
+    }
+    started = time.time()
+    resume = _claim(out, state, overwrite)
+    reader = CorpusReader(corpus_path, fmt, on_error)
+    result = builder(reader, out, params, resume=resume, progress=progress, **(options or {}))
+    stats = reader.stats
+    if stats is None:
+        raise RuntimeError(f"the {kind} builder did not read the corpus to its end")
+    if stats.sha256 != sha:
+        raise DataError(f"corpus '{corpus_path}' changed while the build was reading it")
+    manifest = Manifest(
+        kind=kind,
+        params=result.params,
+        corpus=stats.to_json(),
+        files=result.files,
+        model=result.model,
+        libraries=result.libraries,
+        build={
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "seconds": round(time.time() - started, 3),
+            "resumed": resume,
+            **result.extra,
+        },
+    )
+    write_manifest(out, manifest)
+    (out / STATE_FILE).unlink(missing_ok=True)
+    log.info("built %s index of %d passages in %s", kind, stats.passages, out)
+    return manifest

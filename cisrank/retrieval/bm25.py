@@ -1,0 +1,167 @@
+"""Embedded BM25 with bm25s: eager sparse scores, numba top-k, Lucene-like analysis.
+
+bm25s precomputes every (term, document) score into a sparse matrix, so a query is a sum of a few
+rows and a top-k: far faster than rank-bm25's per-query loop over documents. Its `lucene` method
+is Lucene's BM25 (idf `log(1 + (N - df + 0.5)/(df + 0.5))`, tf `tf / (tf + k1 (1 - b + b dl/avgdl))`),
+and with the analysis of `cisrank.retrieval.analysis` it ranks like pyserini. Defaults k1=0.9,
+b=0.4 are pyserini's MS MARCO defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from cisrank.errors import CisrankError, require
+from cisrank.indexes.build import BuildOutput
+from cisrank.indexes.manifest import Manifest, library_versions
+from cisrank.retrieval.analysis import Analyzer, AnalyzerConfig
+from cisrank.retrieval.base import SearchHit
+from cisrank.retrieval.corpus import CorpusReader
+from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every build step at DEBUG
+
+BM25_DIR = "bm25s"
+DEFAULTS: dict[str, Any] = {
+    "k1": 0.9,
+    "b": 0.4,
+    "lowercase": True,
+    "stopwords": "lucene",
+    "stemmer": "porter",
+}
+
+
+def _bm25s():
+    return require("bm25s", "dense", "the embedded BM25 index (bm25s)")
+
+
+NUMBA_MIN_DOCS = 20_000
+
+
+def _backend(num_docs: int | None = None, requested: str = "auto") -> str:
+    """numba when installed, except for small indexes: its JIT costs seconds once per process,
+    more than numpy's scoring of a few thousand documents costs over a whole query set."""
+    if requested != "auto":
+        return requested
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "numpy"
+    return "numpy" if num_docs is not None and num_docs < NUMBA_MIN_DOCS else "numba"
+
+
+def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(params) - set(DEFAULTS)
+    if unknown:
+        raise CisrankError(f"unknown bm25 parameters {sorted(unknown)}: known {sorted(DEFAULTS)}")
+    merged = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+    if merged["k1"] < 0 or not 0 <= merged["b"] <= 1:
+        raise CisrankError(
+            f"bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={merged['k1']} b={merged['b']}"
+        )
+    return merged
+
+
+def analyzer_config(params: dict[str, Any]) -> AnalyzerConfig:
+    return AnalyzerConfig(params["lowercase"], params["stopwords"], params["stemmer"])
+
+
+def build_bm25(
+    reader: CorpusReader, out: Path, params: dict[str, Any], *, resume: bool, progress: bool
+) -> BuildOutput:
+    """Analyze, index with bm25s, save; write the document store. Cheap enough to never resume."""
+    bm25s = _bm25s()
+    params = resolve_params(params)
+    corpus = reader.load()
+    analyzer = Analyzer(analyzer_config(params))
+    vocab: dict[str, int] = {}
+    ids: list[list[int]] = []
+    for text in tqdm(corpus.texts, desc="bm25 analyze", unit="passage", disable=not progress):
+        ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.analyze(text)])
+    model = bm25s.BM25(k1=params["k1"], b=params["b"], method="lucene", backend="numpy")
+    model.index((ids, vocab), show_progress=progress)
+    model.save(str(out / BM25_DIR), show_progress=False)
+    write_docstore(out / DOCSTORE_FILE, zip(corpus.docids, corpus.texts, strict=True))
+    return BuildOutput(
+        files=[BM25_DIR, DOCSTORE_FILE],
+        params=params,
+        libraries=library_versions("bm25s", "PyStemmer", "numba", "numpy"),
+        extra={"vocabulary": len(vocab)},
+    )
+
+
+def top_k(scores: np.ndarray, indices: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Matching documents only (score > 0), best first, ties by lower document number (Lucene's)."""
+    pairs = [(int(i), float(s)) for i, s in zip(indices, scores, strict=True) if s > 0]
+    pairs.sort(key=lambda p: (-p[1], p[0]))
+    return pairs[:k]
+
+
+class BM25Retriever:
+    """Searches a bm25s index folder built by `build_bm25`."""
+
+    name = "bm25"
+
+    def __init__(
+        self, path: str | Path, manifest: Manifest, threads: int = 1, backend: str = "auto"
+    ) -> None:
+        bm25s = _bm25s()
+        self.threads = threads
+        self.path = Path(path)
+        self.params = resolve_params(manifest.params)
+        self.analyzer = Analyzer(analyzer_config(self.params))
+        self.backend = _backend(int(manifest.corpus.get("passages", 0)), backend)
+        self.model = bm25s.BM25.load(
+            str(self.path / BM25_DIR), mmap=False, load_corpus=False, backend=self.backend
+        )
+        self.docs = DocStore(self.path / DOCSTORE_FILE)
+        self.num_docs = int(self.model.scores["num_docs"])
+
+    def query_ids(self, query: str) -> list[int]:
+        return self.model.get_tokens_ids(self.analyzer.analyze(query))
+
+    def search(self, query: str, k: int = 10) -> list[SearchHit]:
+        return self.batch_search([query], k)[0]
+
+    def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[SearchHit]]:
+        if k < 1:
+            raise CisrankError(f"k must be >= 1, got {k}")
+        ids = [self.query_ids(q) for q in queries]
+        live = [i for i, q in enumerate(ids) if q]
+        ranked: list[list[tuple[int, float]]] = [[] for _ in queries]
+        depth = min(k + 1, self.num_docs)
+        while live:
+            # One candidate more than asked: when it ties with the k-th, the cut is ambiguous
+            # (top-k selection keeps an arbitrary subset of tied documents), so those queries
+            # are retrieved deeper until the cut is clean; ties then go to the lower document
+            # number, as in Lucene, whatever the backend.
+            res = self.model.retrieve(
+                [ids[i] for i in live],
+                k=depth,
+                show_progress=False,
+                n_threads=self.threads if self.threads > 1 else 0,
+            )
+            unresolved = []
+            for row, qi in enumerate(live):
+                scores = res.scores[row]
+                # the group tied with the k-th best may extend past what was retrieved
+                cut_tied = depth < self.num_docs and len(scores) > k and scores[k - 1] == scores[-1]
+                if cut_tied and scores[-1] > 0:
+                    unresolved.append(qi)
+                else:
+                    ranked[qi] = top_k(scores, res.documents[row], k)
+            live = unresolved
+            depth = min(depth * 4, self.num_docs)
+        return [self._hits(r) for r in ranked]
+
+    def _hits(self, ranked: list[tuple[int, float]]) -> list[SearchHit]:
+        if not ranked:
+            return []
+        rows = self.docs.get([i for i, _ in ranked])
+        return [SearchHit(d, s, t) for (d, t), (_, s) in zip(rows, ranked, strict=True)]

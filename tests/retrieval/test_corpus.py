@@ -1,0 +1,98 @@
+"""Corpus readers: formats, the strict bad-line policy (errors name the line) and skip-and-count."""
+
+import gzip
+import json
+
+import pytest
+
+from cisrank.errors import DataError
+from cisrank.retrieval.corpus import detect_format, file_checksum, read_corpus
+
+
+def _jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_tsv_and_gzip_read_in_file_order(tmp_path):
+    p = _jsonl(
+        tmp_path / "c.jsonl",
+        [{"id": "a", "text": "alpha"}, {"id": 7, "text": "seven", "title": "T"}, ""],
+    )
+    c = read_corpus(p)
+    assert c.docids == ["a", "7"]
+    assert c.texts == ["alpha", "T\nseven"]
+    assert c.stats.passages == 2
+    t = tmp_path / "c.tsv.gz"
+    t.write_bytes(gzip.compress(b"x\tfirst text\ny\tsecond\ttabbed\n"))
+    c = read_corpus(t)
+    assert (c.docids, c.texts) == (["x", "y"], ["first text", "second\ttabbed"])
+    assert c.stats.sha256 == file_checksum(t)[0]
+    assert c.stats.size_bytes == t.stat().st_size
+
+
+def test_candidates_pool_merges_repeats_and_rejects_conflicts(tmp_path):
+    data = [
+        {
+            "query": "q",
+            "hits": [{"docid": "d1", "content": "one"}, {"docid": "d2", "content": "two"}],
+        },
+        {
+            "query": "r",
+            "hits": [{"docid": "d2", "content": "two"}, {"docid": "d3", "content": "3"}],
+        },
+    ]
+    p = tmp_path / "cands.json"
+    p.write_text(json.dumps(data))
+    c = read_corpus(p)
+    assert c.docids == ["d1", "d2", "d3"] and c.stats.merged == 1
+    data[1]["hits"][0]["content"] = "different"
+    p.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"entry 1 hit 0: duplicate passage id 'd2'"):
+        read_corpus(p)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": "b", "text": ', r"c\.jsonl:2: invalid JSON"),
+        ('{"id": "b", "text": "   "}', r"c\.jsonl:2: passage 'b' has empty text"),
+        ('{"id": "a", "text": "again"}', r"c\.jsonl:2: duplicate passage id 'a' \(first at 1\)"),
+        ('{"id": "b"}', r"c\.jsonl:2: expected fields"),
+        ('["b", "text"]', r"c\.jsonl:2: expected a JSON object"),
+    ],
+)
+def test_bad_line_raises_naming_the_line(tmp_path, line, message):
+    p = _jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "fine"}, line, {"id": "c", "text": "ok"}])
+    with pytest.raises(DataError, match=message):
+        read_corpus(p)
+
+
+def test_skip_mode_counts_every_bad_line(tmp_path):
+    p = _jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"id": "a", "text": "fine"},
+            "{broken",
+            {"id": "b", "text": ""},
+            {"id": "a", "text": "dup"},
+            {"id": "c", "text": "ok"},
+        ],
+    )
+    c = read_corpus(p, on_error="skip")
+    assert c.docids == ["a", "c"]
+    assert c.texts == ["fine", "ok"]
+    assert dict(c.stats.skipped) == {"invalid_json": 1, "empty_text": 1, "duplicate_id": 1}
+
+
+def test_tsv_line_without_tab_and_unknown_suffix(tmp_path):
+    p = tmp_path / "c.tsv"
+    p.write_text("a\tfine\nno tab here\n")
+    with pytest.raises(DataError, match=r"c\.tsv:2: expected 'id<TAB>text'"):
+        read_corpus(p)
+    with pytest.raises(DataError, match="--format"):
+        detect_format(tmp_path / "corpus.parquet")
+    with pytest.raises(DataError, match="holds no usable passages"):
+        q = tmp_path / "empty.tsv"
+        q.write_text("a\t \n")
+        read_corpus(q, on_error="skip")
