@@ -1,0 +1,40 @@
+# cisrank REST API (CPU). Build:  docker build -t cisrank .
+# Run:    docker run -p 8000:8000 -v $PWD/indexes:/app/indexes cisrank
+# GPU hosts: build FROM an image with CUDA torch instead, or set TORCH_INDEX_URL to a CUDA index.
+FROM python:3.11-slim AS base
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/models/hf \
+    CISRANK_INDEX_DIR=/app/indexes \
+    TOKENIZERS_PARALLELISM=false
+
+WORKDIR /app
+
+# torch first, from the PyTorch CPU index, pinned by the same constraint file the project uses:
+# without it a newer torch with several GB of CUDA packages would be pulled in.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+COPY constraints.txt ./
+RUN pip install --index-url "$TORCH_INDEX_URL" -c constraints.txt torch
+
+# Dependencies before the source, so that code edits do not reinstall them.
+COPY pyproject.toml README.md ./
+COPY cisrank ./cisrank
+ARG EXTRAS=serve,minilm,dense
+RUN pip install -c constraints.txt ".[${EXTRAS}]"
+
+RUN useradd --create-home --uid 1000 cisrank \
+    && mkdir -p /app/indexes /models/hf /etc/cisrank \
+    && chown -R cisrank /app/indexes /models
+USER cisrank
+
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
+    CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2).status == 200 else 1)"
+
+# SIGTERM (docker stop) lets in-flight requests finish; give it time: docker stop -t 60.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["cisrank"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,52 @@
+"""Optional API keys: `CISRANK_API_KEYS` (comma-separated) turns on `Authorization: Bearer`.
+
+Keys are compared in constant time (`hmac.compare_digest`, against every key, no early exit) so
+response timing says nothing about how much of a key was right. Keys are never logged: only their
+count is. Probes (`/healthz`, `/readyz`) and the API docs stay open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "CISRANK_API_KEYS"
+
+
+def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The configured keys; empty when auth is off. Blank entries are ignored."""
+    raw = (environ if environ is not None else os.environ).get(ENV_VAR, "")
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+class KeyChecker:
+    """Decides whether an `Authorization` header carries one of the keys."""
+
+    def __init__(self, keys: tuple[str, ...] | list[str]) -> None:
+        self._keys = tuple(k.encode("utf-8") for k in keys)
+        if self._keys:
+            log.info("API key auth on (%d key(s))", len(self._keys))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def allows(self, authorization: str | None) -> bool:
+        if not self._keys:
+            return True
+        if not authorization:
+            return False
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return False
+        given = token.strip().encode("utf-8")
+        ok = False
+        for key in self._keys:  # no short-circuit: every key is compared
+            ok |= hmac.compare_digest(given, key)
+        return ok
+
+    def __repr__(self) -> str:  # never show keys, even in a debugger or a log of the app state
+        return f"KeyChecker(keys={len(self._keys)})"

@@ -1,0 +1,163 @@
+"""The server's configuration: which rerankers and indexes it serves, and the limits it enforces.
+
+One typed object (`ServerConfig`) filled from a JSON or YAML file (`cisrank serve --config FILE`)
+or built in code by tests. API keys are deliberately *not* part of it: they come from the
+`CISRANK_API_KEYS` environment variable so that a config file can be committed and shared.
+
+Example (JSON)::
+
+    {
+      "rerankers": {
+        "dense": {"kind": "dense", "model": "all-MiniLM-L6-v2", "options": {"batch_size": 64}},
+        "cis": {"kind": "cis", "model": "gpt2", "options": {"template": "qa"}}
+      },
+      "default_reranker": "dense",
+      "indexes": {"msmarco": {"path": "indexes/msmarco-bm25"}},
+      "limits": {"max_documents": 1000},
+      "batching": {"max_batch_passages": 256, "max_wait_ms": 5}
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from cisrank.config import ComponentConfig
+from cisrank.errors import CisrankError
+
+_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+
+
+class RerankerSpec(ComponentConfig):
+    """One served reranker: a registry kind (or `module:factory`), its model and options."""
+
+    kind: str = Field(
+        description="A registered reranker kind (dense, cis, distilled, ...), or an import path "
+        "'package.module:factory' for a custom reranker factory called as factory(model, **options)."
+    )
+    model: str | None = Field(default=None, description="Hugging Face id or local folder.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword options passed to the reranker factory."
+    )
+
+
+class IndexSpec(ComponentConfig):
+    """One searchable index, opened with `cisrank.retrieval.open_index(path)` at start."""
+
+    path: Path
+
+
+class Limits(ComponentConfig):
+    """Request limits: anything over them is answered with a 4xx naming the field."""
+
+    max_documents: int = Field(default=1000, ge=1, description="Documents per rerank request.")
+    max_document_chars: int = Field(
+        default=32_768, ge=1, description="Characters per document (before token truncation)."
+    )
+    max_query_chars: int = Field(default=8_192, ge=1)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Request bodies over this get 413."
+    )
+    max_search_top_n: int = Field(default=1000, ge=1, description="Largest top_n/depth of search.")
+
+
+class BatchingConfig(ComponentConfig):
+    """How concurrent requests share model batches (see `cisrank.api.batching`)."""
+
+    max_batch_passages: int = Field(
+        default=256,
+        ge=1,
+        description="Passages per model call; bigger requests are split into chunks of this size "
+        "so that one large request cannot stall small ones for more than one chunk.",
+    )
+    max_wait_ms: float = Field(
+        default=5.0, ge=0, le=10_000, description="How long a batch waits to fill up."
+    )
+    max_queue: int = Field(
+        default=256, ge=1, description="Requests waiting per reranker before 503 + Retry-After."
+    )
+    request_timeout_s: float = Field(
+        default=60.0, gt=0, description="A request still unscored after this gets 503."
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 503.")
+
+
+class ServerConfig(ComponentConfig):
+    """Everything `cisrank serve` needs besides host, port and workers."""
+
+    rerankers: dict[str, RerankerSpec] = Field(
+        default_factory=lambda: {"dense": RerankerSpec(kind="dense", model="all-MiniLM-L6-v2")}
+    )
+    default_reranker: str | None = Field(
+        default=None, description="Used when a request names no model; the first one when unset."
+    )
+    indexes: dict[str, IndexSpec] = Field(default_factory=dict)
+    default_index: str | None = None
+    normalize: Literal["none", "sigmoid", "minmax"] = Field(
+        default="none",
+        description="Default score normalization; raw scores unless a request or this asks.",
+    )
+    limits: Limits = Field(default_factory=Limits)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    graceful_timeout_s: float | None = Field(
+        default=60.0, gt=0, description="How long SIGTERM waits for in-flight requests."
+    )
+
+    @model_validator(mode="after")
+    def _check_names(self) -> ServerConfig:
+        if not self.rerankers:
+            raise ValueError("configure at least one reranker under 'rerankers'")
+        for name in [*self.rerankers, *self.indexes]:
+            if not re.match(_NAME_RE, name):
+                raise ValueError(f"name {name!r} must match {_NAME_RE}")
+        if self.default_reranker is not None and self.default_reranker not in self.rerankers:
+            raise ValueError(
+                f"default_reranker {self.default_reranker!r} is not one of the configured "
+                f"rerankers: {', '.join(self.rerankers)}"
+            )
+        if self.default_index is not None and self.default_index not in self.indexes:
+            raise ValueError(f"default_index {self.default_index!r} is not a configured index")
+        return self
+
+    @property
+    def default_reranker_name(self) -> str:
+        return self.default_reranker or next(iter(self.rerankers))
+
+    @property
+    def default_index_name(self) -> str | None:
+        return self.default_index or next(iter(self.indexes), None)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ServerConfig:
+        """Read a JSON (or, with PyYAML installed, YAML) file; errors name the file and field."""
+        path = Path(path)
+        if not path.is_file():
+            raise CisrankError(f"server config '{path}' does not exist")
+        text = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix.lower() in {".yaml", ".yml"}:
+                try:
+                    import yaml
+                except ImportError:
+                    raise CisrankError(
+                        f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON"
+                    ) from None
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except CisrankError:
+            raise
+        except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+            kind = "YAML" if path.suffix.lower() in {".yaml", ".yml"} else "JSON"
+            raise CisrankError(f"{path}: not valid {kind}: {exc}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            raise CisrankError(f"{path}: {where}: {first['msg']}") from None

@@ -1,0 +1,131 @@
+"""Prometheus metrics of one app instance: requests, latency, batches, queue depth, prior-store hits.
+
+Each app gets its own `CollectorRegistry` so that several apps in one process (tests) do not
+collide. Under `--workers N` each worker process exports its own figures (a scrape sees one of
+them); run one worker per host and scale out, or aggregate per pod, when exact totals matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+def prior_store_stats(reranker: object) -> dict[str, int] | None:
+    """`{"hits", "misses"}` of a reranker's prior store (CIS caches log p(K)), or None."""
+    store = getattr(reranker, "prior_store", None)
+    if store is None or not callable(getattr(store, "stats", None)):
+        return None
+    stats = store.stats()
+    return {"hits": int(stats.get("hits", 0)), "misses": int(stats.get("misses", 0))}
+
+
+class _PriorStoreCollector(Collector):
+    """Reads the prior stores at scrape time: the hit rate is always current, never stale."""
+
+    def __init__(self, rerankers: Callable[[], Mapping[str, object]]) -> None:
+        self._rerankers = rerankers
+
+    def collect(self) -> Iterable:
+        rate = GaugeMetricFamily(
+            "cisrank_prior_store_hit_rate",
+            "Share of log p(K) lookups answered from the prior store (hits / (hits + misses)).",
+            labels=["reranker"],
+        )
+        hits = CounterMetricFamily(
+            "cisrank_prior_store_hits", "Prior-store lookups answered.", labels=["reranker"]
+        )
+        misses = CounterMetricFamily(
+            "cisrank_prior_store_misses", "Prior-store lookups computed.", labels=["reranker"]
+        )
+        for name, reranker in self._rerankers().items():
+            stats = prior_store_stats(reranker)
+            if stats is None:
+                continue
+            total = stats["hits"] + stats["misses"]
+            rate.add_metric([name], stats["hits"] / total if total else 0.0)
+            hits.add_metric([name], stats["hits"])
+            misses.add_metric([name], stats["misses"])
+        yield from (rate, hits, misses)
+
+
+class Metrics:
+    """The app's metrics; also the batcher's `BatchObserver`."""
+
+    def __init__(self, rerankers: Callable[[], Mapping[str, object]] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "cisrank_requests",
+            "HTTP requests by route and status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "cisrank_request_latency_seconds",
+            "HTTP request latency by route.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_passages = Histogram(
+            "cisrank_batch_passages",
+            "Passages per model batch.",
+            ["reranker"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "cisrank_batch_requests",
+            "Requests sharing one model batch.",
+            ["reranker"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "cisrank_batch_seconds",
+            "Model time per batch.",
+            ["reranker"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "cisrank_queue_depth",
+            "Requests accepted and not yet answered, per reranker.",
+            ["reranker"],
+            registry=r,
+        )
+        self.passages = Counter(
+            "cisrank_scored_passages", "Passages scored.", ["reranker"], registry=r
+        )
+        if rerankers is not None:
+            r.register(_PriorStoreCollector(rerankers))
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def observe_batch(self, reranker: str, passages: int, requests: int, seconds: float) -> None:
+        self.batch_passages.labels(reranker).observe(passages)
+        self.batch_requests.labels(reranker).observe(requests)
+        self.batch_seconds.labels(reranker).observe(seconds)
+        self.passages.labels(reranker).inc(passages)
+
+    def set_queue_depth(self, reranker: str, depth: int) -> None:
+        self.queue_depth.labels(reranker).set(depth)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

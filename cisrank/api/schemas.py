@@ -1,0 +1,170 @@
+"""Request and response models of the REST API, in one place.
+
+The rerank shape is the Cohere/Jina one that vLLM, LiteLLM, infinity and the official Cohere SDKs
+speak, so cisrank is a drop-in for them. Static limits live here; limits that an operator can
+change (`Limits` in `cisrank.api.config`) are checked by the routes against the running config.
+
+Unknown request fields are ignored rather than rejected: clients send extras we do not implement
+(Cohere's `rank_fields`, `max_chunks_per_doc`, `priority`, `relevant_spans`) and must still work.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Normalization = Literal["none", "sigmoid", "minmax"]
+
+
+def _non_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or whitespace only")
+    return value
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class DocumentIn(BaseModel):
+    """A document as an object: `text` is scored; `id` and any other fields are echoed back."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str = Field(description="The passage text that is scored.")
+    id: str | int | None = Field(default=None, description="Your id, echoed in the result.")
+
+
+class RerankRequest(_Request):
+    query: str = Field(min_length=1, description="The search query (not blank).")
+    documents: list[str | DocumentIn] = Field(
+        min_length=1, description="Passages as strings or {text, id?} objects."
+    )
+    top_n: int | None = Field(default=None, ge=1, description="Return only the best N.")
+    return_documents: bool = Field(default=False, description="Echo each document's text.")
+    model: str | None = Field(
+        default=None, description="A configured reranker name (GET /v1/models); default if unset."
+    )
+    max_tokens_per_doc: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Truncate each document to this many tokens."
+    )
+    normalize: Normalization | None = Field(
+        default=None,
+        description="Score normalization: none (raw, the default), sigmoid, or minmax over this "
+        "request's documents.",
+    )
+
+    _query_not_blank = field_validator("query")(_non_blank)
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="Position of the document in the request.")
+    relevance_score: float
+    id: str | int | None = Field(default=None, description="The document's id, when it had one.")
+    document: RerankDocument | None = None
+
+
+class ApiVersion(BaseModel):
+    version: str = "2"
+
+
+class BilledUnits(BaseModel):
+    search_units: int = 1
+
+
+class Meta(BaseModel):
+    """Cohere's `meta` block, so that its SDKs find what they look for."""
+
+    api_version: ApiVersion = Field(default_factory=ApiVersion)
+    billed_units: BilledUnits = Field(default_factory=BilledUnits)
+
+
+class Usage(BaseModel):
+    documents: int = Field(description="Documents scored.")
+    truncated_documents: int = Field(default=0, description="Documents cut by max_tokens_per_doc.")
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str = Field(description="The reranker that scored the request.")
+    results: list[RerankResult] = Field(description="Most relevant first.")
+    usage: Usage
+    meta: Meta = Field(default_factory=Meta)
+
+
+class SearchRequest(_Request):
+    query: str = Field(min_length=1)
+    top_n: int = Field(default=10, ge=1, description="Passages to return.")
+    index: str | None = Field(default=None, description="A configured index; default if unset.")
+    rerank: str | None = Field(
+        default=None, description="A configured reranker name to rerank the first stage with."
+    )
+    depth: int | None = Field(
+        default=None, ge=1, description="First-stage candidates to rerank (default max(top_n,100))."
+    )
+    normalize: Normalization | None = None
+
+    _query_not_blank = field_validator("query")(_non_blank)
+
+
+class SearchResult(BaseModel):
+    rank: int
+    docid: str
+    text: str
+    score: float = Field(description="The score the ranking is by (rerank if reranked).")
+    retrieval_score: float
+    rerank_score: float | None = None
+
+
+class SearchResponse(BaseModel):
+    id: str
+    index: str
+    model: str | None = Field(description="The reranker, or null for first-stage order.")
+    results: list[SearchResult]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    kind: str
+    model: str
+    ready: bool
+
+
+class IndexCard(BaseModel):
+    id: str
+    path: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+    indexes: list[IndexCard] = Field(default_factory=list)
+    default: str
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Dotted path of the offending field, e.g. documents.3.text.")
+    message: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx body: a message a human can act on and the fields that caused it."""
+
+    error: str = Field(description="A short code: invalid_request, unauthorized, overloaded...")
+    message: str
+    fields: list[FieldError] = Field(default_factory=list)
+
+
+class Health(BaseModel):
+    status: str
+    detail: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,107 @@
+"""Deterministic stand-ins for the engine side of the API: a reranker, a retriever, a prior store.
+
+Their scores are simple enough to compute by hand in the tests (word overlap), and they record the
+calls the batcher makes. `slow_reranker` is also loaded by a real uvicorn subprocess through the
+`module:factory` reranker kind (with this folder on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cisrank.api.config import RerankerSpec, ServerConfig
+from cisrank.rerank.base import BaseReranker
+from cisrank.retrieval.base import SearchHit
+
+_WORD = re.compile(r"\w+")
+
+
+def overlap(query: str, passage: str) -> float:
+    """The reference score: shared distinct words, plus a small length term to break ties."""
+    q = set(_WORD.findall(query.lower()))
+    p = set(_WORD.findall(passage.lower()))
+    return float(len(q & p)) + len(passage) / 1000.0
+
+
+class OverlapReranker(BaseReranker):
+    """Scores by `overlap`; records every `score` call; can be held at a gate or slowed down."""
+
+    name = "overlap"
+
+    def __init__(self, model_name: str = "overlap-v1", delay: float = 0.0) -> None:
+        self.model_name = model_name
+        self.delay = delay
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.gate: threading.Event | None = None
+        self.started = threading.Event()
+        self.fail_on: str | None = None
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_on is not None and query == self.fail_on:
+            raise RuntimeError("boom")
+        self.calls.append((query, tuple(passages)))
+        return [overlap(query, p) for p in passages]
+
+
+class MultiOverlapReranker(OverlapReranker):
+    """Also implements `score_many`: one call per model batch, whatever the number of requests."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[list[tuple[str, tuple[str, ...]]]] = []
+
+    def score_many(self, requests):
+        self.batches.append([(q, tuple(p)) for q, p in requests])
+        return [[overlap(q, p) for p in ps] for q, ps in requests]
+
+
+class FakePriorStore:
+    def __init__(self, hits: int, misses: int) -> None:
+        self._stats = {"hits": hits, "misses": misses}
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+
+class ListRetriever:
+    """Brute-force search over a small in-memory corpus by `overlap` (best first, docid ties)."""
+
+    name = "list"
+
+    def __init__(self, corpus: dict[str, str]) -> None:
+        self.corpus = corpus
+
+    def search(self, query: str, k: int = 10) -> list[SearchHit]:
+        ranked = sorted(self.corpus.items(), key=lambda kv: (-overlap(query, kv[1]), kv[0]))
+        return [SearchHit(docid, overlap(query, text), text) for docid, text in ranked[:k]]
+
+    def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[SearchHit]]:
+        return [self.search(q, k) for q in queries]
+
+
+def slow_reranker(model: str | None = None, delay: float = 1.0, marker: str | None = None):
+    """Factory for a uvicorn subprocess: an OverlapReranker that takes `delay` s per call and
+    touches `marker` when a call starts (so a test knows the request is in flight)."""
+
+    class _Slow(OverlapReranker):
+        def score(self, query, passages):
+            if marker:
+                Path(marker).write_text(query, encoding="utf-8")
+            return super().score(query, passages)
+
+    return _Slow(model or "slow", delay=delay)
+
+
+def config_for(names, **changes) -> ServerConfig:
+    """A ServerConfig naming `names` (the rerankers are passed to create_app ready-made)."""
+    specs = {n: RerankerSpec(kind="dense", model=f"model-{n}") for n in names}
+    return ServerConfig(rerankers=specs, **changes)

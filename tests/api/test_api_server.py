@@ -1,0 +1,224 @@
+"""Against a real `cisrank serve` (uvicorn) process on 127.0.0.1: the official Cohere SDK, API
+keys over the wire, graceful shutdown on SIGTERM, and the CLI's config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from api_fakes import overlap
+
+from cisrank import testing
+
+HERE = Path(__file__).resolve().parent
+KEY = "test-key-0123456789"
+DOCS = testing.SAMPLE_SENTENCES[:5]
+QUERY = "who wrote hamlet"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CISRANK_LOG_LEVEL="WARNING")
+    env.update(extra)
+    return env
+
+
+class Server:
+    """`python -m cisrank.cli serve` on a free port; waits (bounded) until /readyz says ready."""
+
+    def __init__(self, tmp: Path, config: dict, **env: str) -> None:
+        cfg = tmp / "server.json"
+        cfg.write_text(json.dumps(config), encoding="utf-8")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (tmp / "server.log").open("w+")
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg)),
+                *("--host", "127.0.0.1", "--port", str(self.port)),
+            ],
+            env=_env(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.output()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"server not ready in 90 s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def dense_server(tmp_path_factory, tiny_bert_dir):
+    tmp = tmp_path_factory.mktemp("server")
+    config = {"rerankers": {"tiny": {"kind": "dense", "model": str(tiny_bert_dir)}}}
+    server = Server(tmp, config, CISRANK_API_KEYS=KEY, CISRANK_LOG_LEVEL="INFO")
+    yield server
+    log = server.output()
+    server.stop()
+    assert "loaded reranker tiny" in log and "/v1/rerank" in log  # the log was captured...
+    assert KEY not in log  # ...and holds no key
+
+
+def test_cohere_client_v2_reranks_unmodified(dense_server, tiny_dense):
+    import cohere
+
+    co = cohere.ClientV2(api_key=KEY, base_url=dense_server.url, timeout=30)
+    response = co.rerank(model="tiny", query=QUERY, documents=DOCS, top_n=3)
+    expected = tiny_dense.score(QUERY, DOCS)
+    order = sorted(range(len(DOCS)), key=lambda i: -expected[i])[:3]
+    assert [r.index for r in response.results] == order
+    for r in response.results:
+        assert r.relevance_score == pytest.approx(expected[r.index], abs=1e-6)
+    assert response.id and response.meta.billed_units.search_units == 1
+
+
+def test_cohere_client_v1_reranks_unmodified(dense_server, tiny_dense):
+    import cohere
+
+    co = cohere.Client(api_key=KEY, base_url=dense_server.url, timeout=30)
+    docs = [DOCS[0], {"text": DOCS[1]}, DOCS[2]]
+    response = co.rerank(query=QUERY, documents=docs, model="tiny", top_n=2, return_documents=True)
+    expected = tiny_dense.score(QUERY, DOCS[:3])
+    order = sorted(range(3), key=lambda i: -expected[i])[:2]
+    assert [r.index for r in response.results] == order
+    assert [r.document.text for r in response.results] == [DOCS[i] for i in order]
+    assert [r.relevance_score for r in response.results] == pytest.approx(
+        [expected[i] for i in order], abs=1e-6
+    )
+
+
+def test_cohere_client_with_a_wrong_key_gets_401(dense_server):
+    import cohere
+
+    co = cohere.ClientV2(api_key="wrong", base_url=dense_server.url, timeout=30)
+    with pytest.raises(cohere.errors.UnauthorizedError):
+        co.rerank(model="tiny", query=QUERY, documents=DOCS)
+
+
+def test_concurrent_http_requests_over_the_wire(dense_server, tiny_dense):
+    queries = [QUERY, "where is paris", "fleas", "goldfish tank", "world war"]
+    results: dict[str, dict] = {}
+
+    def call(q: str) -> None:
+        r = httpx.post(
+            dense_server.url + "/v1/rerank",
+            json={"query": q, "documents": DOCS},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
+        results[q] = r.json()
+
+    threads = [threading.Thread(target=call, args=(q,)) for q in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for q in queries:
+        got = {x["index"]: x["relevance_score"] for x in results[q]["results"]}
+        assert [got[i] for i in range(len(DOCS))] == pytest.approx(
+            tiny_dense.score(q, DOCS), abs=1e-6
+        )
+    assert httpx.get(dense_server.url + "/healthz").json()["status"] == "ok"
+
+
+def test_sigterm_lets_the_in_flight_request_finish(tmp_path):
+    marker = tmp_path / "scoring-started"
+    config = {
+        "rerankers": {
+            "slow": {
+                "kind": "api_fakes:slow_reranker",
+                "options": {"delay": 1.5, "marker": str(marker)},
+            }
+        }
+    }
+    server = Server(tmp_path, config)
+    try:
+        box: dict[str, httpx.Response] = {}
+        body = {"query": "slow query", "documents": ["a slow passage", "query"]}
+        thread = threading.Thread(
+            target=lambda: box.setdefault(
+                "r", httpx.post(server.url + "/v1/rerank", json=body, timeout=30)
+            )
+        )
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), server.output()
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(30)
+        # uvicorn shuts down gracefully, then re-raises the captured signal as its exit status
+        assert server.proc.wait(30) == -signal.SIGTERM, server.output()
+        r = box["r"]
+        assert r.status_code == 200
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        assert got == {
+            0: pytest.approx(overlap("slow query", "a slow passage")),
+            1: pytest.approx(overlap("slow query", "query")),
+        }
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "does not exist"),
+        ("{not json", "not valid JSON"),
+        ('{"rerankers": {"x": {"kind": "nope"}}}', "unknown reranker 'nope'"),
+        ('{"rerankers": {"x": {"kind": "dense", "typo": 1}}}', "rerankers.x.typo"),
+    ],
+)
+def test_serve_config_errors_are_one_line_exit_2(tmp_path, content, needle):
+    cfg = tmp_path / "server.json"
+    if content is not None:
+        cfg.write_text(content, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
