@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--model", default="all-MiniLM-L6-v2")
     ap.add_argument("--queries", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=None, help="default: the reranker's")
     args = ap.parse_args()
 
     ds = load_folder(dl19_dir())

@@ -46,6 +46,8 @@ class DenseReranker(BaseReranker):
         self.encoder = load_sentence_transformer(
             self.config.model, self.config.device, self.config.max_seq_length
         )
+        on_gpu = self.encoder.device.type == "cuda"
+        self.batch_size = self.config.batch_size or (128 if on_gpu else 16)
 
     def embed(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
         """L2-normalized float32 embeddings; sentence-transformers sorts by length internally."""
@@ -54,7 +56,7 @@ class DenseReranker(BaseReranker):
         with torch.inference_mode():
             emb = self.encoder.encode(
                 list(texts),
-                batch_size=self.config.batch_size,
+                batch_size=self.batch_size,
                 convert_to_numpy=True,
                 normalize_embeddings=True,
                 show_progress_bar=False,
