@@ -246,40 +246,25 @@ def eval_run(
         raise CisrankError(
             "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
         )
-    if data_dir is not None:
-        label = name or Path(data_dir).name
-        _evaluate(
-            label,
-            data_dir,
-            reranker,
-            model,
-            depth,
-            batch_size,
-            output,
-            device,
-            quiet,
-            as_json,
-            reranker_options=cis_opts,
-            first_stage=first_stage,
-        )
-    else:
+    files = None
+    if data_dir is None:
         files = {"topics": topics, "qrels": qrels, "candidates": candidates}
-        label = name or Path(candidates).parent.name
-        _evaluate(
-            label,
-            None,
-            reranker,
-            model,
-            depth,
-            batch_size,
-            output,
-            device,
-            quiet,
-            as_json,
-            files=files,
-            reranker_options=cis_opts,
-            first_stage=first_stage,
-        )
+    label = name or (Path(data_dir).name if data_dir is not None else Path(candidates).parent.name)
+    _evaluate(
+        label,
+        data_dir,
+        reranker,
+        model,
+        depth,
+        batch_size,
+        output,
+        device,
+        quiet,
+        as_json,
+        files=files,
+        reranker_options=cis_opts,
+        first_stage=first_stage,
+    )
 
 
 def _read_passages(path: Path) -> tuple[list[str], list[str]]:

@@ -66,15 +66,16 @@ class Dataset:
         return pool
 
 
-def _open_text(path: Path):
+def open_text(path: Path, newline: str | None = None):
+    """Open a text file, gunzipping `.gz` transparently."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
+    return path.open("r", encoding="utf-8", newline=newline)
 
 
 def read_topics(path: Path) -> dict[str, str]:
     topics: dict[str, str] = {}
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\n")
             if not line.strip():
@@ -90,7 +91,7 @@ def read_topics(path: Path) -> dict[str, str]:
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             parts = line.split()
             if not parts:
@@ -109,15 +110,21 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def read_candidates(path: Path) -> tuple[dict[str, str], dict[str, list[Hit]], int]:
-    """Parse a candidates JSON; returns (queries, hits per qid, duplicate hits dropped)."""
+def load_candidates_json(path: Path) -> list:
+    """The raw JSON array of a candidates file (`.json` or `.json.gz`), with a clear error."""
     try:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as exc:
         raise DataError(f"{path}: not a readable candidates JSON file ({exc})") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON array of {{query, hits}} objects")
+    return data
+
+
+def read_candidates(path: Path) -> tuple[dict[str, str], dict[str, list[Hit]], int]:
+    """Parse a candidates JSON; returns (queries, hits per qid, duplicate hits dropped)."""
+    data = load_candidates_json(path)
     queries: dict[str, str] = {}
     candidates: dict[str, list[Hit]] = {}
     dropped = 0

@@ -17,7 +17,6 @@ repeated docid with the *same* text is merged (counted in `merged`), while the s
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from collections import Counter
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from cisrank.errors import DataError
+from cisrank.eval.datasets import load_candidates_json, open_text
 
 Format = Literal["jsonl", "tsv", "candidates"]
 OnError = Literal["raise", "skip"]
@@ -96,12 +96,6 @@ def file_checksum(path: Path, chunk: int = 1 << 20) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _open(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return path.open("r", encoding="utf-8", newline="")
-
-
 class _Checker:
     """Applies the bad-line policy; remembers ids (and text hashes, for merging repeats)."""
 
@@ -145,7 +139,7 @@ class _Checker:
 
 
 def _iter_jsonl(path: Path, check: _Checker) -> Iterator[Passage]:
-    with _open(path) as f:
+    with open_text(path, newline="") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -177,7 +171,7 @@ def _iter_jsonl(path: Path, check: _Checker) -> Iterator[Passage]:
 
 
 def _iter_tsv(path: Path, check: _Checker) -> Iterator[Passage]:
-    with _open(path) as f:
+    with open_text(path, newline="") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -191,13 +185,7 @@ def _iter_tsv(path: Path, check: _Checker) -> Iterator[Passage]:
 
 
 def _iter_candidates(path: Path, check: _Checker) -> Iterator[Passage]:
-    try:
-        with _open(path) as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as exc:
-        raise DataError(f"{path}: not a readable candidates JSON file ({exc})") from None
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON array of {{query, hits}} objects")
+    data = load_candidates_json(path)
     for i, entry in enumerate(data):
         hits = entry.get("hits") if isinstance(entry, dict) else None
         if not isinstance(hits, list):
