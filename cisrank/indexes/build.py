@@ -8,8 +8,8 @@ The protocol that makes builds safe to interrupt:
 2. A complete index (one with `manifest.json`) is rebuilt only with `overwrite=True`, and then its
    manifest is deleted *first*, so an interruption from then on leaves an incomplete index.
 3. A rerun with the same state resumes: the builder gets `resume=True` and reuses what it can
-   verify (the dense builder keeps finished embedding shards). A rerun with a different corpus or
-   parameters starts clean.
+   verify (the dense builder keeps finished embedding shards, the prior builder the priors it
+   committed). A rerun with a different corpus or parameters starts clean.
 4. The builder writes its files; the driver writes `manifest.json` last, then drops the state file.
 
 Adding a kind is one function with the `Builder` signature and one `register_builder` call; the
@@ -79,9 +79,16 @@ def _dense() -> Builder:
     return build_dense
 
 
+def _prior() -> Builder:
+    from cisrank.rerank.prior_job import build_prior
+
+    return build_prior
+
+
 register_builder("bm25", _bm25)
 register_builder("lucene", _lucene)
 register_builder("dense", _dense)
+register_builder("prior", _prior)
 
 
 def builder_kinds() -> list[str]:

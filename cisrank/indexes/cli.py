@@ -1,4 +1,5 @@
-"""`cisrank index build {bm25,lucene,dense} --corpus FILE --out DIR [...]` and `cisrank index info DIR`.
+"""`cisrank index build {bm25,lucene,dense,prior} --corpus FILE --out DIR [...]` and
+`cisrank index info DIR`.
 
 Each `build` command only turns its flags into the kind's `params` and calls
 `cisrank.indexes.build.build_index`, which owns the interrupt-safe protocol; a new kind is one
@@ -14,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 index_app = typer.Typer(
-    help="Offline index build jobs (BM25, Lucene, dense FAISS) and their manifests.",
+    help="Offline index build jobs (BM25, Lucene, dense FAISS, CIS priors) and their manifests.",
     no_args_is_help=True,
 )
 build_app = typer.Typer(
@@ -192,6 +193,55 @@ def build_dense(
     )
 
 
+@build_app.command("prior")
+def build_prior(
+    corpus: CorpusOpt,
+    out: OutOpt,
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", "-m", help="Causal LM of the CIS reranker: Hugging Face id or local folder."
+        ),
+    ],
+    max_doc_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-doc-tokens", min=1, help="Passage tokens kept; must match the reranker's."
+        ),
+    ] = 512,
+    batch_size: Annotated[
+        int,
+        typer.Option("--batch-size", min=1, help="Passages looked up, scored and stored together."),
+    ] = 256,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="float32, bfloat16, float16 (default: the device's, as the reranker picks it); "
+            "part of the store's key, so it must match the reranker's.",
+        ),
+    ] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ...")] = None,
+    fmt: FormatOpt = None,
+    on_error: OnErrorOpt = "raise",
+    overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """CIS prior store: log p(K) of every passage in OUT/priors.sqlite, for --prior-store."""
+    params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype}
+    _run(
+        "prior",
+        corpus,
+        out,
+        params,
+        fmt,
+        on_error,
+        overwrite,
+        quiet,
+        options={"device": device, "batch_size": batch_size},
+    )
+
+
 @index_app.command("info")
 def info(
     path: Annotated[Path, typer.Argument(help="Index folder.")],
@@ -216,8 +266,17 @@ def info(
         lines.append(f"skipped   {json.dumps(c['skipped'])}")
     if m.model:
         lines.append(
-            f"model     {m.model.get('name')} (fingerprint {str(m.model.get('fingerprint'))[:16]}..., "
-            f"dim {m.model.get('dimension')})"
+            f"model     {m.model.get('name')} (fingerprint {str(m.model.get('fingerprint'))[:16]}..."
+            + (f", dim {m.model['dimension']}" if m.model.get("dimension") is not None else "")
+            + (f", {m.model['dtype']}" if m.model.get("dtype") else "")
+            + ")"
+        )
+    if m.kind == "prior":
+        b = m.build
+        lines.append(
+            f"priors    {b.get('priors_stored')} stored ({b.get('priors_computed')} computed, "
+            f"{b.get('priors_reused')} reused), store fingerprint "
+            f"{str((m.model or {}).get('store_fingerprint'))[:16]}..."
         )
     libs = ", ".join(f"{k} {v}" for k, v in m.libraries.items() if v)
     lines += [

@@ -197,6 +197,11 @@ class CISReranker(BaseReranker):
         return [known[k][0] for k in keys]
 
     # ------------------------------------------------------------------ public API
+    def summed_log_priors(self, docs: list[list[int]]) -> list[float]:
+        """Summed log p(K) of already tokenized passages (see `passage_ids`), through the store:
+        the offline prior job fills the store through exactly this path."""
+        return self._prior_raw(docs)
+
     def log_conditional(self, query: str, passages: Sequence[str]) -> list[float]:
         """log p(K|Q) per passage, input order (divided by token count if normalize='mean')."""
         docs = self.passage_ids(passages)
@@ -207,15 +212,23 @@ class CISReranker(BaseReranker):
         docs = self.passage_ids(passages)
         return self._norm(self._prior_raw(docs), [len(d) for d in docs])
 
-    def score(self, query: str, passages: Sequence[str]) -> list[float]:
-        """CIS(Q->K) = log p(K|Q) - log p(K) per passage, input order."""
+    def components(
+        self, query: str, passages: Sequence[str]
+    ) -> tuple[list[float], list[float], list[float]]:
+        """(CIS, log p(K|Q), log p(K)) per passage from one pass: the distillation teacher keeps
+        all three, so a student can later be trained on either term."""
         if not passages:
-            return []
+            return [], [], []
         docs = self.passage_ids(passages)
+        counts = [len(d) for d in docs]
         cond = self._conditional_raw(query, docs)
         prior = self._prior_raw(docs)
         cis = [c - p for c, p in zip(cond, prior, strict=True)]
-        return self._norm(cis, [len(d) for d in docs])
+        return self._norm(cis, counts), self._norm(cond, counts), self._norm(prior, counts)
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        """CIS(Q->K) = log p(K|Q) - log p(K) per passage, input order."""
+        return self.components(query, passages)[0]
 
     def __repr__(self) -> str:
         return (
