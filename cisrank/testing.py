@@ -134,7 +134,9 @@ def build_bert(
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab = list(dict.fromkeys([*specials, *vocab_words]))
     (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True)
+    # Loaded from the folder: transformers 5 ignores `vocab_file=` in the constructor and would
+    # save a tokenizer that maps every word to [UNK].
+    tokenizer = BertTokenizerFast.from_pretrained(out, do_lower_case=True)
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=len(vocab),

@@ -19,6 +19,15 @@ def test_tiny_bert_loads(tiny_bert_dir):
     model = AutoModel.from_pretrained(tiny_bert_dir)
     enc = tok("Paris is the capital of France.", return_tensors="pt")
     assert enc["input_ids"][0, 0].item() == tok.cls_token_id
+    assert tok.tokenize("Paris is the capital of France.") == [
+        "paris",
+        "is",
+        "the",
+        "capital",
+        "of",
+        "france",
+        ".",
+    ]
     assert model(**enc).last_hidden_state.shape[-1] == 64
 
 
