@@ -33,15 +33,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import dl19_dir, machine
+from common import dl19_dir, gpt2_124m, machine
 
-from cisrank import testing
 from cisrank.eval.datasets import load_folder
 from cisrank.rerank.causal_lm import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.prior_store import PriorStore
-
-VOCAB = 50257
 
 
 def peak_rss_gb() -> float:
@@ -111,27 +108,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from transformers import AutoModelForCausalLM, GPT2Config
-
     from cisrank.devices import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ds = load_folder(dl19_dir())
-    texts = [ds.topics[q] for q in ds.qids] + [h.text for q in ds.qids for h in ds.candidates[q]]
-    tokenizer = testing.word_level_tokenizer(testing.words(texts), vocab_size=VOCAB)
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_layer=12,
-        n_embd=768,
-        n_head=12,
-        n_positions=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+    model, tokenizer, config = gpt2_124m(ds, device, dtype)
     engine = CausalLMEngine(model, tokenizer, batch_tokens=args.batch_tokens)
     flops = FlopCounter(config)
     peak = matmul_peak_flops(device, dtype)

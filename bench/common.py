@@ -44,3 +44,34 @@ def percentile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+GPT2_VOCAB = 50257
+
+
+def gpt2_124m(dataset, device, dtype):
+    """A GPT-2 124M-shaped causal LM (random weights) with a word-level tokenizer built from the
+    dataset's texts, padded to GPT-2's 50,257 entries: the CIS speed model of every benchmark
+    (no GPT-2 weights are available offline; random weights cost the same arithmetic)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from cisrank import testing
+
+    texts = [dataset.topics[q] for q in dataset.qids] + [
+        h.text for q in dataset.qids for h in dataset.candidates[q]
+    ]
+    tokenizer = testing.word_level_tokenizer(testing.words(texts), vocab_size=GPT2_VOCAB)
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=GPT2_VOCAB,
+        n_layer=12,
+        n_embd=768,
+        n_head=12,
+        n_positions=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+    return model, tokenizer, config

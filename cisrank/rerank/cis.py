@@ -58,6 +58,9 @@ class CISRerankerConfig(ComponentConfig):
     max_doc_tokens: int = Field(default=512, ge=1)
     batch_size: int | None = Field(default=None, ge=1, description="Passages per batch at most.")
     batch_tokens: int | None = Field(default=None, ge=1, description="Padded tokens per batch.")
+    max_padding: float | None = Field(
+        default=None, ge=0.0, lt=1.0, description="Padding a row may carry (0.05 CPU, 0.25 GPU)."
+    )
     device: str | None = None
     dtype: str | None = None
     prior_store: str | None = Field(default=None, description="SQLite file of stored log p(K).")
@@ -122,6 +125,7 @@ class CISReranker(BaseReranker):
             dtype=self.config.dtype,
             batch_size=self.config.batch_size,
             batch_tokens=self.config.batch_tokens,
+            max_padding=self.config.max_padding,
             padding_side=self.config.padding_side,
         )
         self.model_name = self.config.model if engine is None else engine.model_name

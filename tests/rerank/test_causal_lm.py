@@ -44,6 +44,7 @@ def test_matches_brute_force_any_batching(setup):
     for side in ("right", "left"):
         for cache in (True, False):
             for bs in range(1, len(conts) + 1, 3):
+                # max_padding 0.99: rows of any lengths share a batch, so padding is exercised
                 engine = CausalLMEngine(
                     path,
                     tok,
@@ -51,6 +52,7 @@ def test_matches_brute_force_any_batching(setup):
                     padding_side=side,
                     use_prefix_cache=cache,
                     head_chunk_rows=5,
+                    max_padding=0.99,
                 )
                 got = engine.score_continuations(prefix, conts, return_tokens=True)
                 assert np.abs(np.array(got.logprobs) - sums).max() <= TOL, (side, cache, bs)
@@ -79,6 +81,30 @@ def test_shuffled_order_duplicates_and_token_budget(setup):
         for j, b in enumerate(order):
             if a == b:
                 assert got[i] == got[j]
+
+
+@pytest.mark.parametrize("max_padding", [0.0, 0.3])
+def test_rows_carry_at_most_max_padding(setup, max_padding):
+    path, tok, prefix, conts, expected = setup
+    engine = CausalLMEngine(path, tok, max_padding=max_padding)
+    rows: list[tuple[int, list[int]]] = []
+
+    def hook(module, args, kw, out):
+        if kw["input_ids"].shape[1] != len(prefix):  # not the prefix forward
+            width = kw["input_ids"].shape[1]
+            rows.append((width, kw["attention_mask"][:, -width:].sum(1).tolist()))
+
+    handle = engine.base.register_forward_hook(hook, with_kwargs=True)
+    got = engine.score_continuations(prefix, conts).logprobs
+    handle.remove()
+    assert np.abs(np.array(got) - [sum(e) for e in expected]).max() <= TOL
+    assert sum(len(r) for _, r in rows) == len({tuple(c) for c in conts})
+    for width, real in rows:
+        assert all(width - n <= max_padding * width for n in real), (width, real)
+    if max_padding == 0.0:
+        assert all(len(set(real)) == 1 for _, real in rows)
+    with pytest.raises(CisrankError, match="max_padding"):
+        CausalLMEngine(path, tok, max_padding=1.0)
 
 
 def test_lm_head_sees_only_continuation_positions_in_chunks(setup):
