@@ -20,7 +20,8 @@ def _dense(model: str | None, **options: Any) -> Reranker:
     unknown = sorted(set(options) - set(DenseRerankerConfig.model_fields))
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-        raise CisrankError(f"{flags}: option(s) of the cis reranker, not of dense; drop them")
+        owner = "cross-encoder" if set(unknown) <= {"quantize"} else "cis"
+        raise CisrankError(f"{flags}: option(s) of the {owner} reranker, not of dense; drop them")
     return DenseReranker(DenseRerankerConfig(), model=model, **options)
 
 
@@ -30,7 +31,24 @@ def _cis(model: str | None, **options: Any) -> Reranker:
     return CISReranker(model=model, **options)
 
 
-_FACTORIES: dict[str, Callable[..., Reranker]] = {"dense": _dense, "cis": _cis}
+def _cross_encoder(model: str | None, **options: Any) -> Reranker:
+    from cisrank.rerank.cross_encoder import CrossEncoderReranker, CrossEncoderRerankerConfig
+
+    unknown = sorted(set(options) - set(CrossEncoderRerankerConfig.model_fields))
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        valid = ", ".join(sorted(CrossEncoderRerankerConfig.model_fields))
+        raise CisrankError(
+            f"{flags}: not option(s) of the cross-encoder reranker (it takes {valid}); drop them"
+        )
+    return CrossEncoderReranker(model=model, **options)
+
+
+_FACTORIES: dict[str, Callable[..., Reranker]] = {
+    "dense": _dense,
+    "cis": _cis,
+    "cross-encoder": _cross_encoder,
+}
 
 NO_RERANKER = "none"
 

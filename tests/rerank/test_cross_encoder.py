@@ -1,0 +1,195 @@
+"""Cross-encoder reranker: raw logits equal to `CrossEncoder.predict` with identity activation."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import CrossEncoder
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+from cisrank import testing
+from cisrank.errors import CisrankError, ModelNotFoundError
+from cisrank.rerank import Reranker, load_reranker, rank_order
+from cisrank.rerank.cross_encoder import (
+    CPU_BATCH_SIZE,
+    CrossEncoderReranker,
+    CrossEncoderRerankerConfig,
+    cpu_has_native_bf16,
+)
+
+needs_fbgemm = pytest.mark.skipif(
+    "fbgemm" not in torch.backends.quantized.supported_engines,
+    reason="int8 dynamic quantization runs on x86 (fbgemm) only",
+)
+QUERY = "When was the author of Hamlet born?"
+# Mixed lengths (from 1 word to ~100 tokens, so batches need padding) and one passage twice (2, 5).
+PASSAGES = [
+    *testing.SAMPLE_SENTENCES[:2],
+    "Paris is the capital of France.",
+    testing.SAMPLE_SENTENCES[3],
+    " ".join(testing.SAMPLE_SENTENCES * 3),
+    "Paris is the capital of France.",
+    " ".join(testing.SAMPLE_SENTENCES[:3]),
+    "Hamlet",
+]
+
+
+@pytest.fixture(scope="module")
+def ce_dir(tiny_bert_dir, tmp_path_factory):
+    """A one-logit cross-encoder on the tiny BERT, saved as training saves one."""
+    torch.manual_seed(0)
+    model = CrossEncoder(str(tiny_bert_dir), num_labels=1)
+    with torch.no_grad():
+        # The default head (std 0.02) gives scores within ~1e-4 of each other: widen them so that
+        # the 1e-5 agreement below is a real check and not just "all scores are about equal".
+        model.model.classifier.weight.normal_(0.0, 1.0)
+    out = tmp_path_factory.mktemp("cross-encoder")
+    model.save_pretrained(str(out))
+    return out
+
+
+def predict(path, pairs, **kwargs):
+    """The reference: sentence-transformers' own predict, raw logits."""
+    model = CrossEncoder(str(path), device="cpu", **kwargs)
+    return model.predict(pairs, activation_fn=torch.nn.Identity(), show_progress_bar=False)
+
+
+def test_scores_equal_predict_with_identity_activation(ce_dir):
+    want = predict(ce_dir, [(QUERY, p) for p in PASSAGES])
+    assert np.ptp(want) > 0.02  # the scores differ by 2000x the tolerance
+    for batch_size in (1, 2, 64):
+        r = CrossEncoderReranker(model=str(ce_dir), batch_size=batch_size, dtype="float32")
+        assert isinstance(r, Reranker)
+        assert r.dtype == torch.float32 and r.config.quantize == "none"
+        got = r.score(QUERY, PASSAGES)
+        assert got == pytest.approx(want.tolist(), abs=1e-5), batch_size
+    reverse = CrossEncoderReranker(model=str(ce_dir), dtype="float32").score(QUERY, PASSAGES[::-1])
+    assert reverse == pytest.approx(want[::-1].tolist(), abs=1e-5)
+
+
+def test_default_dtype_and_batch_size_on_cpu(ce_dir):
+    r = CrossEncoderReranker(model=str(ce_dir), device="cpu")
+    assert r.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert r.batch_size == CPU_BATCH_SIZE
+    assert CrossEncoderReranker(model=str(ce_dir), quantize="int8").dtype == torch.float32
+
+
+def test_max_length_truncates_like_predict(ce_dir):
+    want = predict(ce_dir, [(QUERY, p) for p in PASSAGES], max_length=12)
+    r = CrossEncoderReranker(model=str(ce_dir), max_length=12, dtype="float32")
+    got = r.score(QUERY, PASSAGES)
+    assert got == pytest.approx(want.tolist(), abs=1e-5)
+    assert np.abs(np.subtract(got, predict(ce_dir, [(QUERY, p) for p in PASSAGES]))).max() > 1e-4
+
+
+@pytest.mark.parametrize(
+    "options", [{"dtype": "float32"}, {}, pytest.param({"quantize": "int8"}, marks=needs_fbgemm)]
+)
+def test_score_many_equals_score_per_query_and_dedupes(ce_dir, options):
+    """float32 is exact up to rounding whatever the batches; bf16 and int8 results can move with
+    the batch a pair lands in (padding width; int8 activation scales), within their precision."""
+    r = CrossEncoderReranker(model=str(ce_dir), batch_size=3, **options)
+    tol = 1e-5 if r.dtype == torch.float32 and r.config.quantize == "none" else 0.01
+    other = "Which city is the capital of France?"
+    requests = [(QUERY, PASSAGES), (other, PASSAGES[2:6]), (QUERY, PASSAGES[:3]), (other, [])]
+    many = r.score_many(requests)
+    assert [len(s) for s in many] == [len(p) for _, p in requests]
+    for (q, p), s in zip(requests, many, strict=True):
+        assert s == pytest.approx(r.score(q, p), abs=tol)
+    # A pair asked for twice is scored once, so it gets exactly the same number.
+    assert many[2] == many[0][:3]
+    assert many[0][2] == many[0][5]  # "Paris is the capital of France." twice in PASSAGES
+    assert r.score_many([]) == []
+    assert r.score_many([(QUERY, [])]) == [[]]
+    assert r.score(QUERY, []) == []
+    with pytest.raises(CisrankError, match="not one string"):
+        r.score_many([(QUERY, "a passage")])
+
+
+def test_rerank_orders_by_score(ce_dir):
+    r = load_reranker("cross-encoder", str(ce_dir), batch_size=2)
+    scores = r.score(QUERY, PASSAGES)
+    ranked = r.rerank(QUERY, PASSAGES, top_n=4)
+    assert [p.index for p in ranked] == rank_order(scores)[:4]
+    assert [p.text for p in ranked] == [PASSAGES[i] for i in rank_order(scores)[:4]]
+    assert all(x.score >= y.score for x, y in itertools.pairwise(ranked))
+    everything = r.rerank(QUERY, PASSAGES)
+    positions = {p.index: k for k, p in enumerate(everything)}
+    assert positions[2] < positions[5]  # the duplicate's tie keeps input order
+    assert r.rerank(QUERY, []) == []
+
+
+@needs_fbgemm
+def test_int8_is_close_to_float32(ce_dir):
+    """Tolerance: int8 may move scores by quantization noise, never reorder them grossly.
+
+    Dynamic int8 keeps ~8 bits per activation tensor; through 2 layers the error on the logit
+    is a small fraction of the spread of scores across passages. On this random tiny model it is
+    1.3% of that spread (correlation 0.9997); 5% and > 0.99 leave room for other CPUs' kernels
+    (7-bit activations without VNNI). On real DL19 passages with a MiniLM-L6 encoder int8 does
+    worse (0.97-0.98 per query, bench/cross_encoder.py), hence opt-in.
+    """
+    fp32 = np.array(CrossEncoderReranker(model=str(ce_dir), dtype="float32").score(QUERY, PASSAGES))
+    r8 = CrossEncoderReranker(model=str(ce_dir), quantize="int8")
+    int8 = np.array(r8.score(QUERY, PASSAGES))
+    quantized = [n for n, m in r8.model.named_modules() if isinstance(m, DynamicLinear)]
+    assert len(quantized) == 2 * 6  # 2 layers x (q, k, v, attention out, intermediate, out)
+    assert type(r8.model.classifier) is torch.nn.Linear  # the head stays float32
+    assert type(r8.model.bert.pooler.dense) is torch.nn.Linear
+    assert np.corrcoef(int8, fp32)[0, 1] > 0.99
+    assert np.abs(int8 - fp32).max() < 0.05 * np.ptp(fp32)
+    assert int8[2] == int8[5]  # duplicates still share one score
+
+
+def test_bf16_runs_within_bf16_rounding(ce_dir):
+    """bf16 keeps 8 significant bits (relative step 2**-8 = 0.4%): through 2 layers the logit
+    stays within a few of those steps of float32 (here 1.2% of the largest score; 3% allowed).
+    This tiny random model's scores differ by only ~3% of their size, so it cannot show ranking
+    agreement: on real DL19 passages bf16 correlates 0.9999 with float32 (bench/cross_encoder.py).
+    """
+    fp32 = np.array(CrossEncoderReranker(model=str(ce_dir), dtype="float32").score(QUERY, PASSAGES))
+    r = CrossEncoderReranker(model=str(ce_dir), dtype="bfloat16")
+    assert r.dtype == torch.bfloat16
+    assert r.model.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
+    # The head runs in float32: scores are not rounded to bf16's 8 significant bits.
+    assert r.model.classifier.weight.dtype == torch.float32
+    assert r.model.bert.pooler.dense.weight.dtype == torch.float32
+    bf16 = np.array(r.score(QUERY, PASSAGES))
+    step = 2.0 ** (np.floor(np.log2(np.abs(bf16))) - 7)  # bf16 spacing at each score
+    assert np.any(np.abs(bf16 / step - np.round(bf16 / step)) > 1e-3)
+    assert np.abs(bf16 - fp32).max() < 0.03 * np.abs(fp32).max()
+    assert bf16[2] == bf16[5]
+
+
+def test_load_reranker_and_option_errors(ce_dir):
+    r = load_reranker("cross-encoder", str(ce_dir), batch_size=5, device="cpu", quantize="none")
+    assert isinstance(r, CrossEncoderReranker)
+    assert r.name == "cross-encoder" and r.model_name == str(ce_dir) and r.batch_size == 5
+    with pytest.raises(CisrankError, match="--template"):
+        load_reranker("cross-encoder", str(ce_dir), template="qa")
+    with pytest.raises(CisrankError, match="needs a model"):
+        load_reranker("cross-encoder")
+    with pytest.raises(CisrankError, match="unknown cross-encoder option"):
+        CrossEncoderReranker(model=str(ce_dir), bogus=1)
+    with pytest.raises(CisrankError, match="float32"):
+        CrossEncoderReranker(model=str(ce_dir), quantize="int8", dtype="bfloat16")
+    with pytest.raises(CisrankError, match="positions"):
+        CrossEncoderReranker(model=str(ce_dir), max_length=100_000)
+    with pytest.raises(CisrankError, match="quantize"):
+        load_reranker("cross-encoder", str(ce_dir), quantize="int4")
+    with pytest.raises(ValueError):
+        CrossEncoderRerankerConfig(quantize="int4")
+
+
+def test_missing_or_wrong_model_folder(tiny_bert_dir, tmp_path):
+    missing = tmp_path / "no-such-student"
+    with pytest.raises(ModelNotFoundError, match="no-such-student"):
+        load_reranker("cross-encoder", str(missing))
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    with pytest.raises(ModelNotFoundError, match="empty"):
+        load_reranker("cross-encoder", str(not_a_model))
+    # A bare encoder (or a bi-encoder) would get a random head: refused.
+    with pytest.raises(CisrankError, match="not a cross-encoder"):
+        load_reranker("cross-encoder", str(tiny_bert_dir))
