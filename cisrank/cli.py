@@ -98,20 +98,32 @@ NormalizeOpt = Annotated[
     str | None,
     typer.Option("--normalize", help="CIS: 'sum' of token log-probs (default) or 'mean'."),
 ]
+# Option of the cross-encoder reranker (`--reranker cross-encoder`).
+QuantizeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--quantize",
+        help="cross-encoder: 'int8' (CPU: dynamic int8 Linear layers, faster, scores move by "
+        "quantization noise) or 'none' (default).",
+    ),
+]
 
 
-def _cis_options(
+def _reranker_options(
     template: str | None,
     prior_store: Path | None,
     max_doc_tokens: int | None,
     normalize: str | None,
+    quantize: str | None = None,
 ) -> dict:
-    """CIS flags as `load_reranker` keyword options (None values are dropped there)."""
+    """Reranker-specific flags (CIS, cross-encoder) as `load_reranker` keyword options; None
+    values are dropped there, and a flag the chosen reranker does not take is an error there."""
     return {
         "template": template,
         "prior_store": str(prior_store) if prior_store is not None else None,
         "max_doc_tokens": max_doc_tokens,
         "normalize": normalize,
+        "quantize": quantize,
     }
 
 
@@ -186,6 +198,7 @@ def _dataset_command(name: str, doc: str):
         max_doc_tokens: MaxDocTokensOpt = None,
         normalize: NormalizeOpt = None,
         first_stage: FirstStageOpt = None,
+        quantize: QuantizeOpt = None,
     ) -> None:
         _evaluate(
             name,
@@ -198,7 +211,9 @@ def _dataset_command(name: str, doc: str):
             device,
             quiet,
             as_json,
-            reranker_options=_cis_options(template, prior_store, max_doc_tokens, normalize),
+            reranker_options=_reranker_options(
+                template, prior_store, max_doc_tokens, normalize, quantize
+            ),
             first_stage=first_stage,
         )
 
@@ -239,9 +254,10 @@ def eval_run(
     max_doc_tokens: MaxDocTokensOpt = None,
     normalize: NormalizeOpt = None,
     first_stage: FirstStageOpt = None,
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
-    cis_opts = _cis_options(template, prior_store, max_doc_tokens, normalize)
+    options = _reranker_options(template, prior_store, max_doc_tokens, normalize, quantize)
     if data_dir is None and candidates is None:
         raise CisrankError(
             "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
@@ -262,7 +278,7 @@ def eval_run(
         quiet,
         as_json,
         files=files,
-        reranker_options=cis_opts,
+        reranker_options=options,
         first_stage=first_stage,
     )
 
@@ -316,6 +332,7 @@ def rerank(
     prior_store: PriorStoreOpt = None,
     max_doc_tokens: MaxDocTokensOpt = None,
     normalize: NormalizeOpt = None,
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Rank passages for one query, most relevant first."""
     from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
@@ -330,7 +347,7 @@ def rerank(
         model,
         batch_size=batch_size,
         device=device,
-        **_cis_options(template, prior_store, max_doc_tokens, normalize),
+        **_reranker_options(template, prior_store, max_doc_tokens, normalize, quantize),
     )
     ranked = model_obj.rerank(query, texts, top_n=top_n)
     if as_json:
@@ -376,6 +393,10 @@ from cisrank.retrieval.cli import search as _search  # noqa: E402  (`cisrank sea
 
 app.add_typer(_index_app, name="index")
 app.command("search")(_search)
+
+from cisrank.distill.cli import distill_app as _distill_app  # noqa: E402  (`cisrank distill ...`)
+
+app.add_typer(_distill_app, name="distill")
 
 
 @app.command("version")

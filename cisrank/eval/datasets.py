@@ -209,13 +209,18 @@ def data_root() -> Path | None:
     return Path(root).expanduser() if root else None
 
 
-def load_named(name: str, data_dir: str | Path | None = None) -> Dataset:
-    """A dataset by name: `--data-dir`, else `$CISRANK_DATA_DIR/<name>`, else ir_datasets."""
+def load_named(
+    name: str, data_dir: str | Path | None = None, require_qrels: bool = True
+) -> Dataset:
+    """A dataset by name: `--data-dir`, else `$CISRANK_DATA_DIR/<name>`, else ir_datasets.
+
+    `require_qrels=False` admits unjudged query sets (DL22 here), which distillation scores with
+    a teacher instead of evaluating."""
     if data_dir is not None:
-        return load_folder(data_dir, name)
+        return load_folder(data_dir, name, require_qrels)
     root = data_root()
     if root is not None and (root / name).is_dir():
-        return load_folder(root / name, name)
+        return load_folder(root / name, name, require_qrels)
     if name not in KNOWN_DATASETS:
         raise DataError(
             f"unknown dataset '{name}' and no folder for it: pass --data-dir DIR "

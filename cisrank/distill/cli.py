@@ -1,0 +1,255 @@
+"""`cisrank distill generate | train | run`: teacher rows, student training, the two chained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+distill_app = typer.Typer(
+    help="Distil a teacher (CIS by default) into a BERT cross-encoder: score pairs, train, "
+    "evaluate.",
+    no_args_is_help=True,
+)
+
+TeacherOpt = Annotated[
+    str,
+    typer.Option(
+        "--teacher",
+        help="cis (log p(K|Q) - log p(K) of a causal LM), dense, cross-encoder, or scores "
+        "(a TREC run file given with --scores-file).",
+    ),
+]
+TeacherModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="Teacher model: Hugging Face id or folder.")
+]
+ScoresFileOpt = Annotated[
+    Path | None,
+    typer.Option("--scores-file", help="Teacher 'scores': qid Q0 docid rank score tag."),
+]
+TemplateOpt = Annotated[
+    str | None, typer.Option("--template", help="CIS teacher: plain, qa or a string with {query}.")
+]
+MaxDocOpt = Annotated[
+    int | None, typer.Option("--max-doc-tokens", min=1, help="CIS teacher: passage tokens kept.")
+]
+PriorOpt = Annotated[
+    Path | None, typer.Option("--prior-store", help="CIS teacher: SQLite store of log p(K).")
+]
+BatchOpt = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Teacher passages per model batch.")
+]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="torch device; auto by default.")]
+DepthOpt = Annotated[int, typer.Option("--depth", min=1, help="Candidates scored per query.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+BaseModelOpt = Annotated[
+    str, typer.Option("--base-model", help="Student initialisation: Hugging Face id or folder.")
+]
+EpochsOpt = Annotated[float, typer.Option("--epochs", min=0.01)]
+LrOpt = Annotated[float, typer.Option("--lr", "--learning-rate", min=0.0)]
+TrainBatchOpt = Annotated[int, typer.Option("--train-batch-size", min=1, help="Pairs per step.")]
+MaxLenOpt = Annotated[int, typer.Option("--max-length", min=8, help="Student token limit.")]
+LabelNormOpt = Annotated[
+    str,
+    typer.Option(
+        "--label-norm", help="'query': standardize teacher scores per query; 'none': raw."
+    ),
+]
+LossOpt = Annotated[str, typer.Option("--loss", help="mse or margin-mse.")]
+DevOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dev-dataset", help="Judged dataset for checkpoint selection by nDCG@10; 'none' to skip."
+    ),
+]
+DevDepthOpt = Annotated[int, typer.Option("--dev-depth", min=1, help="Dev candidates reranked.")]
+EvalStepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--eval-steps", min=1, help="Evaluate and checkpoint every N steps (default: each epoch)."
+    ),
+]
+SeedOpt = Annotated[int, typer.Option("--seed")]
+
+
+def _teacher(
+    teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
+):
+    from cisrank.distill.teachers import load_teacher
+
+    options = {"batch_size": batch_size, "device": device}
+    if teacher == "cis":
+        options |= {
+            "template": template,
+            "max_doc_tokens": max_doc_tokens,
+            "prior_store": str(prior_store) if prior_store else None,
+        }
+    elif any(x is not None for x in (template, max_doc_tokens, prior_store)):
+        from cisrank.errors import CisrankError
+
+        raise CisrankError("--template, --max-doc-tokens and --prior-store are CIS teacher options")
+    return load_teacher(teacher, model, scores_file, **options)
+
+
+def _dev(name: str | None):
+    from cisrank.eval.datasets import load_named
+
+    return None if name in (None, "none") else load_named(name)
+
+
+@distill_app.command("generate")
+def generate_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the Parquet shards.")],
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Named query set (trec-dl22, ...).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="The dataset's folder.")
+    ] = None,
+    candidates: Annotated[
+        Path | None, typer.Option("--candidates", help="Candidates JSON(.gz) with passage text.")
+    ] = None,
+    topics: Annotated[Path | None, typer.Option("--topics", help="With --candidates.")] = None,
+    triples: Annotated[
+        Path | None, typer.Option("--triples", help="MS MARCO query<TAB>pos<TAB>neg file.")
+    ] = None,
+    teacher: TeacherOpt = "cis",
+    model: TeacherModelOpt = None,
+    scores_file: ScoresFileOpt = None,
+    template: TemplateOpt = None,
+    max_doc_tokens: MaxDocOpt = None,
+    prior_store: PriorOpt = None,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = None,
+    depth: DepthOpt = 100,
+    shard_pairs: Annotated[
+        int, typer.Option("--shard-pairs", min=1, help="Pairs per shard (whole queries).")
+    ] = 2048,
+    overwrite: Annotated[bool, typer.Option("--overwrite")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
+    from cisrank.distill.generate import generate
+    from cisrank.distill.sources import load_source
+
+    source = load_source(
+        dataset=dataset,
+        data_dir=data_dir,
+        candidates=candidates,
+        topics=topics,
+        triples=triples,
+        depth=depth,
+    )
+    t = _teacher(
+        teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
+    )
+    res = generate(source, t, out, shard_pairs=shard_pairs, overwrite=overwrite, progress=not quiet)
+    m = res.manifest
+    typer.echo(
+        f"{out}: {m['queries']} queries, {m['pairs']} pairs in {m['shards']} shards "
+        f"({res.shards_written} written, {res.shards_reused} reused); "
+        f"teacher score mean {m['score_stats']['mean']:.4g} std {m['score_stats']['std']:.4g}"
+    )
+
+
+_FLAG_TO_FIELD = {
+    "lr": "learning_rate",
+    "train_batch_size": "batch_size",
+    "label_norm": "normalize",
+}
+
+
+def _config(flags: dict):
+    """The training flags of a command (its `locals()`) as a TrainConfig."""
+    from dataclasses import fields
+
+    from cisrank.distill.train import TrainConfig
+
+    names = {f.name for f in fields(TrainConfig)}
+    # `--batch-size` is the teacher's; the student's is `--train-batch-size`.
+    picked = {_FLAG_TO_FIELD.get(k, k): v for k, v in flags.items() if k != "batch_size"}
+    return TrainConfig(**{k: v for k, v in picked.items() if k in names and k != "extra"})
+
+
+@distill_app.command("train")
+def train_cmd(
+    data: Annotated[
+        list[Path], typer.Option("--data", help="generate output folder (repeatable).")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained student.")],
+    base_model: BaseModelOpt = "all-MiniLM-L6-v2",
+    epochs: EpochsOpt = 2.0,
+    lr: LrOpt = 2e-4,
+    train_batch_size: TrainBatchOpt = 32,
+    max_length: MaxLenOpt = 256,
+    label_norm: LabelNormOpt = "query",
+    loss: LossOpt = "mse",
+    dev_dataset: DevOpt = "trec-dl21",
+    dev_depth: DevDepthOpt = 30,
+    eval_steps: EvalStepsOpt = None,
+    seed: SeedOpt = 12,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the last checkpoint.")
+    ] = False,
+    device: DeviceOpt = None,
+) -> None:
+    """Train a CrossEncoder on teacher rows (MSE on raw or per-query standardized scores)."""
+    from cisrank.distill.train import train
+
+    cfg = _config(locals())
+    record = train(data, out, cfg, _dev(dev_dataset), resume=resume, device=device)
+    typer.echo(
+        f"{out}: {record['examples']} examples, {record['train_seconds']:.0f} s; "
+        f"best dev nDCG@10 {record['best_dev_metric']}; load with CrossEncoder('{out}')"
+    )
+
+
+@distill_app.command("run")
+def run_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for every stage's output.")],
+    train_dataset: Annotated[
+        list[str] | None,
+        typer.Option("--train-dataset", help="Query sets the teacher scores (default dl22, dl21)."),
+    ] = None,
+    triples: Annotated[
+        Path | None, typer.Option("--triples", help="Also MS MARCO triples (query, pos, neg).")
+    ] = None,
+    eval_dataset: Annotated[str, typer.Option("--eval-dataset")] = "trec-dl19",
+    teacher: TeacherOpt = "cis",
+    model: TeacherModelOpt = None,
+    template: TemplateOpt = None,
+    max_doc_tokens: MaxDocOpt = None,
+    prior_store: PriorOpt = None,
+    batch_size: BatchOpt = None,
+    depth: DepthOpt = 100,
+    base_model: BaseModelOpt = "all-MiniLM-L6-v2",
+    epochs: EpochsOpt = 2.0,
+    lr: LrOpt = 2e-4,
+    train_batch_size: TrainBatchOpt = 32,
+    max_length: MaxLenOpt = 256,
+    label_norm: LabelNormOpt = "query",
+    loss: LossOpt = "mse",
+    dev_dataset: DevOpt = "trec-dl21",
+    dev_depth: DevDepthOpt = 30,
+    eval_steps: EvalStepsOpt = None,
+    seed: SeedOpt = 12,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Teacher scoring -> training -> evaluation (nDCG@10, Spearman to the teacher)."""
+    from cisrank.distill.pipeline import RunPlan, distill_run
+
+    plan = RunPlan(
+        train_datasets=train_dataset or ["trec-dl22", "trec-dl21"],
+        triples=triples,
+        dev_dataset=None if dev_dataset == "none" else dev_dataset,
+        eval_dataset=eval_dataset,
+        depth=depth,
+    )
+    t = _teacher(teacher, model, None, template, max_doc_tokens, prior_store, batch_size, device)
+    cfg = _config(locals())
+    summary = distill_run(plan, t, cfg, out, device=device, progress=not quiet)
+    typer.echo(json.dumps(summary, indent=2))

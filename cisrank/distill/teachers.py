@@ -1,0 +1,122 @@
+"""Teachers: whatever produces a score per (query, passage), behind one small interface.
+
+The pipeline is meant for the CIS teacher, but users arrive with other teachers (a dense or
+cross-encoder reranker, or scores computed elsewhere), so every teacher yields the same columns:
+`score`, plus `log_conditional` and `log_prior` when the teacher is CIS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from cisrank.errors import DataError
+from cisrank.rerank.registry import check_name, load_reranker
+
+SCORES_TEACHER = "scores"
+
+
+@dataclass
+class TeacherScores:
+    score: list[float]
+    log_conditional: list[float] | None = None
+    log_prior: list[float] | None = None
+
+
+class Teacher(Protocol):
+    name: str
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies the teacher's numbers: a resumed run must use the same teacher."""
+        ...
+
+    def score(
+        self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
+    ) -> TeacherScores: ...
+
+
+@dataclass
+class RerankerTeacher:
+    """Any cisrank reranker; CIS also gives its two log-likelihood terms."""
+
+    name: str
+    model: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.reranker = load_reranker(self.name, self.model, **self.options)
+        if self.reranker is None:
+            raise DataError(
+                "teacher 'none' has no scores: pick cis, dense, cross-encoder or scores"
+            )
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"teacher": self.name, "model": self.reranker.model_name}
+        out.update({k: v for k, v in sorted(self.options.items()) if v is not None})
+        engine = getattr(self.reranker, "engine", None)
+        if engine is not None:
+            out["fingerprint"] = engine.fingerprint()
+        return out
+
+    def score(
+        self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
+    ) -> TeacherScores:
+        components = getattr(self.reranker, "components", None)
+        if components is not None:
+            cis, cond, prior = components(query, list(passages))
+            return TeacherScores(cis, cond, prior)
+        return TeacherScores(self.reranker.score(query, list(passages)))
+
+
+class ScoresFileTeacher:
+    """Scores computed elsewhere, as a TREC run file (`qid Q0 docid rank score tag`)."""
+
+    name = SCORES_TEACHER
+
+    def __init__(self, path: str | Path) -> None:
+        from cisrank.eval.runs import Run
+        from cisrank.retrieval.corpus import file_checksum
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(f"--scores-file '{path}' does not exist")
+        self.scores = Run.read_trec(self.path).as_dict()
+        self.checksum = file_checksum(self.path)[0]
+
+    def describe(self) -> dict[str, Any]:
+        return {"teacher": self.name, "file": str(self.path), "sha256": self.checksum}
+
+    def score(
+        self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
+    ) -> TeacherScores:
+        by_doc = self.scores.get(qid)
+        if by_doc is None:
+            raise DataError(f"{self.path}: no scores for query {qid}")
+        missing = [d for d in docids if d not in by_doc]
+        if missing:
+            raise DataError(
+                f"{self.path}: query {qid} lacks scores for {len(missing)} passage(s), "
+                f"e.g. {missing[0]}; score every candidate or lower --depth"
+            )
+        values = [float(by_doc[d]) for d in docids]
+        if not all(math.isfinite(v) for v in values):
+            raise DataError(f"{self.path}: non-finite score for query {qid}")
+        return TeacherScores(values)
+
+
+def load_teacher(
+    name: str, model: str | None = None, scores_file: str | Path | None = None, **options: Any
+) -> Teacher:
+    if name == SCORES_TEACHER:
+        if scores_file is None:
+            raise DataError(
+                "teacher 'scores' needs --scores-file RUN (qid Q0 docid rank score tag)"
+            )
+        return ScoresFileTeacher(scores_file)
+    if scores_file is not None:
+        raise DataError(f"--scores-file is for teacher 'scores', not '{name}'")
+    check_name(name)
+    return RerankerTeacher(name, model, {k: v for k, v in options.items() if v is not None})

@@ -1,0 +1,360 @@
+"""`distill train`: fit a sentence-transformers CrossEncoder to teacher scores.
+
+The student regresses the teacher's raw scores (`MSELoss`, identity activation) or the margins
+between two passages of one query (`MarginMSELoss`). With `normalize="query"` each query's
+labels are standardized first: rerankers only need the order within a query, and CIS or cosine
+scores carry a per-query offset that a regression would otherwise spend capacity on.
+
+The best checkpoint by dev nDCG@10 is kept (trainer `load_best_model_at_end`), the learning curve
+is written next to the model, and the output folder loads with `CrossEncoder(path)`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from cisrank import __version__
+from cisrank.distill import rows as R
+from cisrank.distill.evaluate import ndcg10, score_dataset
+from cisrank.errors import DataError, ModelNotFoundError, require
+from cisrank.eval.datasets import Dataset
+from cisrank.fileio import atomic_write_text
+from cisrank.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+Normalize = Literal["none", "query"]
+Loss = Literal["mse", "margin-mse"]
+TRAINING_FILE = "distill-training.json"
+CURVE_FILE = "learning_curve.tsv"
+
+
+@dataclass
+class TrainConfig:
+    base_model: str = "all-MiniLM-L6-v2"
+    # Defaults: the recipe measured in bench/RESULTS.md (MiniLM student, DL19 nDCG@10 0.6052).
+    epochs: float = 2.0
+    learning_rate: float = 2e-4
+    batch_size: int = 32
+    max_length: int = 256
+    normalize: Normalize = "query"
+    loss: Loss = "mse"
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    eval_steps: int | None = None
+    logging_steps: int = 50
+    dev_depth: int = 30
+    seed: int = 12
+    margin_pairs: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.normalize not in ("none", "query"):
+            raise DataError(f"--normalize must be 'none' or 'query', got {self.normalize!r}")
+        if self.loss not in ("mse", "margin-mse"):
+            raise DataError(f"--loss must be 'mse' or 'margin-mse', got {self.loss!r}")
+        for name in ("epochs", "learning_rate", "batch_size", "max_length", "dev_depth"):
+            if getattr(self, name) <= 0:
+                raise DataError(f"--{name.replace('_', '-')} must be > 0")
+
+
+@dataclass
+class Examples:
+    """Training inputs as parallel columns, one per loss input plus the label."""
+
+    columns: dict[str, list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.columns["label"])
+
+    def text_lengths(self) -> list[int]:
+        texts = [v for k, v in self.columns.items() if k != "label"]
+        # Pairs share the query: the longest passage decides the padded length of a row.
+        return [len(t[0]) + max(len(x) for x in t[1:]) for t in zip(*texts, strict=True)]
+
+
+def load_teacher_rows(folders: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Per query (namespaced by folder, so equal qids of two sources never merge): its text,
+    passages and teacher scores."""
+    if not folders:
+        raise DataError("give at least one --data folder (a distill generate output)")
+    queries: dict[str, dict[str, Any]] = {}
+    for n, folder in enumerate(folders):
+        table = R.read_rows(folder).select(["qid", "query", "passage", "score"]).to_pydict()
+        for qid, query, passage, score in zip(
+            table["qid"], table["query"], table["passage"], table["score"], strict=True
+        ):
+            q = queries.setdefault(f"{n}:{qid}", {"query": query, "passages": [], "scores": []})
+            q["passages"].append(passage)
+            q["scores"].append(float(score))
+    return list(queries.values())
+
+
+def normalized_labels(scores: Sequence[float], normalize: Normalize) -> list[float]:
+    """Per-query standardization (population std); a query with constant scores gets zeros,
+    which still teaches the student that its passages are tied."""
+    arr = np.asarray(scores, dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise DataError("teacher scores contain NaN or infinity")
+    if normalize == "none":
+        return arr.tolist()
+    std = arr.std()
+    return ((arr - arr.mean()) / std if std > 0 else np.zeros_like(arr)).tolist()
+
+
+def build_examples(
+    queries: list[dict[str, Any]], loss: Loss, normalize: Normalize, margin_pairs: int, seed: int
+) -> Examples:
+    rng = random.Random(seed)
+    if loss == "mse":
+        cols: dict[str, list[Any]] = {"query": [], "passage": [], "label": []}
+        for q in queries:
+            labels = normalized_labels(q["scores"], normalize)
+            cols["query"] += [q["query"]] * len(labels)
+            cols["passage"] += q["passages"]
+            cols["label"] += labels
+        return Examples(cols)
+    # margin-mse: each passage against `margin_pairs` random others of its query; label is the
+    # teacher's margin (normalization only rescales margins per query).
+    cols = {"query": [], "positive": [], "negative": [], "label": []}
+    for q in queries:
+        labels = normalized_labels(q["scores"], normalize)
+        n = len(labels)
+        if n < 2:
+            continue
+        for i in range(n):
+            for _ in range(margin_pairs):
+                j = rng.randrange(n - 1)
+                j += j >= i
+                cols["query"].append(q["query"])
+                cols["positive"].append(q["passages"][i])
+                cols["negative"].append(q["passages"][j])
+                cols["label"].append(labels[i] - labels[j])
+    if not cols["label"]:
+        raise DataError("margin-mse needs queries with two or more passages")
+    return Examples(cols)
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], batch_size: int, seed: int, mega: int = 50
+) -> list[list[int]]:
+    """Shuffled batches of similar lengths: shuffle, sort within windows of `mega` batches,
+    cut, shuffle the batches. Padding falls to a fraction while batches stay random in order and
+    in which examples meet (the trick of HF's LengthGroupedSampler)."""
+    rng = random.Random(seed)
+    idx = list(range(len(lengths)))
+    rng.shuffle(idx)
+    window = batch_size * mega
+    batches = []
+    for start in range(0, len(idx), window):
+        chunk = sorted(idx[start : start + window], key=lambda i: lengths[i])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _make_sampler_class(lengths: list[int]):
+    from sentence_transformers.base.sampler import DefaultBatchSampler
+
+    class LengthGroupedBatchSampler(DefaultBatchSampler):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self):
+            yield from length_grouped_batches(lengths, self.batch_size, self.seed + self.epoch)
+
+        def __len__(self) -> int:
+            return -(-len(lengths) // self.batch_size)
+
+    return LengthGroupedBatchSampler
+
+
+class _PredictScorer:
+    """A live CrossEncoder as a reranker (raw scores) for the dev evaluator."""
+
+    name = "student"
+
+    def __init__(self, model: Any, batch_size: int) -> None:
+        import torch
+
+        self.model, self.batch_size, self.identity = model, batch_size, torch.nn.Identity()
+        self.model_name = "student"
+
+    def score_many(self, requests):
+        pairs = [(q, p) for q, ps in requests for p in ps]
+        flat = self.model.predict(
+            pairs, batch_size=self.batch_size, activation_fn=self.identity, show_progress_bar=False
+        )
+        out, k = [], 0
+        for _, ps in requests:
+            out.append([float(v) for v in flat[k : k + len(ps)]])
+            k += len(ps)
+        return out
+
+
+def _dev_evaluator(dev: Dataset, depth: int, batch_size: int):
+    from sentence_transformers.base.evaluation import BaseEvaluator
+
+    judged = [q for q in dev.qids if dev.qrels.get(q)]
+    if not judged:
+        raise DataError(f"dev set '{dev.name}' has no judged query with candidates")
+
+    class DevNDCG(BaseEvaluator):
+        def __init__(self) -> None:
+            super().__init__()
+            self.name = dev.name.replace("-", "_")
+            self.primary_metric = "ndcg@10"
+
+        def __call__(self, model, output_path=None, epoch=-1, steps=-1) -> dict[str, float]:
+            t = time.perf_counter()
+            scores = score_dataset(_PredictScorer(model, batch_size), dev, depth, judged)
+            metrics = {"ndcg@10": ndcg10(scores, dev.qrels)}
+            log.info(
+                "dev %s nDCG@10 %.4f (%.0f s)",
+                dev.name,
+                metrics["ndcg@10"],
+                time.perf_counter() - t,
+            )
+            metrics = self.prefix_name_to_metrics(metrics, self.name)
+            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
+            return metrics
+
+    return DevNDCG()
+
+
+def _write_curve(out: Path, history: list[dict[str, Any]]) -> None:
+    keys = ["step", "epoch", "loss", "learning_rate", "grad_norm"]
+    dev_keys = sorted({k for h in history for k in h if k.startswith("eval_") and "ndcg" in k})
+    lines = ["\t".join(keys + dev_keys)]
+    for h in history:
+        if not any(k in h for k in ("loss", *dev_keys)):
+            continue
+        lines.append("\t".join("" if h.get(k) is None else f"{h[k]:.6g}" for k in keys + dev_keys))
+    atomic_write_text(out / CURVE_FILE, "\n".join(lines) + "\n")
+
+
+def train(
+    data: Sequence[str | Path],
+    out: str | Path,
+    config: TrainConfig,
+    dev: Dataset | None = None,
+    *,
+    resume: bool = False,
+    keep_checkpoints: bool = False,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Train, keep the best checkpoint by dev nDCG@10 (the last one without a dev set), save it
+    to `out`; returns the training record also written to `out/distill-training.json`."""
+    config.check()
+    require("datasets", "train", "training a cross-encoder")
+    from datasets import Dataset as HFDataset
+    from sentence_transformers.cross_encoder import (
+        CrossEncoder,
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+        losses,
+    )
+    from transformers import TrainerCallback
+
+    out = Path(out)
+    if (out / TRAINING_FILE).is_file() and not resume:
+        raise DataError(f"'{out}' already holds a trained model; pick another --out")
+    manifests = [R.read_manifest(f) for f in data]
+    queries = load_teacher_rows(data)
+    examples = build_examples(
+        queries, config.loss, config.normalize, config.margin_pairs, config.seed
+    )
+    log.info("%d queries, %d training examples (%s)", len(queries), len(examples), config.loss)
+
+    path = resolve_model(config.base_model)
+    try:
+        model = CrossEncoder(path, num_labels=1, max_length=config.max_length, device=device)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
+    loss = (losses.MSELoss if config.loss == "mse" else losses.MarginMSELoss)(model)
+
+    evaluator = _dev_evaluator(dev, config.dev_depth, config.batch_size) if dev else None
+    strategy = "steps" if config.eval_steps else "epoch"
+    checkpoints = out / "checkpoints"
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(checkpoints),
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        lr_scheduler_type="linear",
+        eval_strategy=strategy if dev else "no",
+        eval_steps=config.eval_steps,
+        save_strategy=strategy,
+        save_steps=config.eval_steps,
+        save_total_limit=2,
+        load_best_model_at_end=dev is not None,
+        metric_for_best_model=f"eval_{evaluator.name}_ndcg@10" if evaluator else None,
+        greater_is_better=True,
+        logging_steps=config.logging_steps,
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_drop_last=False,
+        disable_tqdm=False,
+    )
+    sampler_class = _make_sampler_class(examples.text_lengths())
+
+    class _Trainer(CrossEncoderTrainer):
+        def get_batch_sampler(self, dataset, batch_size, drop_last, **kwargs):
+            if dataset is self.train_dataset:
+                return sampler_class(dataset, batch_size=batch_size, drop_last=drop_last, **kwargs)
+            return super().get_batch_sampler(dataset, batch_size, drop_last, **kwargs)
+
+    class _Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            _write_curve(out, state.log_history)
+
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = _Trainer(
+        model=model,
+        args=args,
+        train_dataset=HFDataset.from_dict(examples.columns),
+        loss=loss,
+        evaluator=evaluator,
+        callbacks=[_Log()],
+    )
+    started = time.perf_counter()
+    has_checkpoint = resume and checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))
+    trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
+    seconds = time.perf_counter() - started
+    model.save_pretrained(str(out))
+    history = trainer.state.log_history
+    _write_curve(out, history)
+    record = {
+        "kind": "distill-student",
+        "config": asdict(config),
+        "data": [
+            {"folder": str(f), "teacher": m["identity"]["teacher"], "pairs": m["pairs"]}
+            for f, m in zip(data, manifests, strict=True)
+        ],
+        "examples": len(examples),
+        "dev": None if dev is None else {"dataset": dev.name, "depth": config.dev_depth},
+        "best_checkpoint": trainer.state.best_model_checkpoint,
+        "best_dev_metric": trainer.state.best_metric,
+        "train_seconds": round(seconds, 1),
+        "history": history,
+        "cisrank_version": __version__,
+    }
+    atomic_write_text(out / TRAINING_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    if not keep_checkpoints:
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    return record

@@ -1,0 +1,151 @@
+"""Teacher rows: exact values, shards, resume after an interruption, refusal to mix runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cisrank.distill import rows as R
+from cisrank.distill.generate import generate
+from cisrank.distill.sources import from_triples, load_source
+from cisrank.distill.teachers import TeacherScores, load_teacher
+from cisrank.errors import DataError
+from cisrank.rerank.cis import CISReranker
+
+
+@pytest.fixture
+def source(data_sets):
+    return load_source(dataset="trec-dl22", data_dir=data_sets / "trec-dl22", depth=4)
+
+
+@pytest.fixture
+def cis_teacher(tiny_gpt2_dir):
+    return load_teacher("cis", str(tiny_gpt2_dir), template="qa")
+
+
+def test_cis_rows_hold_the_three_terms_of_an_independent_reranker(
+    source, cis_teacher, tiny_gpt2_dir, tmp_path
+):
+    res = generate(source, cis_teacher, tmp_path / "rows", shard_pairs=12, progress=False)
+    table = R.read_rows(tmp_path / "rows").to_pylist()
+    assert res.manifest["pairs"] == len(table) == 16 and res.manifest["shards"] == 2
+    assert sorted(p.name for p in (tmp_path / "rows").iterdir()) == [
+        "manifest.json",
+        "shard-00000.parquet",
+        "shard-00001.parquet",
+    ]
+    fresh = CISReranker(model=str(tiny_gpt2_dir), template="qa")
+    for q in source.queries:
+        got = [r for r in table if r["qid"] == q.qid]
+        assert [r["docid"] for r in got] == q.docids
+        assert [r["rank"] for r in got] == [1, 2, 3, 4]
+        cond = fresh.log_conditional(q.query, q.passages)
+        prior = fresh.log_prior(q.passages)
+        for r, c, p in zip(got, cond, prior, strict=True):
+            assert r["log_conditional"] == pytest.approx(c, abs=1e-5)
+            assert r["log_prior"] == pytest.approx(p, abs=1e-5)
+            assert r["score"] == pytest.approx(c - p, abs=1e-5)
+
+
+class Counting:
+    """Wraps a teacher; counts scored queries and can fail after `fail_after` of them."""
+
+    def __init__(self, inner, fail_after: int | None = None) -> None:
+        self.inner, self.fail_after, self.calls = inner, fail_after, 0
+        self.name = inner.name
+
+    def describe(self):
+        return self.inner.describe()
+
+    def score(self, qid, query, docids, passages) -> TeacherScores:
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.inner.score(qid, query, docids, passages)
+
+
+def test_interrupted_generate_resumes_with_only_the_missing_shards(source, cis_teacher, tmp_path):
+    out = tmp_path / "rows"
+    with pytest.raises(KeyboardInterrupt):
+        generate(source, Counting(cis_teacher, 3), out, shard_pairs=8, progress=False)
+    assert not (out / R.MANIFEST).exists() and (out / R.STATE).exists()
+    assert [p.name for p in sorted(out.glob(R.SHARD_GLOB))] == ["shard-00000.parquet"]
+    with pytest.raises(DataError, match="did not finish"):
+        R.read_rows(out)
+
+    again = Counting(cis_teacher)
+    res = generate(source, again, out, shard_pairs=8, progress=False)
+    assert again.calls == 2 and (res.shards_written, res.shards_reused) == (1, 1)
+    whole = generate(source, cis_teacher, tmp_path / "whole", shard_pairs=8, progress=False)
+    assert R.read_rows(out).equals(R.read_rows(whole.out))
+    # Complete: a third run scores nothing.
+    third = Counting(cis_teacher)
+    assert generate(source, third, out, shard_pairs=8, progress=False).shards_written == 0
+    assert third.calls == 0
+
+
+def test_a_damaged_shard_is_rewritten(source, cis_teacher, tmp_path):
+    out = tmp_path / "rows"
+    with pytest.raises(KeyboardInterrupt):
+        generate(source, Counting(cis_teacher, 2), out, shard_pairs=8, progress=False)
+    (out / "shard-00000.parquet").write_bytes(b"not parquet")
+    again = Counting(cis_teacher)
+    generate(source, again, out, shard_pairs=8, progress=False)
+    assert again.calls == 4 and R.read_rows(out).num_rows == 16
+
+
+def test_another_teacher_never_mixes_into_a_folder(source, cis_teacher, tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "rows"
+    generate(source, cis_teacher, out, progress=False)
+    plain = load_teacher("cis", str(tiny_gpt2_dir), template="plain")
+    with pytest.raises(DataError, match="another source or teacher"):
+        generate(source, plain, out, progress=False)
+    res = generate(source, plain, out, overwrite=True, progress=False)
+    assert res.manifest["identity"]["teacher"]["template"] == "plain"
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="holds no distill output"):
+        generate(source, plain, stranger, progress=False)
+    assert (stranger / "notes.txt").read_text() == "mine"
+
+
+def test_scores_file_teacher_reads_a_trec_run(source, tmp_path):
+    run = tmp_path / "teacher.trec"
+    lines = [
+        f"{q.qid} Q0 {d} {r} {0.5 * r - len(q.qid)} t"
+        for q in source.queries
+        for r, d in enumerate(q.docids, 1)
+    ]
+    run.write_text("\n".join(lines) + "\n")
+    teacher = load_teacher("scores", scores_file=run)
+    generate(source, teacher, tmp_path / "rows", progress=False)
+    rows = R.read_rows(tmp_path / "rows").to_pylist()
+    assert [r["score"] for r in rows] == [0.5 * r["rank"] - 3 for r in rows]
+    assert all(r["log_prior"] is None for r in rows)
+
+    run.write_text("\n".join(lines[1:]) + "\n")
+    with pytest.raises(DataError, match="lacks scores for 1 passage"):
+        generate(source, load_teacher("scores", scores_file=run), tmp_path / "r2", progress=False)
+    with pytest.raises(DataError, match="needs --scores-file"):
+        load_teacher("scores")
+
+
+def test_triples_group_by_query_with_content_ids(tmp_path):
+    path = tmp_path / "triples.tsv"
+    path.write_text("q one\tpos a\tneg b\nq two\tpos c\tneg b\nq one\tpos a\tneg d\n")
+    src = from_triples(path)
+    assert [q.query for q in src.queries] == ["q one", "q two"]
+    assert src.queries[0].passages == ["pos a", "neg b", "neg d"]
+    assert src.queries[0].docids[1] == src.queries[1].docids[1]  # same text, same id
+    path.write_text("only two\tfields\n")
+    with pytest.raises(DataError, match=r"triples.tsv:1: expected"):
+        from_triples(path)
+
+
+def test_exactly_one_source_is_required(data_sets: Path):
+    with pytest.raises(DataError, match="exactly one"):
+        load_source()
+    with pytest.raises(DataError, match="exactly one"):
+        load_source(dataset="trec-dl22", triples="x.tsv")

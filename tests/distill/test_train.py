@@ -1,0 +1,150 @@
+"""Student training: labels, batching, and a tiny end-to-end run that must actually learn."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from cisrank.distill import rows as R
+from cisrank.distill.evaluate import spearman_to_teacher
+from cisrank.distill.generate import generate
+from cisrank.distill.sources import load_source
+from cisrank.distill.teachers import load_teacher
+from cisrank.distill.train import (
+    CURVE_FILE,
+    TRAINING_FILE,
+    TrainConfig,
+    build_examples,
+    length_grouped_batches,
+    normalized_labels,
+    train,
+)
+from cisrank.errors import DataError
+from cisrank.eval.datasets import load_folder
+
+
+def test_per_query_standardization_matches_numpy():
+    scores = [-3.0, 1.5, 0.25, 7.0]
+    a = np.array(scores)
+    assert normalized_labels(scores, "query") == pytest.approx(((a - a.mean()) / a.std()).tolist())
+    assert normalized_labels(scores, "none") == scores
+    assert normalized_labels([2.0, 2.0], "query") == [0.0, 0.0]
+    with pytest.raises(DataError, match="NaN"):
+        normalized_labels([1.0, float("nan")], "none")
+
+
+def test_margin_examples_are_teacher_differences_within_one_query():
+    queries = [
+        {"query": "a", "passages": ["p1", "p2", "p3"], "scores": [3.0, 1.0, 2.0]},
+        {"query": "b", "passages": ["x", "y"], "scores": [0.0, 5.0]},
+    ]
+    ex = build_examples(queries, "margin-mse", "none", margin_pairs=2, seed=1)
+    score = {("a", "p1"): 3.0, ("a", "p2"): 1.0, ("a", "p3"): 2.0, ("b", "x"): 0.0, ("b", "y"): 5.0}
+    assert len(ex) == 10
+    for q, pos, neg, label in zip(*ex.columns.values(), strict=True):
+        assert pos != neg and label == score[(q, pos)] - score[(q, neg)]
+    mse = build_examples(queries, "mse", "query", margin_pairs=1, seed=1)
+    assert mse.columns["passage"] == ["p1", "p2", "p3", "x", "y"]
+    assert mse.columns["label"][3:] == [-1.0, 1.0]
+
+
+def test_length_grouped_batches_cover_everything_with_less_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 500, size=1000).tolist()
+    batches = length_grouped_batches(lengths, 16, seed=3)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(1000))
+    assert batches == length_grouped_batches(lengths, 16, seed=3)
+    assert batches != length_grouped_batches(lengths, 16, seed=4)
+
+    def padded(bs):
+        return sum(max(lengths[i] for i in b) * len(b) for b in bs)
+
+    order = rng.permutation(1000).tolist()
+    random_batches = [order[k : k + 16] for k in range(0, 1000, 16)]
+    assert padded(batches) < 0.75 * padded(random_batches)
+
+
+def test_spearman_to_teacher_is_the_mean_of_per_query_correlations():
+    student = {"q1": {"a": 1.0, "b": 2.0, "c": 3.0}, "q2": {"a": 1.0, "b": 0.0, "c": 0.5}}
+    teacher = {"q1": {"a": 10.0, "b": 30.0, "c": 20.0}, "q2": {"a": 2.0, "b": 1.0, "c": 3.0}}
+    want = np.mean(
+        [spearmanr([1, 2, 3], [10, 30, 20]).statistic, spearmanr([1, 0, 0.5], [2, 1, 3]).statistic]
+    )
+    got = spearman_to_teacher(student, teacher)
+    assert got["spearman"] == pytest.approx(want) and got["queries"] == 2
+    flat = {"q1": student["q1"], "q3": {"a": 1.0, "b": 1.0}}
+    got = spearman_to_teacher(flat, {**teacher, "q3": {"a": 1.0, "b": 2.0}})
+    assert got["undefined"] == 1 and got["queries"] == 1
+
+
+@pytest.fixture
+def rows_dir(data_sets, tmp_path):
+    """Teacher rows whose scores a tiny student can learn: a score per passage plus an offset per
+    query (which per-query standardization removes), written as a teacher run file."""
+    source = load_source(dataset="trec-dl22", data_dir=data_sets / "trec-dl22", depth=5)
+    run = tmp_path / "teacher.trec"
+    run.write_text(
+        "".join(
+            f"{q.qid} Q0 {d} {r} {3.0 * int(d[1:]) + 10 * n} t\n"
+            for n, q in enumerate(source.queries)
+            for r, d in enumerate(q.docids, 1)
+        )
+    )
+    generate(source, load_teacher("scores", scores_file=run), tmp_path / "rows", progress=False)
+    return tmp_path / "rows"
+
+
+def test_training_learns_the_teacher_and_saves_a_loadable_student(
+    rows_dir, data_sets, tiny_bert_dir, tmp_path
+):
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    dev = load_folder(data_sets / "trec-dl21")
+    cfg = TrainConfig(
+        base_model=str(tiny_bert_dir),
+        epochs=30,  # a random tiny BERT needs ~60 steps before its outputs start to differ
+        learning_rate=1e-3,
+        batch_size=4,
+        max_length=64,
+        warmup_ratio=0.0,
+        logging_steps=10,
+        eval_steps=50,
+    )
+    out = tmp_path / "student"
+    record = train([rows_dir], out, cfg, dev)
+    losses = [h["loss"] for h in record["history"] if "loss" in h]
+    assert len(losses) == 15 and losses[-1] < 0.3 * losses[0]
+    key = "eval_trec_dl21_ndcg@10"
+    dev_scores = [h[key] for h in record["history"] if key in h]
+    assert len(dev_scores) == 3 and record["best_dev_metric"] == max(dev_scores)
+    assert not (out / "checkpoints").exists()
+    curve = (out / CURVE_FILE).read_text().splitlines()
+    assert curve[0].split("\t")[:3] == ["step", "epoch", "loss"] and len(curve) > 5
+    assert json.loads((out / TRAINING_FILE).read_text())["examples"] == 20
+
+    # The saved student loads with plain sentence-transformers and fits the training rows.
+    student = CrossEncoder(str(out))
+    table = R.read_rows(rows_dir).to_pydict()
+    pred = student.predict(list(zip(table["query"], table["passage"], strict=True)))
+    student_scores: dict = {}
+    teacher_scores: dict = {}
+    for i, (qid, value) in enumerate(zip(table["qid"], pred, strict=True)):
+        student_scores.setdefault(qid, {})[i] = float(value)
+        teacher_scores.setdefault(qid, {})[i] = table["score"][i]
+    rho = spearman_to_teacher(student_scores, teacher_scores)
+    assert rho["spearman"] > 0.8
+
+    with pytest.raises(DataError, match="already holds a trained model"):
+        train([rows_dir], out, cfg, dev)
+
+
+def test_training_refuses_an_unfinished_generate(rows_dir, tiny_bert_dir, tmp_path):
+    (rows_dir / R.MANIFEST).unlink()
+    with pytest.raises(DataError, match=r"has no manifest\.json"):
+        train([rows_dir], tmp_path / "s", TrainConfig(base_model=str(tiny_bert_dir)))
+    with pytest.raises(DataError, match="--loss must be"):
+        train([rows_dir], tmp_path / "s", TrainConfig(loss="hinge"))
