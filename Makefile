@@ -38,6 +38,7 @@ demo: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, with the
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py
 	$(PY) bench/cis_engine.py
+	$(PY) bench/cross_encoder.py
 	$(PY) bench/retrieval.py
 	$(PY) bench/load.py
 
