@@ -175,3 +175,35 @@ def test_concurrent_requests_share_one_model_batch():
     for q, d, body in zip(queries, docs, bodies, strict=True):
         got = {x["index"]: x["relevance_score"] for x in body["results"]}
         assert got == {i: pytest.approx(overlap(q, p)) for i, p in enumerate(d)}
+
+
+def test_a_configured_cross_encoder_student_is_served(tiny_bert_dir, tmp_path):
+    """The distilled student, named in the server config by kind and folder as a deployment
+    would, loads at startup and serves raw logits equal to in-process scoring."""
+    import time
+
+    import torch
+    from fastapi.testclient import TestClient
+    from sentence_transformers import CrossEncoder
+
+    from cisrank.api.config import RerankerSpec, ServerConfig
+    from cisrank.rerank.registry import load_reranker
+
+    torch.manual_seed(0)
+    student = CrossEncoder(str(tiny_bert_dir), num_labels=1)
+    with torch.no_grad():
+        student.model.classifier.weight.normal_(0.0, 1.0)  # scores spread well past 1e-5
+    student.save_pretrained(str(tmp_path / "student"))
+    spec = RerankerSpec(kind="cross-encoder", model=str(tmp_path / "student"))
+    with TestClient(create_app(ServerConfig(rerankers={"student": spec}))) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, client.get("/readyz").text
+            time.sleep(0.1)
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3})
+    assert r.status_code == 200, r.text
+    expected = load_reranker("cross-encoder", str(tmp_path / "student")).score(QUERY, DOCS)
+    got = [(res["index"], res["relevance_score"]) for res in r.json()["results"]]
+    assert [i for i, _ in got] == sorted(range(6), key=lambda i: -expected[i])[:3]
+    for i, score in got:
+        assert score == pytest.approx(expected[i], abs=1e-5)
