@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cisrank.errors import CisrankError
 
 
 class Settings(BaseSettings):
@@ -39,16 +41,37 @@ class ComponentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
+    label: ClassVar[str] = "component"
+    """What error messages call the component ("CIS reranker", ...)."""
+
     @classmethod
     def from_file(cls, path: str | Path) -> ComponentConfig:
         return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
 
-    def replace(self, **changes: Any) -> ComponentConfig:
-        return self.model_copy(update={k: v for k, v in changes.items() if v is not None})
+    def replace(self, **changes: Any) -> Self:
+        """A validated copy with the non-None `changes` applied (None means "keep"): constructors
+        take keyword overrides from the CLI, the API config and tests, and all of them get one-line
+        errors naming the option, never a pydantic traceback."""
+        unknown = sorted(set(changes) - set(type(self).model_fields))
+        if unknown:
+            raise CisrankError(
+                f"unknown {self.label} option(s): {', '.join(unknown)}; "
+                f"valid: {', '.join(type(self).model_fields)}"
+            )
+        merged = {**self.model_dump(), **{k: v for k, v in changes.items() if v is not None}}
+        try:
+            return type(self).model_validate(merged)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+            )
+            raise CisrankError(f"{self.label} options: {problems}") from None
 
 
 class DenseRerankerConfig(ComponentConfig):
     """A sentence-transformers bi-encoder scored by cosine of normalized embeddings."""
+
+    label: ClassVar[str] = "dense reranker"
 
     model: str = "all-MiniLM-L6-v2"
     batch_size: int | None = Field(

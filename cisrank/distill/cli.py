@@ -78,20 +78,15 @@ SeedOpt = Annotated[int, typer.Option("--seed")]
 def _teacher(
     teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
 ):
+    """Every teacher flag goes to the teacher; the reranker registry rejects the flags of
+    another reranker by name (`--template` with `--teacher dense`)."""
+    from cisrank.cli import _reranker_options
     from cisrank.distill.teachers import load_teacher
 
-    options = {"batch_size": batch_size, "device": device}
-    if teacher == "cis":
-        options |= {
-            "template": template,
-            "max_doc_tokens": max_doc_tokens,
-            "prior_store": str(prior_store) if prior_store else None,
-        }
-    elif any(x is not None for x in (template, max_doc_tokens, prior_store)):
-        from cisrank.errors import CisrankError
-
-        raise CisrankError("--template, --max-doc-tokens and --prior-store are CIS teacher options")
-    return load_teacher(teacher, model, scores_file, **options)
+    options = _reranker_options(template, prior_store, max_doc_tokens, normalize=None)
+    return load_teacher(
+        teacher, model, scores_file, batch_size=batch_size, device=device, **options
+    )
 
 
 def _dev(name: str | None):

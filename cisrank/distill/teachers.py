@@ -110,13 +110,17 @@ class ScoresFileTeacher:
 def load_teacher(
     name: str, model: str | None = None, scores_file: str | Path | None = None, **options: Any
 ) -> Teacher:
+    options = {k: v for k, v in options.items() if v is not None}
     if name == SCORES_TEACHER:
         if scores_file is None:
             raise DataError(
                 "teacher 'scores' needs --scores-file RUN (qid Q0 docid rank score tag)"
             )
+        if model is not None or options:
+            given = ", ".join(["model", *options] if model is not None else options)
+            raise DataError(f"teacher 'scores' reads its scores from a file; drop: {given}")
         return ScoresFileTeacher(scores_file)
     if scores_file is not None:
         raise DataError(f"--scores-file is for teacher 'scores', not '{name}'")
     check_name(name)
-    return RerankerTeacher(name, model, {k: v for k, v in options.items() if v is not None})
+    return RerankerTeacher(name, model, options)

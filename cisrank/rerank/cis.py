@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -52,6 +52,8 @@ def resolve_template(template: str) -> str:
 
 class CISRerankerConfig(ComponentConfig):
     """Settings of the CIS reranker (CLI flags, API config file and tests build it alike)."""
+
+    label: ClassVar[str] = "CIS reranker"
 
     model: str = "gpt2"
     template: str = "plain"
@@ -109,15 +111,7 @@ class CISReranker(BaseReranker):
             normalize=normalize,
             **overrides,
         )
-        unknown = set(changes) - set(CISRerankerConfig.model_fields)
-        if unknown:
-            raise CisrankError(
-                f"unknown CIS reranker option(s): {', '.join(sorted(unknown))}; "
-                f"valid: {', '.join(CISRerankerConfig.model_fields)}"
-            )
-        base = config or CISRerankerConfig()
-        merged = {**base.model_dump(), **{k: v for k, v in changes.items() if v is not None}}
-        self.config = CISRerankerConfig.model_validate(merged)
+        self.config = (config or CISRerankerConfig()).replace(**changes)
         self.template = resolve_template(self.config.template)
         self.engine = engine or CausalLMEngine(
             self.config.model,

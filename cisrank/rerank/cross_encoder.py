@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from cisrank.config import ComponentConfig
 from cisrank.devices import resolve_device, resolve_dtype
@@ -47,6 +47,8 @@ _UNSET_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
 
 class CrossEncoderRerankerConfig(ComponentConfig):
     """Settings of the cross-encoder reranker (CLI flags, API config file and tests alike)."""
+
+    label: ClassVar[str] = "cross-encoder"
 
     model: str | None = Field(
         default=None,
@@ -222,21 +224,7 @@ class CrossEncoderReranker(BaseReranker):
     name = "cross-encoder"
 
     def __init__(self, config: CrossEncoderRerankerConfig | None = None, **overrides: Any) -> None:
-        unknown = set(overrides) - set(CrossEncoderRerankerConfig.model_fields)
-        if unknown:
-            raise CisrankError(
-                f"unknown cross-encoder option(s): {', '.join(sorted(unknown))}; "
-                f"valid: {', '.join(CrossEncoderRerankerConfig.model_fields)}"
-            )
-        base = config or CrossEncoderRerankerConfig()
-        merged = {**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
-        try:
-            self.config = CrossEncoderRerankerConfig.model_validate(merged)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
-            )
-            raise CisrankError(f"cross-encoder options: {problems}") from None
+        self.config = (config or CrossEncoderRerankerConfig()).replace(**overrides)
         if not self.config.model:
             raise CisrankError(
                 "the cross-encoder reranker needs a model: pass --model with the folder written "

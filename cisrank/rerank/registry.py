@@ -6,41 +6,56 @@ model imports, and optional backends must fail with the extra to install, not at
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 from cisrank.errors import CisrankError, UnknownRerankerError
 from cisrank.rerank.base import Reranker
 
+_CONFIGS: dict[str, tuple[str, str]] = {
+    "dense": ("cisrank.config", "DenseRerankerConfig"),
+    "cis": ("cisrank.rerank.cis", "CISRerankerConfig"),
+    "cross-encoder": ("cisrank.rerank.cross_encoder", "CrossEncoderRerankerConfig"),
+}
+
+
+def _fields(name: str) -> set[str]:
+    module, attr = _CONFIGS[name]
+    return set(getattr(importlib.import_module(module), attr).model_fields)
+
+
+def _check_options(name: str, options: dict[str, Any]) -> None:
+    """Reject the flags of another reranker by their flag names (`--template` given to dense),
+    saying whose they are: the CLI passes every reranker-specific flag to whichever is chosen."""
+    unknown = sorted(set(options) - _fields(name))
+    if not unknown:
+        return
+    flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+    owner = next((n for n in _CONFIGS if n != name and set(unknown) <= _fields(n)), None)
+    whose = f"option(s) of the {owner} reranker, not of {name}" if owner else "not options"
+    valid = ", ".join(sorted(_fields(name)))
+    raise CisrankError(f"{flags}: {whose}; drop them ({name} takes {valid})")
+
 
 def _dense(model: str | None, **options: Any) -> Reranker:
-    from cisrank.config import DenseRerankerConfig
     from cisrank.rerank.dense import DenseReranker
 
-    unknown = sorted(set(options) - set(DenseRerankerConfig.model_fields))
-    if unknown:
-        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-        owner = "cross-encoder" if set(unknown) <= {"quantize"} else "cis"
-        raise CisrankError(f"{flags}: option(s) of the {owner} reranker, not of dense; drop them")
-    return DenseReranker(DenseRerankerConfig(), model=model, **options)
+    _check_options("dense", options)
+    return DenseReranker(model=model, **options)
 
 
 def _cis(model: str | None, **options: Any) -> Reranker:
     from cisrank.rerank.cis import CISReranker
 
+    _check_options("cis", options)
     return CISReranker(model=model, **options)
 
 
 def _cross_encoder(model: str | None, **options: Any) -> Reranker:
-    from cisrank.rerank.cross_encoder import CrossEncoderReranker, CrossEncoderRerankerConfig
+    from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
-    unknown = sorted(set(options) - set(CrossEncoderRerankerConfig.model_fields))
-    if unknown:
-        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-        valid = ", ".join(sorted(CrossEncoderRerankerConfig.model_fields))
-        raise CisrankError(
-            f"{flags}: not option(s) of the cross-encoder reranker (it takes {valid}); drop them"
-        )
+    _check_options("cross-encoder", options)
     return CrossEncoderReranker(model=model, **options)
 
 

@@ -127,10 +127,8 @@ def _async_client(app):
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
-def test_concurrent_requests_get_their_own_results_dense(tiny_dense):
-    app = create_app(config_for(["tiny"]), rerankers={"tiny": tiny_dense})
-    queries = [f"{w} hamlet" for w in ("who", "when", "where", "paris", "fleas", "goldfish")]
-    docs = [DOCS[i:] + DOCS[:i] for i in range(len(queries))]  # each request its own order
+def _post_concurrently(app, queries, docs) -> list[dict]:
+    """One /v1/rerank request per (query, documents), all in flight at once; bodies in order."""
 
     async def run():
         async with _async_client(app) as c:
@@ -142,7 +140,15 @@ def test_concurrent_requests_get_their_own_results_dense(tiny_dense):
             )
             return [r.json() for r in rs]
 
-    bodies = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_concurrent_requests_get_their_own_results_dense(tiny_dense):
+    app = create_app(config_for(["tiny"]), rerankers={"tiny": tiny_dense})
+    queries = [f"{w} hamlet" for w in ("who", "when", "where", "paris", "fleas", "goldfish")]
+    docs = [DOCS[i:] + DOCS[:i] for i in range(len(queries))]  # each request its own order
+
+    bodies = _post_concurrently(app, queries, docs)
     for q, d, body in zip(queries, docs, bodies, strict=True):
         expected = tiny_dense.score(q, d)
         got = {x["index"]: x["relevance_score"] for x in body["results"]}
@@ -156,17 +162,7 @@ def test_concurrent_requests_share_one_model_batch():
     queries = ["alpha one", "beta two", "gamma three"]
     docs = [["alpha", "one two"], ["two", "beta"], ["three", "x"]]
 
-    async def run():
-        async with _async_client(app) as c:
-            rs = await asyncio.gather(
-                *(
-                    c.post("/v1/rerank", json={"query": q, "documents": d})
-                    for q, d in zip(queries, docs, strict=True)
-                )
-            )
-            return [r.json() for r in rs]
-
-    bodies = asyncio.run(run())
+    bodies = _post_concurrently(app, queries, docs)
     # 6 passages fill the batch: one model call for all three requests, each gets its own scores
     assert len(reranker.batches) == 1
     assert sorted(reranker.batches[0]) == sorted(
