@@ -21,9 +21,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed  ## create .venv with torch 2.13.0 (CPU) and cisrank with its extras
 
-lint: install  ## ruff lint and format check
+lint: install  ## ruff lint and format check, the floors contract (import-linter)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: install
 	$(VENV)/bin/ruff check --fix .

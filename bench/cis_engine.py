@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from common import dl19_dir, gpt2_124m, machine
 
-from cisrank.eval.datasets import load_folder
+from cisrank.data.datasets import load_folder
 from cisrank.rerank.causal_lm import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.prior_store import PriorStore

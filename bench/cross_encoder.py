@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from common import dl19_dir, gpt2_124m, machine, percentile, time_calls
 
-from cisrank.eval.datasets import load_folder
+from cisrank.data.datasets import load_folder
+from cisrank.data.runs import Run
 from cisrank.eval.metrics import evaluate
-from cisrank.eval.runs import Run
 from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
 
@@ -46,7 +46,7 @@ def build_minilm_cross_encoder(out: Path) -> Path:
     """all-MiniLM-L6-v2's encoder under a random one-logit head, saved as a CrossEncoder."""
     from sentence_transformers import CrossEncoder
 
-    from cisrank.models import resolve_model
+    from cisrank.models.resolve import resolve_model
 
     torch.manual_seed(0)
     model = CrossEncoder(resolve_model("all-MiniLM-L6-v2"), num_labels=1, device="cpu")

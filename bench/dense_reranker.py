@@ -16,7 +16,7 @@ import statistics
 import numpy as np
 from common import dl19_dir, machine, percentile, time_calls
 
-from cisrank.eval.datasets import load_folder
+from cisrank.data.datasets import load_folder
 from cisrank.rerank import load_reranker
 
 

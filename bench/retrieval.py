@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cisrank.indexes.build import build_index
-from cisrank.retrieval import open_index
+from cisrank.indexes.kinds import open_index
 from cisrank.retrieval.analysis import Analyzer
 
 
@@ -154,7 +154,7 @@ def main() -> None:
                 results["lucene"] = {"error": f"{type(exc).__name__}: {exc}"}
 
         # dense encode throughput (all-MiniLM-L6-v2, CPU float32 here)
-        from cisrank.rerank.dense import load_sentence_transformer
+        from cisrank.models.encoders import load_sentence_transformer
         from cisrank.retrieval.dense import DEFAULTS, _encode
 
         enc = load_sentence_transformer("all-MiniLM-L6-v2")

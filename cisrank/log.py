@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
+
+from cisrank import env
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(level: str | int | None = None) -> None:
-    level = level or os.environ.get("CISRANK_LOG_LEVEL", "INFO")
+    level = level or env.log_level()
     logging.basicConfig(level=level, format=_FORMAT, datefmt="%H:%M:%S")
     # Libraries that are chatty at INFO about things users cannot act on.
     for noisy in ("httpx", "urllib3", "filelock", "sentence_transformers", "transformers"):

@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cisrank import env
 from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.batching import BatchScorer, QueueFullError, ScoringTimeout
 from cisrank.api.config import RerankerSpec, ServerConfig
@@ -54,13 +55,12 @@ from cisrank.api.schemas import (
     Usage,
 )
 from cisrank.api.truncate import find_tokenizer, truncate_texts
+from cisrank.data.types import rank_order
 from cisrank.errors import CisrankError
-from cisrank.rerank.base import Reranker, rank_order
+from cisrank.rerank.base import Reranker
 from cisrank.retrieval.base import Retriever
 
 log = logging.getLogger(__name__)
-
-CONFIG_ENV = "CISRANK_SERVER_CONFIG"
 
 
 class ApiError(Exception):
@@ -125,7 +125,7 @@ def build_reranker(spec: RerankerSpec) -> Reranker:
 def open_retriever(path: os.PathLike[str] | str) -> Retriever:
     """Open an index with `cisrank.retrieval.open_index`, imported only when indexes are used."""
     try:
-        from cisrank.retrieval import open_index  # type: ignore[attr-defined]
+        from cisrank.indexes.kinds import open_index  # type: ignore[attr-defined]
     except ImportError as exc:
         raise CisrankError(
             "this cisrank build cannot open indexes (cisrank.retrieval.open_index is missing)"
@@ -688,6 +688,6 @@ def create_app_from_env() -> FastAPI:
     from cisrank.log import setup_logging
 
     setup_logging()
-    raw = os.environ.get(CONFIG_ENV)
+    raw = env.server_config_json()
     config = ServerConfig.model_validate_json(raw) if raw else ServerConfig()
     return create_app(config)

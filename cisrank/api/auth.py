@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
+
+from cisrank import env
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "CISRANK_API_KEYS"
-
 
 def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """The configured keys; empty when auth is off. Blank entries are ignored."""
-    raw = (environ if environ is not None else os.environ).get(ENV_VAR, "")
-    return tuple(k.strip() for k in raw.split(",") if k.strip())
+    """The configured keys (`CISRANK_API_KEYS`); empty when auth is off."""
+    return env.api_keys(environ)
 
 
 class KeyChecker:

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from cisrank.data.runs import Run
+from cisrank.data.types import Dataset
 from cisrank.eval import metrics as M
-from cisrank.eval.datasets import Dataset
-from cisrank.eval.runs import Run
 from cisrank.rerank.base import Reranker
 
 Scores = dict[str, dict[str, float]]  # qid -> docid -> score

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cisrank.data.datasets import load_named
 from cisrank.distill import rows as R
 from cisrank.distill.evaluate import Scores, spearman_to_teacher
 from cisrank.distill.generate import generate
 from cisrank.distill.sources import PairSource, from_dataset, from_triples
 from cisrank.distill.teachers import Teacher
 from cisrank.distill.train import TRAINING_FILE, TrainConfig, train
-from cisrank.eval.datasets import load_named
 from cisrank.eval.pipeline import KEY_MEASURE, run_eval
 from cisrank.fileio import atomic_write_text
 from cisrank.rerank.registry import load_reranker

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cisrank.data.datasets import load_local, load_named, open_text
+from cisrank.data.types import Dataset
 from cisrank.errors import DataError
-from cisrank.eval.datasets import Dataset, load_local, load_named, open_text
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,8 @@ class ScoresFileTeacher:
     name = SCORES_TEACHER
 
     def __init__(self, path: str | Path) -> None:
-        from cisrank.eval.runs import Run
-        from cisrank.retrieval.corpus import file_checksum
+        from cisrank.data.corpus import file_checksum
+        from cisrank.data.runs import Run
 
         self.path = Path(path)
         if not self.path.is_file():

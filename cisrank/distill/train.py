@@ -24,12 +24,12 @@ from typing import Any, Literal
 import numpy as np
 
 from cisrank import __version__
+from cisrank.data.types import Dataset
 from cisrank.distill import rows as R
 from cisrank.distill.evaluate import ndcg10, score_dataset
 from cisrank.errors import DataError, ModelNotFoundError, require
-from cisrank.eval.datasets import Dataset
 from cisrank.fileio import atomic_write_text
-from cisrank.models import resolve_model
+from cisrank.models.resolve import resolve_model
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import ir_measures
 import numpy as np
 from scipy import stats
 
-from cisrank.eval.runs import Run
+from cisrank.data.runs import Run
 
 DEFAULT_MEASURES: tuple[str, ...] = ("nDCG@1", "nDCG@5", "nDCG@10", "AP(rel=2)", "R(rel=2)@100")
 PerQuery = dict[str, dict[str, float]]  # measure -> qid -> value

@@ -11,10 +11,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from cisrank import __version__
+from cisrank.data.runs import Run
+from cisrank.data.types import Dataset
 from cisrank.eval import metrics as M
-from cisrank.eval.datasets import Dataset
 from cisrank.eval.report import plot_deltas, write_metrics_json, write_per_query_tsv
-from cisrank.eval.runs import Run
 from cisrank.rerank.base import Reranker
 
 log = logging.getLogger(__name__)

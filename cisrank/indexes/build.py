@@ -12,8 +12,8 @@ The protocol that makes builds safe to interrupt:
    committed). A rerun with a different corpus or parameters starts clean.
 4. The builder writes its files; the driver writes `manifest.json` last, then drops the state file.
 
-Adding a kind is one function with the `Builder` signature and one `register_builder` call; the
-CLI's `index build <kind>` command only parses that kind's options into `params`.
+Adding a kind is one record in `cisrank.indexes.kinds`; the CLI's `index build <kind>` command
+only parses that kind's options into `params`.
 """
 
 from __future__ import annotations
@@ -22,77 +22,22 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cisrank.errors import CisrankError, DataError
 from cisrank.fileio import atomic_write_text
-from cisrank.indexes.manifest import MANIFEST_FILE, Manifest, write_manifest
-from cisrank.retrieval.corpus import CorpusReader, Format, OnError, file_checksum
+from cisrank.data.manifest import MANIFEST_FILE, Manifest, write_manifest
+from cisrank.data.corpus import CorpusReader, Format, OnError, file_checksum
+from cisrank.indexes.kinds import KINDS, kind_of
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = ".build-state.json"
 
 
-@dataclass
-class BuildOutput:
-    """What a builder reports back: its files (relative to the index folder) and provenance."""
-
-    files: list[str]
-    params: dict[str, Any]
-    libraries: dict[str, str | None]
-    model: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-Builder = Callable[..., BuildOutput]
-"""`builder(corpus: CorpusReader, out: Path, params: dict, *, resume: bool, progress: bool,
-**options)`: stream the corpus (`for passage in corpus`) or `corpus.load()` it whole; either way
-it must read it to the end once, which leaves the validated statistics in `corpus.stats`."""
-
-_BUILDERS: dict[str, Callable[[], Builder]] = {}
-
-
-def register_builder(kind: str, loader: Callable[[], Builder]) -> None:
-    """Register a kind; `loader` imports the builder lazily (heavy extras stay optional)."""
-    _BUILDERS[kind] = loader
-
-
-def _bm25() -> Builder:
-    from cisrank.retrieval.bm25 import build_bm25
-
-    return build_bm25
-
-
-def _lucene() -> Builder:
-    from cisrank.retrieval.lucene import build_lucene
-
-    return build_lucene
-
-
-def _dense() -> Builder:
-    from cisrank.retrieval.dense import build_dense
-
-    return build_dense
-
-
-def _prior() -> Builder:
-    from cisrank.rerank.prior_job import build_prior
-
-    return build_prior
-
-
-register_builder("bm25", _bm25)
-register_builder("lucene", _lucene)
-register_builder("dense", _dense)
-register_builder("prior", _prior)
-
-
 def builder_kinds() -> list[str]:
-    return list(_BUILDERS)
+    return list(KINDS)
 
 
 def _claim(out: Path, state: dict[str, Any], overwrite: bool) -> bool:
@@ -152,9 +97,7 @@ def build_index(
     `params` define the index (recorded in the manifest; a change means a clean rebuild);
     `options` only say how to run (e.g. `device`) and go to the builder unrecorded.
     """
-    if kind not in _BUILDERS:
-        raise CisrankError(f"unknown index kind '{kind}': one of {', '.join(_BUILDERS)}")
-    builder = _BUILDERS[kind]()
+    builder = kind_of(kind).load_builder()
     corpus_path = Path(corpus).expanduser()
     if not corpus_path.is_file():
         raise DataError(f"corpus file '{corpus_path}' does not exist")

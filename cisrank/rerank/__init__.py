@@ -1,6 +1,7 @@
 """Rerankers: one interface (`Reranker`), built by name through `load_reranker`."""
 
-from cisrank.rerank.base import BaseReranker, RankedPassage, Reranker, rank_order
+from cisrank.data.types import RankedPassage, rank_order
+from cisrank.rerank.base import BaseReranker, Reranker
 from cisrank.rerank.registry import available, load_reranker
 
 __all__ = [

@@ -9,19 +9,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
-
-@dataclass(frozen=True, slots=True)
-class RankedPassage:
-    """One reranked passage: its position in the input, its score and its text."""
-
-    index: int
-    score: float
-    text: str
+from cisrank.data.types import RankedPassage, rank_order
 
 
 @runtime_checkable
@@ -40,13 +30,6 @@ class Reranker(Protocol):
     ) -> list[RankedPassage]:
         """Passages most relevant first, at most `top_n` of them."""
         ...
-
-
-def rank_order(scores: Sequence[float]) -> list[int]:
-    """Indices by descending score; ties keep input order (a stable sort), NaN ranks last."""
-    arr = np.asarray(scores, dtype=np.float64)
-    keyed = np.where(np.isnan(arr), -np.inf, arr)
-    return [int(i) for i in np.argsort(-keyed, kind="stable")]
 
 
 class BaseReranker(ABC):

@@ -64,7 +64,7 @@ def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype):
     """Load a causal LM and its tokenizer by hub id or folder, with one-line actionable errors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cisrank.models import resolve_model
+    from cisrank.models.resolve import resolve_model
 
     path = resolve_model(model)
     try:

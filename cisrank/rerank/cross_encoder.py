@@ -37,7 +37,7 @@ from pydantic import Field
 from cisrank.config import ComponentConfig
 from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
-from cisrank.models import resolve_model
+from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker
 
 CPU_BATCH_SIZE = 8

@@ -7,34 +7,35 @@ Contriever (sentence-transformers then adds mean pooling, which is exactly Contr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field
 
-from cisrank.config import DenseRerankerConfig
-from cisrank.devices import resolve_device
-from cisrank.errors import ModelNotFoundError
-from cisrank.models import resolve_model
+from cisrank.config import ComponentConfig
+from cisrank.models.encoders import load_sentence_transformer
 from cisrank.rerank.base import BaseReranker
 
 
-def load_sentence_transformer(
-    model: str, device: str | None = None, max_seq_length: int | None = None
-):
-    """Load a bi-encoder by id or path through sentence-transformers, with actionable errors."""
-    from sentence_transformers import SentenceTransformer
+class DenseRerankerConfig(ComponentConfig):
+    """A sentence-transformers bi-encoder scored by cosine of normalized embeddings."""
 
-    path = resolve_model(model)
-    dev = resolve_device(device)
-    try:
-        encoder = SentenceTransformer(path, device=str(dev))
-    except OSError as exc:
-        raise ModelNotFoundError(f"cannot load bi-encoder '{model}' from {path}: {exc}") from exc
-    if max_seq_length is not None:
-        encoder.max_seq_length = max_seq_length
-    if dev.type == "cuda":
-        encoder.half()
-    return encoder
+    label: ClassVar[str] = "dense reranker"
+
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Texts per encoder batch; 16 on CPU (less padding: 1.2x faster than 32 on "
+        "DL19 passages, see bench/RESULTS.md), 128 on GPU when unset.",
+    )
+    device: str | None = None
+    max_seq_length: int | None = Field(
+        default=None, ge=1, description="Token limit; the model's own (256 for MiniLM) when unset."
+    )
+    query_prefix: str = ""
+    passage_prefix: str = ""
 
 
 class DenseReranker(BaseReranker):

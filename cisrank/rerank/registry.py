@@ -14,7 +14,7 @@ from cisrank.errors import CisrankError, UnknownRerankerError
 from cisrank.rerank.base import Reranker
 
 _CONFIGS: dict[str, tuple[str, str]] = {
-    "dense": ("cisrank.config", "DenseRerankerConfig"),
+    "dense": ("cisrank.rerank.dense", "DenseRerankerConfig"),
     "cis": ("cisrank.rerank.cis", "CISRerankerConfig"),
     "cross-encoder": ("cisrank.rerank.cross_encoder", "CrossEncoderRerankerConfig"),
 }

@@ -1,9 +1,9 @@
-"""First-stage retrieval: bm25s and Lucene BM25, dense FAISS, reciprocal-rank fusion.
+"""First-stage retrieval engines: bm25s and Lucene BM25, dense FAISS, reciprocal-rank fusion.
 
-`open_index(path)` opens any built index folder as a `Retriever` (see `cisrank index build`).
+Engines open a built folder given its manifest; which engine opens which folder is decided one
+floor up, in `cisrank.indexes.kinds` (`open_index`).
 """
 
-from cisrank.retrieval.base import Retriever, SearchHit
-from cisrank.retrieval.opening import open_index
+from cisrank.retrieval.base import Retriever
 
-__all__ = ["Retriever", "SearchHit", "open_index"]
+__all__ = ["Retriever"]

@@ -6,15 +6,9 @@ The reranker needs passage text, so a search hit carries it (from the index's do
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-
-@dataclass(frozen=True, slots=True)
-class SearchHit:
-    docid: str
-    score: float
-    text: str
+from cisrank.data.types import SearchHit
 
 
 @runtime_checkable

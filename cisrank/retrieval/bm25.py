@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from cisrank.data.corpus import CorpusReader
+from cisrank.data.manifest import BuildOutput, Manifest, library_versions
+from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError, require
-from cisrank.indexes.build import BuildOutput
-from cisrank.indexes.manifest import Manifest, library_versions
 from cisrank.retrieval.analysis import Analyzer, AnalyzerConfig
-from cisrank.retrieval.base import SearchHit
-from cisrank.retrieval.corpus import CorpusReader
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every build step at DEBUG

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from cisrank.data.corpus import CorpusReader
+from cisrank.data.manifest import BuildOutput, Manifest, library_versions
+from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError, DataError, require
 from cisrank.fileio import atomic_write_bytes, atomic_write_text
-from cisrank.indexes.build import BuildOutput
-from cisrank.indexes.manifest import Manifest, library_versions, model_fingerprint
-from cisrank.models import resolve_model
-from cisrank.retrieval.base import SearchHit
-from cisrank.retrieval.corpus import CorpusReader
+from cisrank.models.fingerprint import model_fingerprint
+from cisrank.models.resolve import resolve_model
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def build_dense(
     ) as bar:
         for i, start, end in todo:
             if encoder is None:
-                from cisrank.rerank.dense import load_sentence_transformer
+                from cisrank.models.encoders import load_sentence_transformer
 
                 encoder = load_sentence_transformer(model_path, device, params["max_seq_length"])
             emb = _encode(encoder, corpus.texts[start:end], params, params["passage_prefix"])
@@ -213,7 +213,7 @@ class DenseRetriever:
         device: str | None = None,
         check_model: bool = True,
     ) -> None:
-        from cisrank.rerank.dense import load_sentence_transformer
+        from cisrank.models.encoders import load_sentence_transformer
 
         faiss = _faiss()
         self.path = Path(path)

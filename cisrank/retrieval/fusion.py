@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError
-from cisrank.retrieval.base import Retriever, SearchHit
+from cisrank.retrieval.base import Retriever
 
 
 def rrf(rankings: Sequence[Sequence[str]], k: float = 60.0) -> list[tuple[str, float]]:

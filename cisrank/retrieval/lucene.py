@@ -29,11 +29,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from cisrank.data.corpus import CorpusReader
+from cisrank.data.manifest import BuildOutput, Manifest, library_versions
+from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError, MissingExtraError
-from cisrank.indexes.build import BuildOutput
-from cisrank.indexes.manifest import Manifest, library_versions
-from cisrank.retrieval.base import SearchHit
-from cisrank.retrieval.corpus import CorpusReader
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, DocStoreWriter
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cisrank.api.config import RerankerSpec, ServerConfig
+from cisrank.data.types import SearchHit
 from cisrank.rerank.base import BaseReranker
-from cisrank.retrieval.base import SearchHit
 
 _WORD = re.compile(r"\w+")
 

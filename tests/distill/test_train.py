@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
+from cisrank.data.datasets import load_folder
 from cisrank.distill import rows as R
 from cisrank.distill.evaluate import spearman_to_teacher
 from cisrank.distill.generate import generate
@@ -23,7 +24,6 @@ from cisrank.distill.train import (
     train,
 )
 from cisrank.errors import DataError
-from cisrank.eval.datasets import load_folder
 
 
 def test_per_query_standardization_matches_numpy():

@@ -3,8 +3,8 @@
 import pytest
 from builders import hit, write_folder
 
+from cisrank.data.datasets import load_folder, load_named
 from cisrank.errors import DataError
-from cisrank.eval.datasets import load_folder, load_named
 
 
 @pytest.mark.parametrize("gz", [False, True])

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
+from cisrank.data.runs import Run
 from cisrank.errors import DataError
 from cisrank.eval.metrics import evaluate, paired_test, per_query
-from cisrank.eval.runs import Run
 
 QRELS = {
     "q1": {"d1": 3, "d2": 2, "d3": 0, "d4": 1},

@@ -8,9 +8,9 @@ import sys
 import pytest
 from builders import hit, write_folder
 
-from cisrank.eval.datasets import load_folder
+from cisrank.data.datasets import load_folder
+from cisrank.data.runs import Run
 from cisrank.eval.pipeline import run_eval
-from cisrank.eval.runs import Run
 from cisrank.rerank.base import BaseReranker
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from cisrank.eval.datasets import load_folder
+from cisrank.data.datasets import load_folder
+from cisrank.data.runs import Run
 from cisrank.eval.metrics import evaluate
 from cisrank.eval.pipeline import first_stage_run, run_eval
-from cisrank.eval.runs import Run
 
 BM25_DL19 = {
     "nDCG@1": 0.5426,

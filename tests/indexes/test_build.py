@@ -18,8 +18,8 @@ from cisrank.cli import app
 from cisrank.errors import CisrankError, DataError
 from cisrank.indexes import build as build_mod
 from cisrank.indexes.build import STATE_FILE, build_index
-from cisrank.indexes.manifest import MANIFEST_FILE, read_manifest
-from cisrank.retrieval import open_index
+from cisrank.data.manifest import MANIFEST_FILE, read_manifest
+from cisrank.indexes.kinds import open_index
 
 ROWS = [
     ("p1", "the quick brown fox jumps over the lazy dog"),

@@ -18,12 +18,12 @@ from cisrank import testing
 from cisrank.cli import app
 from cisrank.errors import CisrankError, DataError
 from cisrank.indexes.build import STATE_FILE, build_index
-from cisrank.indexes.manifest import MANIFEST_FILE, read_manifest
+from cisrank.data.manifest import MANIFEST_FILE, read_manifest
 from cisrank.rerank.causal_lm import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
-from cisrank.rerank.prior_job import PRIOR_FILE
+from cisrank.indexes.prior import PRIOR_FILE
 from cisrank.rerank.prior_store import PriorStore, passage_key
-from cisrank.retrieval import open_index
+from cisrank.indexes.kinds import open_index
 
 TOL = 1e-4
 QUERY = "When was the author of Hamlet born?"

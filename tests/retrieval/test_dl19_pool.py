@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cisrank.cli import app
-from cisrank.eval.datasets import read_topics
-from cisrank.eval.runs import Run
+from cisrank.data.datasets import read_topics
+from cisrank.data.runs import Run
 from cisrank.indexes.build import build_index
-from cisrank.retrieval import open_index
+from cisrank.indexes.kinds import open_index
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_data]
 CANDIDATES = "candidates-bm25-top100.json"

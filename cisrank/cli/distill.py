@@ -80,17 +80,17 @@ def _teacher(
 ):
     """Every teacher flag goes to the teacher; the reranker registry rejects the flags of
     another reranker by name (`--template` with `--teacher dense`)."""
-    from cisrank.cli import _reranker_options
+    from cisrank.cli.options import reranker_options
     from cisrank.distill.teachers import load_teacher
 
-    options = _reranker_options(template, prior_store, max_doc_tokens, normalize=None)
+    options = reranker_options(template, prior_store, max_doc_tokens, normalize=None)
     return load_teacher(
         teacher, model, scores_file, batch_size=batch_size, device=device, **options
     )
 
 
 def _dev(name: str | None):
-    from cisrank.eval.datasets import load_named
+    from cisrank.data.datasets import load_named
 
     return None if name in (None, "none") else load_named(name)
 

@@ -248,7 +248,7 @@ def info(
     as_json: Annotated[bool, typer.Option("--json", help="Print manifest.json as is.")] = False,
 ) -> None:
     """Print an index's manifest: kind, parameters, corpus, model, libraries, build."""
-    from cisrank.indexes.manifest import read_manifest
+    from cisrank.data.manifest import read_manifest
 
     m = read_manifest(path)
     if as_json:

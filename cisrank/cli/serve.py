@@ -6,12 +6,12 @@ worker through an environment variable, so `--workers N` builds N identical apps
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from cisrank import env
 from cisrank.errors import CisrankError, require
 
 
@@ -42,7 +42,6 @@ def serve(
 
     API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>'.
     """
-    from cisrank.api.app import CONFIG_ENV
     from cisrank.api.config import ServerConfig
     from cisrank.rerank.registry import check_name
 
@@ -59,7 +58,7 @@ def serve(
         if not index.path.exists():
             raise CisrankError(f"index '{name}': path '{index.path}' does not exist")
     uvicorn = require("uvicorn", "serve", "cisrank serve")
-    os.environ[CONFIG_ENV] = cfg.model_dump_json()
+    env.set_server_config_json(cfg.model_dump_json())
     uvicorn.run(
         "cisrank.api.app:create_app_from_env",
         factory=True,

@@ -25,25 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cisrank.data.datasets import load_candidates_json, open_text
+from cisrank.data.types import Passage
 from cisrank.errors import DataError
-from cisrank.eval.datasets import load_candidates_json, open_text
 
 Format = Literal["jsonl", "tsv", "candidates"]
 OnError = Literal["raise", "skip"]
 FORMATS: tuple[str, ...] = ("jsonl", "tsv", "candidates")
-
-
-@dataclass(frozen=True, slots=True)
-class Passage:
-    """One retrievable unit. `contents` (title and text) is what gets indexed and returned."""
-
-    docid: str
-    text: str
-    title: str = ""
-
-    @property
-    def contents(self) -> str:
-        return f"{self.title}\n{self.text}" if self.title else self.text
 
 
 @dataclass

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from cisrank.eval.datasets import Dataset, Hit
+from cisrank.data.types import Dataset, Hit
 from cisrank.retrieval.base import Retriever
 from cisrank.retrieval.fusion import FusionRetriever
-from cisrank.retrieval.opening import open_index
+from cisrank.indexes.kinds import open_index
 
 
 def open_retriever(

@@ -7,7 +7,6 @@ the end, so an interrupted build can never look complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import time
@@ -22,7 +21,6 @@ from cisrank.fileio import atomic_write_text
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
-KINDS = ("bm25", "lucene", "dense", "prior")
 
 
 def library_versions(*packages: str) -> dict[str, str | None]:
@@ -34,28 +32,6 @@ def library_versions(*packages: str) -> dict[str, str | None]:
         except PackageNotFoundError:
             out[pkg] = None
     return out
-
-
-def model_fingerprint(path: str | Path, partial_over: int = 64 << 20) -> str:
-    """sha256 over a model folder's file names, sizes and contents.
-
-    Files over `partial_over` bytes (multi-GB weights) contribute their size and first and last
-    MiB only, so fingerprinting stays fast; any retraining changes those bytes in practice.
-    """
-    root = Path(path)
-    h = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
-    for p in files:
-        size = p.stat().st_size
-        h.update(f"{p.relative_to(root).as_posix()}\0{size}\0".encode())
-        with p.open("rb") as f:
-            if size <= partial_over:
-                h.update(f.read())
-            else:
-                h.update(f.read(1 << 20))
-                f.seek(size - (1 << 20))
-                h.update(f.read())
-    return h.hexdigest()
 
 
 @dataclass
@@ -104,11 +80,20 @@ def read_manifest(directory: str | Path) -> Manifest:
         manifest = Manifest.from_json(data)
     except (json.JSONDecodeError, TypeError) as exc:
         raise DataError(f"{path}: unreadable manifest ({exc}); rebuild the index") from None
-    if manifest.kind not in KINDS:
-        raise DataError(f"{path}: unknown index kind '{manifest.kind}'")
     if manifest.format_version > FORMAT_VERSION:
         raise DataError(
             f"{path}: index format {manifest.format_version} is newer than this cisrank "
             f"understands ({FORMAT_VERSION}); upgrade cisrank"
         )
     return manifest
+
+
+@dataclass
+class BuildOutput:
+    """What a builder reports back: its files (relative to the index folder) and provenance."""
+
+    files: list[str]
+    params: dict[str, Any]
+    libraries: dict[str, str | None]
+    model: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -36,10 +36,10 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Retrieve from built indexes: print hits for --query, or write a TREC run for --queries."""
+    from cisrank.data.datasets import read_topics
+    from cisrank.data.runs import Run
     from cisrank.errors import CisrankError
-    from cisrank.eval.datasets import read_topics
-    from cisrank.eval.runs import Run
-    from cisrank.retrieval.first_stage import open_retriever, retrieve_candidates
+    from cisrank.indexes.first_stage import open_retriever, retrieve_candidates
 
     if (query is None) == (queries is None):
         raise CisrankError("give exactly one of --query TEXT or --queries topics.tsv")

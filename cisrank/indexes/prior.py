@@ -29,9 +29,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from cisrank.errors import CisrankError
-from cisrank.indexes.build import BuildOutput
-from cisrank.indexes.manifest import library_versions
-from cisrank.retrieval.corpus import CorpusReader
+from cisrank.data.manifest import BuildOutput
+from cisrank.data.manifest import library_versions
+from cisrank.data.corpus import CorpusReader
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from cisrank.data.types import rank_order
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
-from cisrank.rerank.base import rank_order
 
 Ranking = list[tuple[str, float]]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from cisrank import env
+from cisrank.data.types import Dataset, Hit
 from cisrank.errors import DataError, require
 
 log = logging.getLogger(__name__)
@@ -31,39 +31,6 @@ KNOWN_DATASETS: dict[str, str] = {
     "trec-dl21": "msmarco-passage-v2/trec-dl-2021/judged",
     "trec-dl22": "msmarco-passage-v2/trec-dl-2022/judged",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """A first-stage candidate: passage id and text with its first-stage score and rank."""
-
-    docid: str
-    text: str
-    score: float
-    rank: int
-
-
-@dataclass
-class Dataset:
-    name: str
-    topics: dict[str, str]
-    qrels: dict[str, dict[str, int]]
-    candidates: dict[str, list[Hit]]
-    source: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def qids(self) -> list[str]:
-        """Queries that have both text and candidates, in topic-file order."""
-        return [q for q in self.topics if q in self.candidates]
-
-    def passages(self) -> dict[str, str]:
-        """Distinct passages of all candidate lists (the pool corpus), first text seen wins."""
-        pool: dict[str, str] = {}
-        for hits in self.candidates.values():
-            for h in hits:
-                pool.setdefault(h.docid, h.text)
-        return pool
 
 
 def open_text(path: Path, newline: str | None = None):
@@ -204,11 +171,6 @@ def load_folder(folder: str | Path, name: str | None = None, require_qrels: bool
     )
 
 
-def data_root() -> Path | None:
-    root = os.environ.get("CISRANK_DATA_DIR")
-    return Path(root).expanduser() if root else None
-
-
 def load_named(
     name: str, data_dir: str | Path | None = None, require_qrels: bool = True
 ) -> Dataset:
@@ -218,7 +180,7 @@ def load_named(
     a teacher instead of evaluating."""
     if data_dir is not None:
         return load_folder(data_dir, name, require_qrels)
-    root = data_root()
+    root = env.data_dir()
     if root is not None and (root / name).is_dir():
         return load_folder(root / name, name, require_qrels)
     if name not in KNOWN_DATASETS:

@@ -1,0 +1,5 @@
+"""`python -m cisrank.cli`: the same command as the `cisrank` script."""
+
+from cisrank.cli.app import main
+
+main()

@@ -1,0 +1,195 @@
+"""`cisrank eval trec-dl19 | trec-dl21 | run`: a reranker over first-stage candidates, evaluated.
+
+Prints first stage and reranked run side by side with significance tests, and writes the runs,
+metrics and per-query figures to `--output`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cisrank.cli.options import (
+    BatchOpt,
+    DataDirOpt,
+    DepthOpt,
+    DeviceOpt,
+    FirstStageOpt,
+    JsonOpt,
+    MaxDocTokensOpt,
+    ModelOpt,
+    NormalizeOpt,
+    OutputOpt,
+    PriorStoreOpt,
+    QuantizeOpt,
+    QuietOpt,
+    RerankerOpt,
+    TemplateOpt,
+    reranker_options,
+)
+from cisrank.errors import CisrankError
+
+eval_app = typer.Typer(
+    help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
+    "(nDCG@1/5/10, AP(rel=2), R(rel=2)@100 with ir_measures, trec_eval semantics).",
+    no_args_is_help=True,
+)
+
+
+def _evaluate(
+    name: str,
+    data_dir: Path | None,
+    reranker: str,
+    model: str | None,
+    depth: int,
+    batch_size: int | None,
+    output: Path | None,
+    device: str | None,
+    quiet: bool,
+    as_json: bool,
+    *,
+    files: dict[str, Path | None] | None = None,
+    reranker_options: dict | None = None,
+    first_stage: list[Path] | None = None,
+) -> None:
+    from rich.console import Console
+
+    from cisrank.data import datasets
+    from cisrank.eval.pipeline import RERANKED, run_eval
+    from cisrank.eval.report import metrics_table
+    from cisrank.rerank.registry import check_name, load_reranker
+
+    check_name(reranker)
+    if files is not None:
+        dataset = datasets.load_local(name, **files)
+    else:
+        dataset = datasets.load_named(name, data_dir)
+    if first_stage:
+        from cisrank.indexes.first_stage import with_first_stage
+
+        dataset = with_first_stage(dataset, first_stage, depth)
+    model_obj = load_reranker(
+        reranker, model, batch_size=batch_size, device=device, **(reranker_options or {})
+    )
+    output = output or Path("out") / f"eval-{name}-{reranker}"
+    result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    console = Console()
+    title = f"{name}: {len(dataset.qids)} queries, {sum(len(h) for h in dataset.candidates.values())} candidates"
+    console.print(metrics_table(result.metrics, title=title))
+    if result.significance:
+        s = result.significance
+        timing = result.info.get("timing", {})
+        console.print(
+            f"{RERANKED} vs first-stage on {s['measure']}: delta {s['mean_delta']:+.4f} "
+            f"({s['wins']} up, {s['losses']} down, {s['ties']} tied), paired t-test p={s['p_ttest']:.3g}, "
+            f"randomization p={s['p_randomization']:.3g}; "
+            f"{timing.get('passages_per_s', 0):.1f} passages/s"
+        )
+    console.print(f"outputs in {output}/ (run.trec, metrics.json, per_query.tsv, plot)")
+
+
+def _dataset_command(name: str, doc: str):
+    def command(
+        data_dir: DataDirOpt = None,
+        reranker: RerankerOpt = "none",
+        model: ModelOpt = None,
+        depth: DepthOpt = 100,
+        batch_size: BatchOpt = None,
+        output: OutputOpt = None,
+        device: DeviceOpt = None,
+        quiet: QuietOpt = False,
+        as_json: JsonOpt = False,
+        template: TemplateOpt = None,
+        prior_store: PriorStoreOpt = None,
+        max_doc_tokens: MaxDocTokensOpt = None,
+        normalize: NormalizeOpt = None,
+        first_stage: FirstStageOpt = None,
+        quantize: QuantizeOpt = None,
+    ) -> None:
+        _evaluate(
+            name,
+            data_dir,
+            reranker,
+            model,
+            depth,
+            batch_size,
+            output,
+            device,
+            quiet,
+            as_json,
+            reranker_options=reranker_options(
+                template, prior_store, max_doc_tokens, normalize, quantize
+            ),
+            first_stage=first_stage,
+        )
+
+    command.__doc__ = doc
+    eval_app.command(name)(command)
+
+
+_dataset_command(
+    "trec-dl19",
+    "TREC DL 2019 passage (43 judged queries): rerank the BM25 top-100 and evaluate.",
+)
+_dataset_command(
+    "trec-dl21",
+    "TREC DL 2021 passage, MS MARCO v2 (53 judged queries): rerank the BM25 top-100 and evaluate.",
+)
+
+
+@eval_app.command("run")
+def eval_run(
+    data_dir: DataDirOpt = None,
+    topics: Annotated[Path | None, typer.Option(help="topics file: qid<TAB>query")] = None,
+    qrels: Annotated[Path | None, typer.Option(help="qrels file: qid Q0 docid grade")] = None,
+    candidates: Annotated[
+        Path | None,
+        typer.Option(help="candidates JSON(.gz) with passage text, as in ../shared/data"),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Dataset name in reports.")] = None,
+    reranker: RerankerOpt = "none",
+    model: ModelOpt = None,
+    depth: DepthOpt = 100,
+    batch_size: BatchOpt = None,
+    output: OutputOpt = None,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    template: TemplateOpt = None,
+    prior_store: PriorStoreOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = None,
+    normalize: NormalizeOpt = None,
+    first_stage: FirstStageOpt = None,
+    quantize: QuantizeOpt = None,
+) -> None:
+    """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
+    options = reranker_options(template, prior_store, max_doc_tokens, normalize, quantize)
+    if data_dir is None and candidates is None:
+        raise CisrankError(
+            "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
+        )
+    files = None
+    if data_dir is None:
+        files = {"topics": topics, "qrels": qrels, "candidates": candidates}
+    label = name or (Path(data_dir).name if data_dir is not None else Path(candidates).parent.name)
+    _evaluate(
+        label,
+        data_dir,
+        reranker,
+        model,
+        depth,
+        batch_size,
+        output,
+        device,
+        quiet,
+        as_json,
+        files=files,
+        reranker_options=options,
+        first_stage=first_stage,
+    )

@@ -1,0 +1,109 @@
+"""Options shared by several verbs (`eval`, `rerank`, `distill`, `serve`), declared once.
+
+Reranker-specific options default to None and are passed through `reranker_options`: None means
+"the reranker's own default", which lives in its config class and nowhere else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+RerankerOpt = Annotated[
+    str,
+    typer.Option(
+        "--reranker",
+        "-r",
+        help="Reranker to apply to the first-stage candidates: none, dense, ...",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Model for the reranker: Hugging Face id or local folder."),
+]
+DepthOpt = Annotated[
+    int, typer.Option("--depth", min=1, help="How many first-stage candidates to rerank per query.")
+]
+BatchOpt = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Passages per model batch.")
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="Folder for run.trec, metrics.json, per_query.tsv and the delta plot "
+        "(default out/eval-<dataset>-<reranker>).",
+    ),
+]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="The dataset's folder (topics.tsv, qrels.txt, candidates json). Default: "
+        "$CISRANK_DATA_DIR/<dataset>, else ir_datasets.",
+    ),
+]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="torch device (cpu, cuda, cuda:1); auto by default.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")
+]
+FirstStageOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--first-stage",
+        help="Index folder to retrieve the top --depth from instead of the given run "
+        "(repeat to fuse several by RRF).",
+    ),
+]
+# Options of the CIS reranker (`--reranker cis`); rejected by rerankers they do not apply to.
+TemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--template", help="CIS query template: plain, qa, or a custom string holding {query}."
+    ),
+]
+PriorStoreOpt = Annotated[
+    Path | None,
+    typer.Option("--prior-store", help="CIS: SQLite file of stored log p(K) (created if absent)."),
+]
+MaxDocTokensOpt = Annotated[
+    int | None,
+    typer.Option("--max-doc-tokens", min=1, help="CIS: passage tokens kept (default 512)."),
+]
+NormalizeOpt = Annotated[
+    str | None,
+    typer.Option("--normalize", help="CIS: 'sum' of token log-probs (default) or 'mean'."),
+]
+# Option of the cross-encoder reranker (`--reranker cross-encoder`).
+QuantizeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--quantize",
+        help="cross-encoder: 'int8' (CPU: dynamic int8 Linear layers, faster, scores move by "
+        "quantization noise) or 'none' (default).",
+    ),
+]
+
+
+def reranker_options(
+    template: str | None,
+    prior_store: Path | None,
+    max_doc_tokens: int | None,
+    normalize: str | None,
+    quantize: str | None = None,
+) -> dict[str, Any]:
+    """Reranker-specific flags (CIS, cross-encoder) as `load_reranker` keyword options; None
+    values are dropped there, and a flag the chosen reranker does not take is an error there."""
+    return {
+        "template": template,
+        "prior_store": str(prior_store) if prior_store is not None else None,
+        "max_doc_tokens": max_doc_tokens,
+        "normalize": normalize,
+        "quantize": quantize,
+    }

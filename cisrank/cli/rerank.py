@@ -1,0 +1,124 @@
+"""`cisrank rerank`: rank a file of passages for one query with any reranker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cisrank.cli.options import (
+    BatchOpt,
+    DeviceOpt,
+    JsonOpt,
+    MaxDocTokensOpt,
+    ModelOpt,
+    NormalizeOpt,
+    PriorStoreOpt,
+    QuantizeOpt,
+    RerankerOpt,
+    TemplateOpt,
+    reranker_options,
+)
+from cisrank.errors import CisrankError
+
+
+def _read_passages(path: Path) -> tuple[list[str], list[str]]:
+    """jsonl with `text` (and optional `id`), or one passage per line."""
+    if not path.is_file():
+        raise CisrankError(f"passages file '{path}' does not exist")
+    texts, ids = [], []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+                text = obj["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CisrankError(
+                    f"{path}:{lineno}: expected a JSON object with a 'text' field"
+                ) from None
+            if not isinstance(text, str) or not text.strip():
+                raise CisrankError(f"{path}:{lineno}: 'text' must be a non-empty string")
+            texts.append(text)
+            ids.append(str(obj.get("id", len(ids))))
+        else:
+            texts.append(line)
+            ids.append(str(len(ids)))
+    if not texts:
+        raise CisrankError(f"passages file '{path}' holds no passages")
+    return texts, ids
+
+
+def rerank(
+    query: Annotated[str, typer.Option("--query", help="The query.")],
+    passages: Annotated[
+        Path,
+        typer.Option(
+            "--passages", help="jsonl with 'text' and optional 'id', or one passage per line."
+        ),
+    ],
+    reranker: RerankerOpt = "dense",
+    model: ModelOpt = None,
+    top_n: Annotated[
+        int | None, typer.Option("--top-n", min=1, help="Show only the best N.")
+    ] = None,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = None,
+    as_json: JsonOpt = False,
+    template: TemplateOpt = None,
+    prior_store: PriorStoreOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = None,
+    normalize: NormalizeOpt = None,
+    quantize: QuantizeOpt = None,
+) -> None:
+    """Rank passages for one query, most relevant first."""
+    from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
+
+    if check_name(reranker) == NO_RERANKER:
+        raise CisrankError("`rerank` needs a reranker: --reranker dense, ...")
+    if not query.strip():
+        raise CisrankError("--query is empty")
+    texts, ids = _read_passages(passages)
+    model_obj = load_reranker(
+        reranker,
+        model,
+        batch_size=batch_size,
+        device=device,
+        **reranker_options(template, prior_store, max_doc_tokens, normalize, quantize),
+    )
+    ranked = model_obj.rerank(query, texts, top_n=top_n)
+    if as_json:
+        rows = [
+            {"rank": r, "index": p.index, "id": ids[p.index], "score": p.score, "text": p.text}
+            for r, p in enumerate(ranked, 1)
+        ]
+        typer.echo(
+            json.dumps(
+                {
+                    "query": query,
+                    "reranker": reranker,
+                    "model": model_obj.model_name,
+                    "results": rows,
+                },
+                indent=2,
+            )
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{reranker} ({model_obj.model_name}): {query}")
+    for col, justify in (
+        ("rank", "right"),
+        ("id", "left"),
+        ("score", "right"),
+        ("passage", "left"),
+    ):
+        table.add_column(col, justify=justify)
+    for r, p in enumerate(ranked, 1):
+        text = p.text if len(p.text) <= 100 else p.text[:97] + "..."
+        table.add_row(str(r), ids[p.index], f"{p.score:.4f}", text)
+    Console().print(table)

@@ -1,0 +1,53 @@
+"""Every `CISRANK_*` environment variable, read in one place.
+
+A variable is named once, here, with what it means; code elsewhere calls these functions instead
+of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README's table.
+
+| variable | meaning |
+|---|---|
+| `CISRANK_DATA_DIR` | root holding one folder per dataset (`trec-dl19/`, ...), like `../shared/data` |
+| `CISRANK_LOG_LEVEL` | logging level of the CLI and the server (default INFO) |
+| `CISRANK_API_KEYS` | comma-separated API keys; set, they require `Authorization: Bearer <key>` |
+| `CISRANK_SERVER_CONFIG` | the server config as JSON, handed from `cisrank serve` to its workers |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+DATA_DIR = "CISRANK_DATA_DIR"
+LOG_LEVEL = "CISRANK_LOG_LEVEL"
+API_KEYS = "CISRANK_API_KEYS"
+SERVER_CONFIG = "CISRANK_SERVER_CONFIG"
+
+
+def _get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    value = (environ if environ is not None else os.environ).get(name)
+    return value if value is None or value.strip() else None
+
+
+def data_dir() -> Path | None:
+    """The dataset root, when set (and non-blank)."""
+    value = _get(DATA_DIR)
+    return Path(value).expanduser() if value else None
+
+
+def log_level() -> str:
+    return _get(LOG_LEVEL) or "INFO"
+
+
+def api_keys(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The configured API keys; empty when auth is off. Blank entries are ignored."""
+    raw = _get(API_KEYS, environ) or ""
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def server_config_json() -> str | None:
+    return _get(SERVER_CONFIG)
+
+
+def set_server_config_json(text: str) -> None:
+    """Hand the server config to uvicorn's worker processes, which inherit the environment."""
+    os.environ[SERVER_CONFIG] = text
