@@ -9,6 +9,7 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README'
 | `CISRANK_LOG_LEVEL` | logging level of the CLI and the server (default INFO) |
 | `CISRANK_API_KEYS` | comma-separated API keys; set, they require `Authorization: Bearer <key>` |
 | `CISRANK_SERVER_CONFIG` | the server config as JSON, handed from `cisrank serve` to its workers |
+| `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ DATA_DIR = "CISRANK_DATA_DIR"
 LOG_LEVEL = "CISRANK_LOG_LEVEL"
 API_KEYS = "CISRANK_API_KEYS"
 SERVER_CONFIG = "CISRANK_SERVER_CONFIG"
+MODEL_HOME = "CISRANK_MODEL_HOME"
 
 
 def _get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -51,3 +53,14 @@ def server_config_json() -> str | None:
 def set_server_config_json(text: str) -> None:
     """Hand the server config to uvicorn's worker processes, which inherit the environment."""
     os.environ[SERVER_CONFIG] = text
+
+
+def model_home() -> Path | None:
+    value = _get(MODEL_HOME)
+    return Path(value).expanduser() if value else None
+
+
+def user_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME`, else `~/.cache` (the convention pip and Hugging Face follow too)."""
+    value = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return Path(value).expanduser() if value else Path.home() / ".cache"

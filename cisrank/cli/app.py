@@ -13,6 +13,7 @@ import typer
 from cisrank.cli.distill import distill_app
 from cisrank.cli.eval import eval_app
 from cisrank.cli.index import index_app
+from cisrank.cli.models import models_app
 from cisrank.cli.rerank import rerank
 from cisrank.cli.search import search
 from cisrank.cli.serve import serve
@@ -30,6 +31,7 @@ app.command("rerank")(rerank)
 app.command("search")(search)
 app.add_typer(index_app, name="index")
 app.add_typer(distill_app, name="distill")
+app.add_typer(models_app, name="models")
 app.command("serve")(serve)
 
 

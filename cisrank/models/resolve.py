@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from cisrank.errors import ModelNotFoundError
+from cisrank.models.catalogue import resolve_catalogue_name
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", MINILM_ID.lower()}
@@ -40,8 +41,9 @@ def _looks_like_path(name: str) -> bool:
 def resolve_model(name_or_path: str) -> str:
     """Return a local folder for `name_or_path`, or the hub id itself when downloads are allowed.
 
-    Order: an existing local folder; the packaged all-MiniLM-L6-v2 for its names; the local
-    Hugging Face cache; the hub id (only when not offline).
+    Order: an existing local folder; a catalogue name (`cisrank models list`) pulled with
+    `cisrank models pull`; the packaged all-MiniLM-L6-v2 for its names; the local Hugging Face
+    cache; the hub id (only when not offline).
     """
     if not name_or_path or not name_or_path.strip():
         raise ModelNotFoundError("empty model name: pass a Hugging Face id or a local folder")
@@ -52,6 +54,8 @@ def resolve_model(name_or_path: str) -> str:
                 f"model path '{name_or_path}' is not a model folder (no config.json in it)"
             )
         return str(path.resolve())
+    if (pulled := resolve_catalogue_name(name_or_path)) is not None:
+        return pulled
     if name_or_path.lower() in _MINILM_ALIASES and (packaged := _packaged_minilm()):
         return str(packaged)
     if _looks_like_path(name_or_path):
