@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 
 from cisrank import env
@@ -251,8 +250,3 @@ def load_ir_datasets(name: str, dataset_id: str, depth: int = 100, local_hint: s
             f"pass --data-dir with a local copy (layout of ../shared/data)"
         ) from None
     return Dataset(name, topics, qrels, candidates, source=f"ir_datasets:{dataset_id}")
-
-
-def iter_pairs(dataset: Dataset, depth: int) -> Iterable[tuple[str, str, list[Hit]]]:
-    for qid in dataset.qids:
-        yield qid, dataset.topics[qid], dataset.candidates[qid][:depth]
