@@ -10,7 +10,9 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test lint format demo bench clean
+VENV_MIN := .venv-min
+
+.PHONY: install test test-fast test-min lint format demo bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY_BOOT) -m venv $(VENV)
@@ -21,10 +23,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed  ## create .venv with torch 2.13.0 (CPU) and cisrank with its extras
 
-lint: install  ## ruff lint and format check, the floors contract (import-linter)
+lint: install  ## ruff lint and format check, the floors contract (import-linter), mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff check --fix .
@@ -32,6 +35,20 @@ format: install
 
 test: install lint  ## lint, then the test suite
 	$(VENV)/bin/pytest -q
+
+test-fast: install  ## the suite without the tests marked slow (real models over real data)
+	$(VENV)/bin/pytest -q -m "not slow"
+
+# The declared floors, tested: .venv-min gets every dependency at the `>=` version pyproject.toml
+# names (tools/min_constraints.py), torch excepted (the 2.13.0 CPU wheel, as in .venv), and the
+# test tools unpinned. A floor that is too low fails here instead of on a user's machine.
+test-min:  ## the test suite against the minimum declared dependency versions, in .venv-min
+	$(PY_BOOT) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_MIN)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV_MIN)/bin/python tools/min_constraints.py --keep torch==2.13.0 > $(VENV_MIN)/constraints-min.txt
+	$(VENV_MIN)/bin/python -m pip install --quiet -c $(VENV_MIN)/constraints-min.txt -e ".[$(EXTRAS)]"
+	$(VENV_MIN)/bin/pytest -q
 
 demo: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, with the metrics table
 	$(VENV)/bin/cisrank eval trec-dl19 --reranker dense --output out/demo-dl19
@@ -44,4 +61,4 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/load.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) out .pytest_cache .ruff_cache .mypy_cache

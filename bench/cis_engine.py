@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import dl19_dir, gpt2_124m, machine
+from common import dl19_dir, gpt2_124m, machine, write_result
 
 from cisrank.data.datasets import load_folder
 from cisrank.rerank.causal_lm import CausalLMEngine
@@ -259,6 +259,7 @@ def main() -> None:
     if device.type == "cuda":
         result["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 1024**3
     print(json.dumps(result, indent=2))
+    write_result("cis_engine", result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.flush()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from cisrank.fileio import atomic_write_text
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def dl19_dir() -> Path:
@@ -27,6 +34,42 @@ def machine() -> str:
         f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, python {platform.python_version()}"
     )
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+
+
+def write_result(name: str, payload: dict[str, Any], results_dir: Path | None = None) -> Path:
+    """`bench/results/<name>.json`: the figures a script printed, with the machine and date,
+    so bench/RESULTS.md's prose can be checked against numbers a program can read."""
+    record = {
+        "benchmark": name,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "results": payload,
+    }
+    path = (results_dir or RESULTS_DIR) / f"{name}.json"
+    return atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import dl19_dir, gpt2_124m, machine, percentile, time_calls
+from common import dl19_dir, gpt2_124m, machine, percentile, time_calls, write_result
 
 from cisrank.data.datasets import load_folder
 from cisrank.data.runs import Run
@@ -159,6 +159,9 @@ def main() -> None:
         for name, value in ndcg.items():
             diff = "" if name == "predict" else f"  diff vs predict {value - ndcg['predict']:+.4f}"
             print(f"{name:24s} nDCG@10 {value:.4f}{diff}  ({seconds[name]:.1f} s in all)")
+        write_result(
+            "cross_encoder_ndcg", {"queries": len(qids), "ndcg@10": ndcg, "seconds": seconds}
+        )
         return
 
     qids = ds.qids[: args.queries]
@@ -185,6 +188,19 @@ def main() -> None:
     for name in scores:
         print(f"  {name:24s} {corr_summary(scores[name], reference)}")
     base = statistics.median(times["predict (baseline)"])
+    figures: dict = {
+        "queries": len(qids),
+        "passages_per_query": n,
+        "repeats": args.repeats,
+        "timings": {
+            name: {
+                "p50_s": statistics.median(values),
+                "p90_s": percentile(values, 90),
+                "speed_vs_predict": base / statistics.median(values),
+            }
+            for name, values in times.items()
+        },
+    }
     for name, values in times.items():
         p50 = statistics.median(values)
         print(
@@ -212,10 +228,15 @@ def main() -> None:
         )
         for name in ours:
             per_passage = statistics.median(times[name]) / n
+            figures["timings"][name]["speed_vs_cis"] = {
+                "cold": cis_cold / count / per_passage,
+                "warm": cis_warm / count / per_passage,
+            }
             print(
                 f"  {name:24s} {cis_cold / count / per_passage:6.1f}x faster than CIS cold, "
                 f"{cis_warm / count / per_passage:6.1f}x faster than CIS warm"
             )
+    write_result("cross_encoder", figures)
     tmp.cleanup()
 
 

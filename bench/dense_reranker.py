@@ -14,7 +14,7 @@ import datetime as dt
 import statistics
 
 import numpy as np
-from common import dl19_dir, machine, percentile, time_calls
+from common import dl19_dir, machine, percentile, time_calls, write_result
 
 from cisrank.data.datasets import load_folder
 from cisrank.rerank import load_reranker
@@ -68,6 +68,21 @@ def main() -> None:
         )
     print(
         f"speed ratio (baseline p50 / ours p50): {statistics.median(base) / statistics.median(ours):.2f}x"
+    )
+    write_result(
+        "dense_reranker",
+        {
+            "model": args.model,
+            "queries": len(qids),
+            "passages_per_query": n,
+            "repeats": args.repeats,
+            "max_abs_score_diff": max_diff,
+            "ours_p50_s": percentile(ours, 50),
+            "ours_p90_s": percentile(ours, 90),
+            "baseline_p50_s": percentile(base, 50),
+            "baseline_p90_s": percentile(base, 90),
+            "speed_ratio": statistics.median(base) / statistics.median(ours),
+        },
     )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from common import write_result
 
 
 def dl19_requests(data_dir: Path, passages: int) -> list[tuple[str, list[str]]]:
@@ -172,6 +173,7 @@ def main() -> None:
         print(
             f"concurrency 8 / in-process = {at8['ratio_to_in_process']:.3f} (target >= 0.85, 0 errors: {verdict})"
         )
+    write_result("load", out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2), encoding="utf-8")
 

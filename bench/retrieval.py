@@ -25,6 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import write_result
+
 from cisrank.indexes.build import build_index
 from cisrank.indexes.kinds import open_index
 from cisrank.retrieval.analysis import Analyzer
@@ -173,6 +175,7 @@ def main() -> None:
     ok = results["speedup_bm25s_vs_rank_bm25"] >= 50
     results["bar_50x"] = ok
     print(json.dumps(results, indent=2))
+    write_result("retrieval", results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(

@@ -7,8 +7,6 @@ next to its code; defaults live there and only there, and callers pass overrides
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -23,10 +21,6 @@ class ComponentConfig(BaseModel):
 
     label: ClassVar[str] = "component"
     """What error messages call the component ("CIS reranker", ...)."""
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> ComponentConfig:
-        return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
 
     def replace(self, **changes: Any) -> Self:
         """A validated copy with the non-None `changes` applied (None means "keep"): constructors

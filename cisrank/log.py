@@ -15,7 +15,3 @@ def setup_logging(level: str | int | None = None) -> None:
     # Libraries that are chatty at INFO about things users cannot act on.
     for noisy in ("httpx", "urllib3", "filelock", "sentence_transformers", "transformers"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-
-
-def get_logger(name: str) -> logging.Logger:
-    return logging.getLogger(name)

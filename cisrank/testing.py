@@ -91,6 +91,7 @@ def build_causal_lm(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    config: GPT2Config | LlamaConfig
     if arch == "gpt2":
         config = GPT2Config(
             n_layer=layers, n_embd=hidden, n_head=heads, n_positions=max_positions, **common
@@ -127,7 +128,10 @@ def build_bert(
 ) -> Path:
     """Random-weight BERT with a WordPiece vocab of whole words, saved with its tokenizer."""
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    # transformers 5 keeps BertTokenizerFast only as a runtime alias of BertTokenizer, which its
+    # type stubs do not export; 4.x needs the name, so it stays.
+    from transformers import BertConfig, BertModel, BertTokenizerFast  # type: ignore[attr-defined]
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

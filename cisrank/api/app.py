@@ -125,12 +125,12 @@ def build_reranker(spec: RerankerSpec) -> Reranker:
 def open_retriever(path: os.PathLike[str] | str) -> Retriever:
     """Open an index with `cisrank.retrieval.open_index`, imported only when indexes are used."""
     try:
-        from cisrank.indexes.kinds import open_index  # type: ignore[attr-defined]
+        from cisrank.indexes.kinds import open_index
     except ImportError as exc:
         raise CisrankError(
             "this cisrank build cannot open indexes (cisrank.retrieval.open_index is missing)"
         ) from exc
-    return open_index(path)
+    return open_index(os.fspath(path))
 
 
 class ServingState:

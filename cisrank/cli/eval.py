@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import typer
 
@@ -39,6 +39,14 @@ eval_app = typer.Typer(
 )
 
 
+class _Files(TypedDict):
+    """Explicit dataset files, passed on to `datasets.load_local` as keywords."""
+
+    topics: Path | None
+    qrels: Path | None
+    candidates: Path | None
+
+
 def _evaluate(
     name: str,
     data_dir: Path | None,
@@ -51,7 +59,7 @@ def _evaluate(
     quiet: bool,
     as_json: bool,
     *,
-    files: dict[str, Path | None] | None = None,
+    files: _Files | None = None,
     reranker_options: dict | None = None,
     first_stage: list[Path] | None = None,
 ) -> None:
@@ -174,10 +182,14 @@ def eval_run(
         raise CisrankError(
             "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
         )
-    files = None
+    files: _Files | None = None
     if data_dir is None:
-        files = {"topics": topics, "qrels": qrels, "candidates": candidates}
-    label = name or (Path(data_dir).name if data_dir is not None else Path(candidates).parent.name)
+        files = _Files(topics=topics, qrels=qrels, candidates=candidates)
+    if data_dir is not None:
+        label = name or Path(data_dir).name
+    else:
+        assert candidates is not None  # checked above
+        label = name or candidates.parent.name
     _evaluate(
         label,
         data_dir,

@@ -28,7 +28,8 @@ def _read_passages(path: Path) -> tuple[list[str], list[str]]:
     """jsonl with `text` (and optional `id`), or one passage per line."""
     if not path.is_file():
         raise CisrankError(f"passages file '{path}' does not exist")
-    texts, ids = [], []
+    texts: list[str] = []
+    ids: list[str] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -89,6 +90,7 @@ def rerank(
         device=device,
         **reranker_options(template, prior_store, max_doc_tokens, normalize, quantize),
     )
+    assert model_obj is not None  # `none` was rejected above
     ranked = model_obj.rerank(query, texts, top_n=top_n)
     if as_json:
         rows = [
@@ -107,16 +109,17 @@ def rerank(
             )
         )
         return
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
     table = Table(title=f"{reranker} ({model_obj.model_name}): {query}")
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("rank", "right"),
         ("id", "left"),
         ("score", "right"),
         ("passage", "left"),
-    ):
+    )
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     for r, p in enumerate(ranked, 1):
         text = p.text if len(p.text) <= 100 else p.text[:97] + "..."

@@ -54,6 +54,7 @@ def search(
     options = {"device": device} if device else {}
     retriever = open_retriever(index, fusion_k=rrf_k, depth=depth, **options)
     if queries is not None:
+        assert output is not None  # checked above
         topics = read_topics(queries)
         cands = retrieve_candidates(retriever, topics, k)
         run = Run.from_scores(
@@ -64,6 +65,7 @@ def search(
         msg = f"wrote {output}: {len(topics)} queries, top {k} from {retriever.name}"
         typer.echo(msg + (f" ({empty} with no hits)" if empty else ""), err=as_json)
         return
+    assert query is not None  # exactly one of --query and --queries, checked above
     hits = retriever.search(query, k)
     if as_json:
         rows = [
@@ -74,16 +76,17 @@ def search(
             json.dumps({"query": query, "retriever": retriever.name, "hits": rows}, indent=2)
         )
         return
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
     table = Table(title=f"{retriever.name}: {query}")
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("rank", "right"),
         ("docid", "left"),
         ("score", "right"),
         ("text", "left"),
-    ):
+    )
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     for r, h in enumerate(hits, 1):
         text = h.text if len(h.text) <= 100 else h.text[:97] + "..."

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 
 from cisrank import env
@@ -89,6 +88,30 @@ def load_candidates_json(path: Path) -> list:
     return data
 
 
+class _Malformed(ValueError):
+    """A candidates entry that does not have the documented shape."""
+
+
+def _parse_hit(h: object) -> Hit:
+    """One hit of a candidates entry; a missing field or a value of the wrong kind is a
+    `_Malformed` (data), while an error from our own code below keeps its traceback."""
+    if not isinstance(h, dict):
+        raise _Malformed(f"hit {h!r:.60} is not an object")
+    try:
+        docid, content, score, rank = h["docid"], h["content"], h["score"], h["rank"]
+    except KeyError as exc:
+        raise _Malformed(f"hit without field {exc}") from None
+    if not isinstance(content, str):
+        raise _Malformed(f"hit {docid!r}: content is not a string")
+    try:
+        score, rank = float(score), int(rank)
+    except (TypeError, ValueError):
+        raise _Malformed(
+            f"hit {docid!r}: score {score!r} or rank {rank!r} is not a number"
+        ) from None
+    return Hit(str(docid), content, score, rank)
+
+
 def read_candidates(path: Path) -> tuple[dict[str, str], dict[str, list[Hit]], int]:
     """Parse a candidates JSON; returns (queries, hits per qid, duplicate hits dropped)."""
     data = load_candidates_json(path)
@@ -97,19 +120,20 @@ def read_candidates(path: Path) -> tuple[dict[str, str], dict[str, list[Hit]], i
     dropped = 0
     for i, entry in enumerate(data):
         try:
+            if not isinstance(entry, dict) or "hits" not in entry:
+                raise _Malformed("expected an object with a 'hits' array")
             raw_hits = entry["hits"]
             if not raw_hits:
                 continue
-            qid = str(raw_hits[0]["qid"])
-            hits = sorted(
-                (
-                    Hit(str(h["docid"]), h["content"], float(h["score"]), int(h["rank"]))
-                    for h in raw_hits
-                ),
-                key=lambda h: h.rank,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{path}: entry {i} is malformed (missing or bad {exc})") from None
+            if not isinstance(raw_hits, list):
+                raise _Malformed("'hits' is not an array")
+            first = raw_hits[0]
+            if not isinstance(first, dict) or "qid" not in first:
+                raise _Malformed("its first hit has no 'qid'")
+            qid = str(first["qid"])
+            hits = sorted((_parse_hit(h) for h in raw_hits), key=lambda h: h.rank)
+        except _Malformed as exc:
+            raise DataError(f"{path}: entry {i} is malformed ({exc})") from None
         seen: set[str] = set()
         unique = []
         for h in hits:
@@ -193,6 +217,11 @@ def load_named(
     return load_ir_datasets(name, KNOWN_DATASETS[name], local_hint=where)
 
 
+# What a failed download (requests' errors are OSErrors), an unknown dataset id (KeyError) or a
+# corrupt cached file raises; anything else is a bug here or in ir_datasets and keeps its traceback.
+_IR_DATASETS_DATA_ERRORS = (OSError, EOFError, KeyError, ValueError)
+
+
 def load_ir_datasets(name: str, dataset_id: str, depth: int = 100, local_hint: str = "") -> Dataset:
     """Queries, qrels and the official first-stage run (with passage text) from ir_datasets."""
     ir_datasets = require("ir_datasets", "ir-datasets", "loading datasets without a local folder")
@@ -214,15 +243,10 @@ def load_ir_datasets(name: str, dataset_id: str, depth: int = 100, local_hint: s
             candidates[qid] = [
                 Hit(d, docs[d].text, s, r) for r, (d, s) in enumerate(pairs, 1) if d in docs
             ]
-    except Exception as exc:
+    except _IR_DATASETS_DATA_ERRORS as exc:
         raise DataError(
             f"ir_datasets could not load '{dataset_id}' ({type(exc).__name__}: {exc}); "
             f"it downloads on first use, and {local_hint or 'no local folder was given'}: "
             f"pass --data-dir with a local copy (layout of ../shared/data)"
         ) from None
     return Dataset(name, topics, qrels, candidates, source=f"ir_datasets:{dataset_id}")
-
-
-def iter_pairs(dataset: Dataset, depth: int) -> Iterable[tuple[str, str, list[Hit]]]:
-    for qid in dataset.qids:
-        yield qid, dataset.topics[qid], dataset.candidates[qid][:depth]

@@ -130,4 +130,5 @@ def load_source(
             require_qrels=False,
         )
         return from_dataset(ds, depth)
+    assert dataset is not None  # exactly one of the three was given, checked above
     return from_dataset(load_named(dataset, data_dir, require_qrels=False), depth)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cisrank.errors import DataError
+from cisrank.rerank.base import Reranker
 from cisrank.rerank.registry import check_name, load_reranker
 
 SCORES_TEACHER = "scores"
@@ -47,11 +48,12 @@ class RerankerTeacher:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.reranker = load_reranker(self.name, self.model, **self.options)
-        if self.reranker is None:
+        reranker = load_reranker(self.name, self.model, **self.options)
+        if reranker is None:
             raise DataError(
                 "teacher 'none' has no scores: pick cis, dense, cross-encoder or scores"
             )
+        self.reranker: Reranker = reranker
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"teacher": self.name, "model": self.reranker.model_name}

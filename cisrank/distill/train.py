@@ -299,7 +299,7 @@ def train(
         eval_strategy=strategy if dev else "no",
         eval_steps=config.eval_steps,
         save_strategy=strategy,
-        save_steps=config.eval_steps,
+        save_steps=config.eval_steps or 500,  # read only with "steps"; 500 is HF's default
         save_total_limit=2,
         load_best_model_at_end=dev is not None,
         metric_for_best_model=f"eval_{evaluator.name}_ndcg@10" if evaluator else None,

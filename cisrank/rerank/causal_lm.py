@@ -2,7 +2,7 @@
 
 CIS (log p(K|Q) - log p(K)), and later question likelihood and PMI ordering, all reduce to one
 question: given prefix token ids and a list of continuations, what is the summed log-probability of
-each continuation? This module answers it, fast and exactly (GUIDE §3):
+each continuation? This module answers it, fast and exactly (the contract in `rerank.cis`):
 
 - the shared prefix (BOS + templated query) runs once per call and its key/value cache is expanded
   along the batch dimension for every batch of continuations, so query tokens are never recomputed;
@@ -76,7 +76,7 @@ def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype):
             f"cannot load causal LM '{model}' from {path}: {first}; pass --model with a folder "
             "that holds a causal language model (config.json, weights, tokenizer)"
         ) from exc
-    lm.to(device)
+    lm.to(device)  # type: ignore[arg-type]  # transformers' wrapper of to() hides its signature
     lm.eval()
     return lm, tokenizer
 
@@ -337,7 +337,7 @@ class CausalLMEngine:
         data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in layers]
         return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
-    def _pad(self, seqs: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def _pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Padded ids [B, L], 0/1 mask [B, L] and each row's offset of its first real token."""
         width = max(len(s) for s in seqs)
         pad_id = self.tokenizer.pad_token_id
@@ -370,7 +370,8 @@ class CausalLMEngine:
         hidden = out.last_hidden_state.reshape(bsz * width, -1)
         # Row r, token j is predicted by the hidden state just before it: the prefix's last state
         # for j == 0 (source index 0), else position off_r + j - 1 of row r (source 1 + ...).
-        src, tgt = [], []
+        src: list[int] = []
+        tgt: list[int] = []
         for r, s in enumerate(seqs):
             base = 1 + r * width + offsets[r]
             src.append(0)
@@ -392,7 +393,8 @@ class CausalLMEngine:
             use_cache=False,
         )
         hidden = out.last_hidden_state.reshape(bsz * width, -1)
-        src, tgt = [], []
+        src: list[int] = []
+        tgt: list[int] = []
         for r, s in enumerate(seqs):
             base = r * width + offsets[r] + p - 1
             src.extend(range(base, base + len(s)))

@@ -1,6 +1,6 @@
 """CIS reranker: rank passages by causal relevance, `CIS(Q->K) = log p(K|Q) - log p(K)`.
 
-Implements the CIS contract of GUIDE §3 on top of the one causal-LM engine (`causal_lm`):
+Implements this CIS contract on top of the one causal-LM engine (`causal_lm`):
 
 - D = the passage's tokens without special tokens, truncated to `max_doc_tokens` (the same D in
   both terms); P = the templated query's tokens; B = [BOS] (EOS where there is no BOS);

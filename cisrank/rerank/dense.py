@@ -79,7 +79,7 @@ class DenseReranker(BaseReranker):
         q_emb = dict(zip(queries, self.embed(queries, self.config.query_prefix), strict=True))
         p_emb = self.embed(texts, self.config.passage_prefix)
         row = {t: i for i, t in enumerate(texts)}
-        out = []
+        out: list[list[float]] = []
         for q, p in requests:
             if not p:
                 out.append([])

@@ -68,10 +68,6 @@ _FACTORIES: dict[str, Callable[..., Reranker]] = {
 NO_RERANKER = "none"
 
 
-def register(name: str, factory: Callable[..., Reranker]) -> None:
-    _FACTORIES[name] = factory
-
-
 def available() -> list[str]:
     return [NO_RERANKER, *sorted(_FACTORIES)]
 

@@ -1,8 +1,13 @@
 """Local dataset folders: parsing, duplicate collapse, and errors that name the file and line."""
 
+import json
+import re
+import types
+
 import pytest
 from builders import hit, write_folder
 
+from cisrank.data import datasets
 from cisrank.data.datasets import load_folder, load_named
 from cisrank.errors import DataError
 
@@ -73,3 +78,75 @@ def test_real_dl19_folder(dl19_dir):
     assert sum(len(h) for h in ds.candidates.values()) == 4300
     assert len(ds.passages()) == 4297
     assert sum(len(j) for j in ds.qrels.values()) == 9260
+
+
+@pytest.mark.parametrize(
+    ("hits", "message"),
+    [
+        ([{"docid": "d1", "rank": 1, "score": 1.0, "qid": "q1"}], "without field 'content'"),
+        ([dict(hit("d1", 1, None), qid="q1")], "score None or rank 1 is not a number"),
+        ([dict(hit("d1", "first", 1.0), qid="q1")], "rank 'first' is not a number"),
+        ([dict(hit("d1", 1, 1.0, text=None), qid="q1")], "content is not a string"),
+        (["d1"], "first hit has no 'qid'"),
+        ({"qid": "q1"}, "'hits' is not an array"),
+    ],
+)
+def test_malformed_candidates_are_one_line_data_errors(tmp_path, hits, message):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    payload = [{"query": "x", "hits": hits}]
+    (folder / "candidates-bm25-top100.json").write_text(json.dumps(payload))
+    (folder / "qrels.txt").write_text("q1 Q0 d1 1\n")
+    with pytest.raises(DataError, match=r"entry 0 is malformed \(.*" + re.escape(message)) as info:
+        load_folder(folder)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_a_bug_while_reading_candidates_keeps_its_traceback(tmp_path, monkeypatch):
+    """A TypeError raised by our own code is a bug, not a data error: it must not be reworded."""
+    folder = write_folder(tmp_path / "ds", {("q1", "x"): [hit("d1", 1, 1.0)]})
+
+    def broken_hit(*args, **kwargs):
+        raise TypeError("Hit() got an unexpected keyword argument")
+
+    monkeypatch.setattr(datasets, "Hit", broken_hit)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        load_folder(folder)
+
+
+class _FakeIrDatasets:
+    """Stands in for the ir_datasets module: `load` returns a dataset whose docs store fails."""
+
+    def __init__(self, failure):
+        self.failure = failure
+
+    def load(self, dataset_id):
+        failure = self.failure
+        query = types.SimpleNamespace(query_id="q1", text="query")
+        qrel = types.SimpleNamespace(query_id="q1", doc_id="d1", relevance=1)
+        scored = types.SimpleNamespace(query_id="q1", doc_id="d1", score=1.0)
+
+        class Store:
+            def get_many(self, ids):
+                raise failure
+
+        return types.SimpleNamespace(
+            queries_iter=lambda: [query],
+            qrels_iter=lambda: [qrel],
+            scoreddocs_iter=lambda: [scored],
+            docs_store=Store,
+        )
+
+
+def test_ir_datasets_download_failure_is_a_data_error(monkeypatch):
+    fake = _FakeIrDatasets(ConnectionError("no network"))
+    monkeypatch.setattr(datasets, "require", lambda *args: fake)
+    with pytest.raises(DataError, match=r"could not load 'x/y' \(ConnectionError: no network\)"):
+        datasets.load_ir_datasets("x", "x/y")
+
+
+def test_ir_datasets_bug_is_not_a_data_error(monkeypatch):
+    fake = _FakeIrDatasets(TypeError("unhashable type: 'list'"))
+    monkeypatch.setattr(datasets, "require", lambda *args: fake)
+    with pytest.raises(TypeError, match="unhashable type"):
+        datasets.load_ir_datasets("x", "x/y")

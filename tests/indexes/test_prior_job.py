@@ -58,7 +58,7 @@ def _stored(store_path: Path, reranker: CISReranker, texts: list[str]) -> list[t
 
 
 def _brute_priors(path: Path, texts: list[str]) -> list[float]:
-    """log p(K) exactly as GUIDE §3 says: one float64 forward of [BOS, D] each, full logits."""
+    """log p(K) exactly as the `cisrank.rerank.cis` contract says: one float64 forward of [BOS, D] each, full logits."""
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
     tok = AutoTokenizer.from_pretrained(path)
     bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id

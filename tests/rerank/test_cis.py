@@ -1,4 +1,4 @@
-"""CISReranker against the GUIDE §3 contract computed by brute force (float64, one forward each)."""
+"""CISReranker against its contract (`cisrank.rerank.cis` docstring) computed by brute force (float64, one forward each)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ PASSAGES = [
 
 
 def brute(ref, tok, template: str, query: str, passage: str, max_doc: int = 512):
-    """(log p(K|Q), log p(K), n) exactly as GUIDE §3 says, float64, full logits."""
+    """(log p(K|Q), log p(K), n) exactly as the `cisrank.rerank.cis` contract says, float64, full logits."""
     bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     d = tok(passage, add_special_tokens=False)["input_ids"][:max_doc]
     p = tok(template.format(query=query), add_special_tokens=False)["input_ids"]

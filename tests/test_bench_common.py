@@ -1,0 +1,35 @@
+"""bench/common.write_result: the JSON record a benchmark leaves next to bench/RESULTS.md."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _common():
+    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_write_result_records_figures_machine_and_date(tmp_path):
+    common = _common()
+    path = common.write_result("demo", {"p50_s": 0.25, "speedup": 3.5}, results_dir=tmp_path)
+    assert path == tmp_path / "demo.json"
+    record = json.loads(path.read_text())
+    assert record["benchmark"] == "demo"
+    assert record["results"] == {"p50_s": 0.25, "speedup": 3.5}
+    assert record["machine"]["cores"] == os.cpu_count()
+    assert record["machine"]["torch"] == torch.__version__
+    assert record["machine"]["cpu_model"]
+    assert record["date"].endswith("+00:00")
+    assert os.listdir(tmp_path) == ["demo.json"]
+
+
+def test_results_go_to_bench_results_by_default():
+    assert _common().RESULTS_DIR == BENCH / "results"
