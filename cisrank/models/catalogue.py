@@ -172,10 +172,11 @@ def convert_gguf(source: Path, out: Path) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(
         str(source.parent), gguf_file=source.name, dtype=torch.float32
     )
-    model.hf_quantizer = None
+    # The de-quantized weights are plain tensors now; drop the GGUF marks so it saves like any model.
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - an attribute transformers' stubs do not declare
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model = model.to(torch.bfloat16)
+    model.bfloat16()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return {
