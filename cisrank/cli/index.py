@@ -165,6 +165,7 @@ def build_dense(
     hnsw_m: Annotated[int | None, _flag(D, "hnsw_m", "--hnsw-m")] = None,
     ivf_nlist: Annotated[int | None, _flag(D, "ivf_nlist", "--ivf-nlist")] = None,
     ivf_nprobe: Annotated[int | None, _flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
+    dtype: Annotated[str | None, _flag(D, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
@@ -183,6 +184,7 @@ def build_dense(
         "hnsw_m": hnsw_m,
         "ivf_nlist": ivf_nlist,
         "ivf_nprobe": ivf_nprobe,
+        "dtype": dtype,
     }
     _run(
         "dense",

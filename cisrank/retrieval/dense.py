@@ -73,6 +73,12 @@ class DenseIndexConfig(IndexConfig):
         default=None, ge=1, description="IVF lists; about 4 sqrt(n) when unset."
     )
     ivf_nprobe: int = Field(default=16, ge=1, description="IVF lists searched per query.")
+    dtype: str | None = Field(
+        default=None,
+        description="Encoder precision: float32, bfloat16 or float16; unset: the device's "
+        "(bf16 on GPUs that support it, fp16 on older ones, float32 on CPU). The manifest's "
+        "model.dtype records the one used.",
+    )
 
 
 def _faiss():
@@ -140,17 +146,22 @@ def build_dense(
     device: str | None = None,
 ) -> BuildOutput:
     """Encode in resumable shards, join, build FAISS, write the document store."""
-    from cisrank.models.encoders import load_sentence_transformer
+    from cisrank.devices import resolve_device, resolve_dtype
+    from cisrank.models.encoders import dtype_name, load_sentence_transformer
 
     corpus = reader.load()
     faiss = _faiss()
     model_path = resolve_model(config.model)
     fingerprint = model_fingerprint(model_path)
+    # Resolved once, before any shard: the precision decides the embeddings, so shards encoded
+    # in another one (a rerun on another device) are not reused, and the manifest records it.
+    dtype = resolve_dtype(config.dtype, resolve_device(device))
     shard_dir = out / SHARD_DIR
     meta = {
         "model_fingerprint": fingerprint,
         "passages": len(corpus),
         "params": config.model_dump(),
+        "dtype": dtype_name(dtype),
     }
     meta_path = shard_dir / "meta.json"
     if shard_dir.exists():
@@ -175,7 +186,9 @@ def build_dense(
     ) as bar:
         for i, start, end in todo:
             if encoder is None:
-                encoder = load_sentence_transformer(model_path, device, config.max_seq_length)
+                encoder = load_sentence_transformer(
+                    model_path, device, config.max_seq_length, dtype
+                )
             emb = _encode(encoder, corpus.texts[start:end], config, config.passage_prefix)
             _save_npy(shard_dir / f"emb-{i:05d}.npy", emb)
             bar.update(end - start)
@@ -199,6 +212,7 @@ def build_dense(
             "path": model_path,
             "fingerprint": fingerprint,
             "dimension": int(embeddings.shape[1]),
+            "dtype": dtype_name(dtype),
         },
         extra={"shards": n_shards, "shards_reused": reused},
     )
@@ -230,7 +244,9 @@ class DenseRetriever:
                 "the model"
             )
         self.model_name = self.config.model
-        self.encoder = load_sentence_transformer(model_path, device, self.config.max_seq_length)
+        self.encoder = load_sentence_transformer(
+            model_path, device, self.config.max_seq_length, self.config.dtype
+        )
         self.index = faiss.read_index(str(self.path / FAISS_FILE))
         if self.config.index_type == "hnsw":
             self.index.hnsw.efSearch = self.config.hnsw_ef_search

@@ -11,9 +11,10 @@ from cisrank.cli.index import build_app
 from cisrank.data.manifest import read_manifest
 from cisrank.errors import CisrankError
 from cisrank.indexes.build import build_index
-from cisrank.indexes.kinds import KINDS
+from cisrank.indexes.kinds import KINDS, open_index
 from cisrank.retrieval.base import IndexConfig
 from cisrank.retrieval.bm25 import BM25IndexConfig
+from cisrank.retrieval.dense import DenseIndexConfig
 
 runner = CliRunner()
 
@@ -48,6 +49,17 @@ def test_bm25_manifest_params_are_exactly_the_old_dict(tmp_path, corpus):
     }
 
 
+def test_dense_manifest_written_before_dtype_existed_still_opens(tmp_path, corpus, tiny_bert_dir):
+    out = tmp_path / "d"
+    m = build_index("dense", corpus, out, {"model": str(tiny_bert_dir)}, progress=False)
+    data = m.to_json()
+    del data["params"]["dtype"], data["model"]["dtype"]
+    (out / "manifest.json").write_text(json.dumps(data))
+    r = open_index(out)
+    assert r.config == DenseIndexConfig(model=str(tiny_bert_dir))
+    assert r.search("brown fox", 1)[0].docid in {"a", "b", "c"}
+
+
 @pytest.mark.parametrize(
     ("kind", "params", "message"),
     [
@@ -73,7 +85,7 @@ def test_cli_flags_default_to_the_config_and_say_so(tmp_path, corpus):
     assert f"(default {BM25IndexConfig.model_fields['k1'].default})" in res.output
     assert "(default 0.4)" in res.output
     res = runner.invoke(app, ["index", "build", "dense", "--help"], env={"COLUMNS": "200"})
-    assert "(default 8192)" in res.output
+    assert "(default 8192)" in res.output and "--dtype" in res.output
     # flags left out are the config's defaults; a given flag overrides only itself
     res = runner.invoke(
         app, ["index", "build", "bm25", "--corpus", str(corpus), "--out", str(tmp_path / "i"),
