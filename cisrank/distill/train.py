@@ -17,15 +17,16 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from cisrank import __version__
 from cisrank.data.types import Dataset
 from cisrank.distill import rows as R
+from cisrank.distill.config import Loss, Normalize, TrainConfig
 from cisrank.distill.evaluate import ndcg10, score_dataset
 from cisrank.errors import DataError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
@@ -33,39 +34,8 @@ from cisrank.models.resolve import resolve_model
 
 log = logging.getLogger(__name__)
 
-Normalize = Literal["none", "query"]
-Loss = Literal["mse", "margin-mse"]
 TRAINING_FILE = "distill-training.json"
 CURVE_FILE = "learning_curve.tsv"
-
-
-@dataclass
-class TrainConfig:
-    base_model: str = "all-MiniLM-L6-v2"
-    # Defaults: the recipe measured in bench/RESULTS.md (MiniLM student, DL19 nDCG@10 0.6052).
-    epochs: float = 2.0
-    learning_rate: float = 2e-4
-    batch_size: int = 32
-    max_length: int = 256
-    normalize: Normalize = "query"
-    loss: Loss = "mse"
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    eval_steps: int | None = None
-    logging_steps: int = 50
-    dev_depth: int = 30
-    seed: int = 12
-    margin_pairs: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def check(self) -> None:
-        if self.normalize not in ("none", "query"):
-            raise DataError(f"--normalize must be 'none' or 'query', got {self.normalize!r}")
-        if self.loss not in ("mse", "margin-mse"):
-            raise DataError(f"--loss must be 'mse' or 'margin-mse', got {self.loss!r}")
-        for name in ("epochs", "learning_rate", "batch_size", "max_length", "dev_depth"):
-            if getattr(self, name) <= 0:
-                raise DataError(f"--{name.replace('_', '-')} must be > 0")
 
 
 @dataclass
@@ -256,8 +226,10 @@ def train(
     device: str | None = None,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by dev nDCG@10 (the last one without a dev set), save it
-    to `out`; returns the training record also written to `out/distill-training.json`."""
-    config.check()
+    to `out`; returns the training record also written to `out/distill-training.json`.
+
+    `dev` is the loaded `config.dev_dataset` (or any judged dataset; None: no dev evaluation,
+    the last checkpoint is kept)."""
     require("datasets", "train", "training a cross-encoder")
     from datasets import Dataset as HFDataset
     from sentence_transformers.cross_encoder import (
@@ -341,7 +313,7 @@ def train(
     _write_curve(out, history)
     record = {
         "kind": "distill-student",
-        "config": asdict(config),
+        "config": config.model_dump(mode="json"),
         "data": [
             {"folder": str(f), "teacher": m["identity"]["teacher"], "pairs": m["pairs"]}
             for f, m in zip(data, manifests, strict=True)

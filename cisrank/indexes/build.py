@@ -13,7 +13,7 @@ The protocol that makes builds safe to interrupt:
 4. The builder writes its files; the driver writes `manifest.json` last, then drops the state file.
 
 Adding a kind is one record in `cisrank.indexes.kinds`; the CLI's `index build <kind>` command
-only parses that kind's options into `params`.
+only turns that kind's flags into `params`.
 """
 
 from __future__ import annotations
@@ -94,27 +94,29 @@ def build_index(
 ) -> Manifest:
     """Build one index of `kind` from a corpus file into `out`; returns its manifest.
 
-    `params` define the index (recorded in the manifest; a change means a clean rebuild);
-    `options` only say how to run (e.g. `device`) and go to the builder unrecorded.
+    `params` define the index: checked against the kind's `IndexConfig` before anything is
+    touched, completed with its defaults and recorded in the manifest (a change means a clean
+    rebuild); `options` only say how to run (e.g. `device`) and go to the builder unrecorded.
     """
-    builder = kind_of(kind).load_builder()
+    index_kind = kind_of(kind)
+    config = index_kind.params(params)
+    builder = index_kind.load_builder()
     corpus_path = Path(corpus).expanduser()
     if not corpus_path.is_file():
         raise DataError(f"corpus file '{corpus_path}' does not exist")
     out = Path(out).expanduser()
-    params = dict(params or {})
     sha, _ = file_checksum(corpus_path)
     state = {
         "kind": kind,
         "corpus_sha256": sha,
         "format": fmt,
         "on_error": on_error,
-        "params": params,
+        "params": config.model_dump(),
     }
     started = time.time()
     resume = _claim(out, state, overwrite)
     reader = CorpusReader(corpus_path, fmt, on_error)
-    result = builder(reader, out, params, resume=resume, progress=progress, **(options or {}))
+    result = builder(reader, out, config, resume=resume, progress=progress, **(options or {}))
     stats = reader.stats
     if stats is None:
         raise RuntimeError(f"the {kind} builder did not read the corpus to its end")

@@ -14,9 +14,13 @@ from cisrank.indexes.kinds import open_index
 
 
 def open_retriever(
-    indexes: Sequence[str | Path], fusion_k: float = 60.0, depth: int = 100, **options
+    indexes: Sequence[str | Path],
+    fusion_k: float | None = None,
+    depth: int | None = None,
+    **options,
 ) -> Retriever:
-    """One index as is; several fused by RRF over each one's top `depth`."""
+    """One index as is; several fused by RRF over each one's top `depth` (None: `FusionConfig`'s
+    defaults)."""
     engines = [open_index(p, **options) for p in indexes]
     return engines[0] if len(engines) == 1 else FusionRetriever(engines, k=fusion_k, depth=depth)
 
@@ -37,7 +41,7 @@ def with_first_stage(
     dataset: Dataset,
     indexes: Sequence[str | Path],
     depth: int = 100,
-    fusion_k: float = 60.0,
+    fusion_k: float | None = None,
 ) -> Dataset:
     """A copy of `dataset` whose candidates come from retrieval over `indexes`."""
     retriever = open_retriever(indexes, fusion_k=fusion_k, depth=depth)

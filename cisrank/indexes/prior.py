@@ -24,41 +24,53 @@ import logging
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
+from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
-from cisrank.errors import CisrankError
-from cisrank.data.manifest import BuildOutput
-from cisrank.data.manifest import library_versions
 from cisrank.data.corpus import CorpusReader
+from cisrank.data.manifest import BuildOutput, library_versions
+from cisrank.errors import CisrankError
+from cisrank.retrieval.base import IndexConfig
 
 log = logging.getLogger(__name__)
 
 PRIOR_FILE = "priors.sqlite"
 DEFAULT_BATCH_SIZE = 256
-DEFAULTS: dict[str, Any] = {"model": None, "max_doc_tokens": 512, "dtype": None}
-"""Parameters that change the stored values; a change between an interrupted run and its rerun
-starts clean. How the job runs (device, batch sizes) is passed as options instead, so that a
-rerun with another batch size or device still resumes."""
 
 
-def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Defaults filled in and checked; `model` is required (no default model is a safe guess)."""
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise CisrankError(
-            f"unknown prior parameters {sorted(unknown)}: known {sorted(DEFAULTS)} "
-            "(batch_size, batch_tokens and device are options of the build, not parameters)"
-        )
-    merged = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    if not merged["model"] or not str(merged["model"]).strip():
-        raise CisrankError("the prior index needs a causal LM: pass --model (hub id or folder)")
-    merged["model"] = str(merged["model"])
-    if int(merged["max_doc_tokens"]) < 1:
-        raise CisrankError(f"max_doc_tokens must be >= 1, got {merged['max_doc_tokens']}")
-    merged["max_doc_tokens"] = int(merged["max_doc_tokens"])
-    return merged
+class PriorIndexConfig(IndexConfig):
+    """Parameters that change the stored values; a change between an interrupted run and its
+    rerun starts clean. How the job runs (device, batch sizes) is passed as options instead, so
+    that a rerun with another batch size or device still resumes."""
+
+    label: ClassVar[str] = "prior"
+    unknown_hint: ClassVar[str] = (
+        " (batch_size, batch_tokens and device are options of the build, not parameters)"
+    )
+
+    model: str | None = Field(
+        default=None,
+        validate_default=True,
+        description="Causal LM of the CIS reranker: hub id or folder (required).",
+    )
+    max_doc_tokens: int = Field(
+        default=512, ge=1, description="Passage tokens kept; must match the reranker's."
+    )
+    dtype: str | None = Field(
+        default=None,
+        description="float32, bfloat16, float16 (default: the device's, as the reranker picks "
+        "it); part of the store's key, so it must match the reranker's.",
+    )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_given(cls, model: object) -> str:
+        # No default model is a safe guess: priors of the wrong model are silently useless.
+        if model is None or not str(model).strip():
+            raise CisrankError("the prior index needs a causal LM: pass --model (hub id or folder)")
+        return str(model)
 
 
 def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -70,7 +82,7 @@ def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
 def build_prior(
     reader: CorpusReader,
     out: Path,
-    params: dict[str, Any],
+    config: PriorIndexConfig,
     *,
     resume: bool,
     progress: bool,
@@ -90,19 +102,18 @@ def build_prior(
     from cisrank.rerank.cis import CISReranker
     from cisrank.rerank.prior_store import PriorStore
 
-    params = resolve_params(params)
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
     if batch_size < 1:
         raise CisrankError(f"batch_size must be >= 1, got {batch_size}")
     # The model first: a bad --model fails before any file of the index is written.
     engine = CausalLMEngine(
-        params["model"], device=device, dtype=params["dtype"], batch_tokens=batch_tokens
+        config.model, device=device, dtype=config.dtype, batch_tokens=batch_tokens
     )
     store = PriorStore(out / PRIOR_FILE)
     try:
         reranker = CISReranker(
-            params["model"],
-            max_doc_tokens=params["max_doc_tokens"],
+            config.model,
+            max_doc_tokens=config.max_doc_tokens,
             normalize="sum",
             prior_store=store,
             engine=engine,
@@ -127,10 +138,10 @@ def build_prior(
     log.info("%s: %d passages, %d priors computed, %d reused", out, passages, computed, reused)
     return BuildOutput(
         files=[PRIOR_FILE],
-        params={**params, "batch_size": batch_size, "batch_tokens": engine.batch_tokens},
+        params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": engine.batch_tokens},
         libraries=library_versions("transformers", "torch", "tokenizers"),
         model={
-            "name": params["model"],
+            "name": config.model,
             "fingerprint": engine.fingerprint(),
             "store_fingerprint": fingerprint,
             "dtype": str(engine.dtype).removeprefix("torch."),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from cisrank.data.corpus import CorpusReader
@@ -22,18 +23,36 @@ from cisrank.data.manifest import BuildOutput, Manifest, library_versions
 from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError, require
 from cisrank.retrieval.analysis import Analyzer, AnalyzerConfig
+from cisrank.retrieval.base import IndexConfig
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every build step at DEBUG
 
 BM25_DIR = "bm25s"
-DEFAULTS: dict[str, Any] = {
-    "k1": 0.9,
-    "b": 0.4,
-    "lowercase": True,
-    "stopwords": "lucene",
-    "stemmer": "porter",
-}
+
+
+class BM25Weights(IndexConfig):
+    """BM25's k1 and b, shared by both BM25 engines (pyserini's MS MARCO defaults)."""
+
+    k1: float = Field(default=0.9, ge=0.0, description="Term-frequency saturation.")
+    b: float = Field(default=0.4, ge=0.0, le=1.0, description="Length normalization.")
+
+
+class BM25IndexConfig(BM25Weights):
+    """BM25 weights and the analysis chain: both are baked into the precomputed scores."""
+
+    label: ClassVar[str] = "bm25"
+
+    lowercase: bool = True
+    stopwords: str = Field(
+        default="lucene", description="lucene (Lucene's English stop set) or none."
+    )
+    stemmer: str = Field(
+        default="porter", description="porter (Lucene's), english (Snowball) or none."
+    )
+
+    def analyzer(self) -> Analyzer:
+        return Analyzer(AnalyzerConfig(self.lowercase, self.stopwords, self.stemmer))
 
 
 def _bm25s():
@@ -55,41 +74,24 @@ def _backend(num_docs: int | None = None, requested: str = "auto") -> str:
     return "numpy" if num_docs is not None and num_docs < NUMBA_MIN_DOCS else "numba"
 
 
-def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise CisrankError(f"unknown bm25 parameters {sorted(unknown)}: known {sorted(DEFAULTS)}")
-    merged = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    if merged["k1"] < 0 or not 0 <= merged["b"] <= 1:
-        raise CisrankError(
-            f"bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={merged['k1']} b={merged['b']}"
-        )
-    return merged
-
-
-def analyzer_config(params: dict[str, Any]) -> AnalyzerConfig:
-    return AnalyzerConfig(params["lowercase"], params["stopwords"], params["stemmer"])
-
-
 def build_bm25(
-    reader: CorpusReader, out: Path, params: dict[str, Any], *, resume: bool, progress: bool
+    reader: CorpusReader, out: Path, config: BM25IndexConfig, *, resume: bool, progress: bool
 ) -> BuildOutput:
     """Analyze, index with bm25s, save; write the document store. Cheap enough to never resume."""
     bm25s = _bm25s()
-    params = resolve_params(params)
     corpus = reader.load()
-    analyzer = Analyzer(analyzer_config(params))
+    analyzer = config.analyzer()
     vocab: dict[str, int] = {}
     ids: list[list[int]] = []
     for text in tqdm(corpus.texts, desc="bm25 analyze", unit="passage", disable=not progress):
         ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.analyze(text)])
-    model = bm25s.BM25(k1=params["k1"], b=params["b"], method="lucene", backend="numpy")
+    model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene", backend="numpy")
     model.index((ids, vocab), show_progress=progress)
     model.save(str(out / BM25_DIR), show_progress=False)
     write_docstore(out / DOCSTORE_FILE, zip(corpus.docids, corpus.texts, strict=True))
     return BuildOutput(
         files=[BM25_DIR, DOCSTORE_FILE],
-        params=params,
+        params=config.model_dump(),
         libraries=library_versions("bm25s", "PyStemmer", "numba", "numpy"),
         extra={"vocabulary": len(vocab)},
     )
@@ -113,8 +115,8 @@ class BM25Retriever:
         bm25s = _bm25s()
         self.threads = threads
         self.path = Path(path)
-        self.params = resolve_params(manifest.params)
-        self.analyzer = Analyzer(analyzer_config(self.params))
+        self.config = BM25IndexConfig.from_params(manifest.params)
+        self.analyzer = self.config.analyzer()
         self.backend = _backend(int(manifest.corpus.get("passages", 0)), backend)
         self.model = bm25s.BM25.load(
             str(self.path / BM25_DIR), mmap=False, load_corpus=False, backend=self.backend

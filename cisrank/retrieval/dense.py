@@ -23,9 +23,10 @@ import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from cisrank.data.corpus import CorpusReader
@@ -35,6 +36,7 @@ from cisrank.errors import CisrankError, DataError, require
 from cisrank.fileio import atomic_write_bytes, atomic_write_text
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
+from cisrank.retrieval.base import IndexConfig
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
 
 log = logging.getLogger(__name__)
@@ -42,44 +44,48 @@ log = logging.getLogger(__name__)
 SHARD_DIR = "shards"
 EMBEDDINGS_FILE = "embeddings.npy"
 FAISS_FILE = "faiss.index"
-INDEX_TYPES = ("flat", "hnsw", "ivf")
-DEFAULTS: dict[str, Any] = {
-    "model": "all-MiniLM-L6-v2",
-    "batch_size": 64,
-    "shard_size": 8192,
-    "normalize": True,
-    "max_seq_length": None,
-    "query_prefix": "",
-    "passage_prefix": "",
-    "index_type": "flat",
-    "hnsw_m": 32,
-    "hnsw_ef_construction": 200,
-    "hnsw_ef_search": 128,
-    "ivf_nlist": None,
-    "ivf_nprobe": 16,
-}
+IndexType = Literal["flat", "hnsw", "ivf"]
+INDEX_TYPES: tuple[str, ...] = get_args(IndexType)
+
+
+class DenseIndexConfig(IndexConfig):
+    """The bi-encoder and how it embeds (all baked into the stored embeddings), and the FAISS
+    index over them."""
+
+    label: ClassVar[str] = "dense"
+
+    model: str = Field(default="all-MiniLM-L6-v2", description="Bi-encoder: hub id or folder.")
+    batch_size: int = Field(default=64, ge=1, description="Passages per encoder batch.")
+    shard_size: int = Field(default=8192, ge=1, description="Passages per resumable shard.")
+    normalize: bool = Field(
+        default=True, description="Cosine (normalized) or raw dot product (Contriever)."
+    )
+    max_seq_length: int | None = Field(
+        default=None, ge=1, description="Token limit; the model's own when unset."
+    )
+    query_prefix: str = Field(default="", description="Put before every query (e5: 'query: ').")
+    passage_prefix: str = Field(default="", description="Put before every passage.")
+    index_type: IndexType = Field(default="flat", description="flat (exact), hnsw or ivf.")
+    hnsw_m: int = Field(default=32, ge=2, description="HNSW graph degree.")
+    hnsw_ef_construction: int = Field(default=200, ge=1)
+    hnsw_ef_search: int = Field(default=128, ge=1)
+    ivf_nlist: int | None = Field(
+        default=None, ge=1, description="IVF lists; about 4 sqrt(n) when unset."
+    )
+    ivf_nprobe: int = Field(default=16, ge=1, description="IVF lists searched per query.")
+    dtype: str | None = Field(
+        default=None,
+        description="Encoder precision: float32, bfloat16 or float16; unset: the device's "
+        "(bf16 on GPUs that support it, fp16 on older ones, float32 on CPU). The manifest's "
+        "model.dtype records the one used.",
+    )
 
 
 def _faiss():
     return require("faiss", "dense", "the dense index (FAISS)")
 
 
-def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise CisrankError(f"unknown dense parameters {sorted(unknown)}: known {sorted(DEFAULTS)}")
-    merged = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    if merged["index_type"] not in INDEX_TYPES:
-        raise CisrankError(
-            f"unknown FAISS index type '{merged['index_type']}': one of {', '.join(INDEX_TYPES)}"
-        )
-    for key in ("batch_size", "shard_size", "hnsw_m", "ivf_nprobe"):
-        if int(merged[key]) < 1:
-            raise CisrankError(f"dense parameter {key} must be >= 1, got {merged[key]}")
-    return merged
-
-
-def _encode(encoder, texts: Sequence[str], params: dict[str, Any], prefix: str) -> np.ndarray:
+def _encode(encoder, texts: Sequence[str], config: DenseIndexConfig, prefix: str) -> np.ndarray:
     import torch
 
     if prefix:
@@ -87,9 +93,9 @@ def _encode(encoder, texts: Sequence[str], params: dict[str, Any], prefix: str) 
     with torch.inference_mode():
         emb = encoder.encode(
             list(texts),
-            batch_size=int(params["batch_size"]),
+            batch_size=config.batch_size,
             convert_to_numpy=True,
-            normalize_embeddings=bool(params["normalize"]),
+            normalize_embeddings=config.normalize,
             show_progress_bar=False,
         )
     return np.ascontiguousarray(emb, dtype=np.float32)
@@ -109,18 +115,18 @@ def _shard_ok(path: Path, rows: int) -> bool:
     return arr.ndim == 2 and arr.shape[0] == rows
 
 
-def build_faiss(embeddings: np.ndarray, params: dict[str, Any]):
+def build_faiss(embeddings: np.ndarray, config: DenseIndexConfig):
     """A FAISS inner-product index of the requested type over `embeddings` (float32, [n, d])."""
     faiss = _faiss()
     n, dim = embeddings.shape
-    kind = params["index_type"]
+    kind = config.index_type
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, int(params["hnsw_m"]), faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = int(params["hnsw_ef_construction"])
+        index = faiss.IndexHNSWFlat(dim, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = config.hnsw_ef_construction
     else:
-        nlist = int(params["ivf_nlist"] or max(1, min(int(4 * math.sqrt(n)), n // 39 or 1)))
+        nlist = int(config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39 or 1)))
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
         rng = np.random.default_rng(0)
@@ -133,21 +139,30 @@ def build_faiss(embeddings: np.ndarray, params: dict[str, Any]):
 def build_dense(
     reader: CorpusReader,
     out: Path,
-    params: dict[str, Any],
+    config: DenseIndexConfig,
     *,
     resume: bool,
     progress: bool,
     device: str | None = None,
 ) -> BuildOutput:
     """Encode in resumable shards, join, build FAISS, write the document store."""
-    params = resolve_params(params)
+    from cisrank.devices import resolve_device, resolve_dtype
+    from cisrank.models.encoders import dtype_name, load_sentence_transformer
+
     corpus = reader.load()
     faiss = _faiss()
-    model_path = resolve_model(params["model"])
+    model_path = resolve_model(config.model)
     fingerprint = model_fingerprint(model_path)
+    # Resolved once, before any shard: the precision decides the embeddings, so shards encoded
+    # in another one (a rerun on another device) are not reused, and the manifest records it.
+    dtype = resolve_dtype(config.dtype, resolve_device(device))
     shard_dir = out / SHARD_DIR
-    shard_size = int(params["shard_size"])
-    meta = {"model_fingerprint": fingerprint, "passages": len(corpus), "params": params}
+    meta = {
+        "model_fingerprint": fingerprint,
+        "passages": len(corpus),
+        "params": config.model_dump(),
+        "dtype": dtype_name(dtype),
+    }
     meta_path = shard_dir / "meta.json"
     if shard_dir.exists():
         same = resume and meta_path.is_file() and json.loads(meta_path.read_text()) == meta
@@ -157,6 +172,7 @@ def build_dense(
     shard_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(meta_path, json.dumps(meta, sort_keys=True))
 
+    shard_size = config.shard_size
     n_shards = math.ceil(len(corpus) / shard_size)
     spans = [(i, i * shard_size, min(len(corpus), (i + 1) * shard_size)) for i in range(n_shards)]
     todo = [s for s in spans if not _shard_ok(shard_dir / f"emb-{s[0]:05d}.npy", s[2] - s[1])]
@@ -170,16 +186,16 @@ def build_dense(
     ) as bar:
         for i, start, end in todo:
             if encoder is None:
-                from cisrank.models.encoders import load_sentence_transformer
-
-                encoder = load_sentence_transformer(model_path, device, params["max_seq_length"])
-            emb = _encode(encoder, corpus.texts[start:end], params, params["passage_prefix"])
+                encoder = load_sentence_transformer(
+                    model_path, device, config.max_seq_length, dtype
+                )
+            emb = _encode(encoder, corpus.texts[start:end], config, config.passage_prefix)
             _save_npy(shard_dir / f"emb-{i:05d}.npy", emb)
             bar.update(end - start)
 
     embeddings = np.concatenate([np.load(shard_dir / f"emb-{i:05d}.npy") for i, _, _ in spans])
     _save_npy(out / EMBEDDINGS_FILE, embeddings)
-    index = build_faiss(embeddings, params)
+    index = build_faiss(embeddings, config)
     tmp = out / (FAISS_FILE + ".partial")
     faiss.write_index(index, str(tmp))
     tmp.replace(out / FAISS_FILE)
@@ -187,15 +203,16 @@ def build_dense(
     shutil.rmtree(shard_dir)
     return BuildOutput(
         files=[EMBEDDINGS_FILE, FAISS_FILE, DOCSTORE_FILE],
-        params=params,
+        params=config.model_dump(),
         libraries=library_versions(
             "sentence-transformers", "transformers", "torch", "faiss-cpu", "faiss-gpu", "numpy"
         ),
         model={
-            "name": params["model"],
+            "name": config.model,
             "path": model_path,
             "fingerprint": fingerprint,
             "dimension": int(embeddings.shape[1]),
+            "dtype": dtype_name(dtype),
         },
         extra={"shards": n_shards, "shards_reused": reused},
     )
@@ -217,22 +234,24 @@ class DenseRetriever:
 
         faiss = _faiss()
         self.path = Path(path)
-        self.params = resolve_params(manifest.params)
+        self.config = DenseIndexConfig.from_params(manifest.params)
         model = manifest.model or {}
-        model_path = resolve_model(self.params["model"])
+        model_path = resolve_model(self.config.model)
         if check_model and model.get("fingerprint") not in (None, model_fingerprint(model_path)):
             raise DataError(
-                f"the model '{self.params['model']}' at {model_path} is not the one that built "
+                f"the model '{self.config.model}' at {model_path} is not the one that built "
                 f"the index at {self.path} (fingerprint differs): rebuild the index or restore "
                 "the model"
             )
-        self.model_name = self.params["model"]
-        self.encoder = load_sentence_transformer(model_path, device, self.params["max_seq_length"])
+        self.model_name = self.config.model
+        self.encoder = load_sentence_transformer(
+            model_path, device, self.config.max_seq_length, self.config.dtype
+        )
         self.index = faiss.read_index(str(self.path / FAISS_FILE))
-        if self.params["index_type"] == "hnsw":
-            self.index.hnsw.efSearch = int(self.params["hnsw_ef_search"])
-        elif self.params["index_type"] == "ivf":
-            self.index.nprobe = int(self.params["ivf_nprobe"])
+        if self.config.index_type == "hnsw":
+            self.index.hnsw.efSearch = self.config.hnsw_ef_search
+        elif self.config.index_type == "ivf":
+            self.index.nprobe = self.config.ivf_nprobe
         self.on_gpu = self._to_gpu(faiss)
         self.docs = DocStore(self.path / DOCSTORE_FILE)
 
@@ -241,13 +260,13 @@ class DenseRetriever:
             gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
         except Exception:  # pragma: no cover - faiss builds without GPU support
             gpus = 0
-        if gpus < 1 or self.params["index_type"] == "hnsw":  # no GPU HNSW in faiss
+        if gpus < 1 or self.config.index_type == "hnsw":  # no GPU HNSW in faiss
             return False
         self.index = faiss.index_cpu_to_all_gpus(self.index)  # pragma: no cover - needs a GPU
         return True  # pragma: no cover
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
-        return _encode(self.encoder, queries, self.params, self.params["query_prefix"])
+        return _encode(self.encoder, queries, self.config, self.config.query_prefix)
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]:
         return self.batch_search([query], k)[0]

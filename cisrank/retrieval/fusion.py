@@ -8,14 +8,29 @@ other; `k` (60 in the paper) damps the weight of the very top ranks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
+from pydantic import Field
+
+from cisrank.config import ComponentConfig
 from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError
 from cisrank.retrieval.base import Retriever
 
 
-def rrf(rankings: Sequence[Sequence[str]], k: float = 60.0) -> list[tuple[str, float]]:
+class FusionConfig(ComponentConfig):
+    """How several first stages are fused (CLI `search`, `eval --first-stage` and the API alike)."""
+
+    label: ClassVar[str] = "fusion"
+
+    k: float = Field(default=60.0, ge=0.0, description="RRF's k constant (60 in the paper).")
+    depth: int = Field(default=100, ge=1, description="Hits per index fed into fusion.")
+
+
+def rrf(rankings: Sequence[Sequence[str]], k: float | None = None) -> list[tuple[str, float]]:
     """Fuse ranked docid lists; best first, ties broken by first appearance across the runs."""
+    if k is None:
+        k = FusionConfig().k
     if k < 0:
         raise CisrankError(f"RRF k must be >= 0, got {k}")
     scores: dict[str, float] = {}
@@ -31,14 +46,15 @@ class FusionRetriever:
 
     name = "rrf"
 
-    def __init__(self, retrievers: Sequence[Retriever], k: float = 60.0, depth: int = 100) -> None:
+    def __init__(
+        self, retrievers: Sequence[Retriever], k: float | None = None, depth: int | None = None
+    ) -> None:
         if not retrievers:
             raise CisrankError("fusion needs at least one retriever")
-        if depth < 1:
-            raise CisrankError(f"fusion depth must be >= 1, got {depth}")
+        self.config = FusionConfig().replace(k=k, depth=depth)
         self.retrievers = list(retrievers)
-        self.k = k
-        self.depth = depth
+        self.k = self.config.k
+        self.depth = self.config.depth
         self.name = "rrf(" + ",".join(r.name for r in self.retrievers) + ")"
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]:

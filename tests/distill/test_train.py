@@ -148,3 +148,29 @@ def test_training_refuses_an_unfinished_generate(rows_dir, tiny_bert_dir, tmp_pa
         train([rows_dir], tmp_path / "s", TrainConfig(base_model=str(tiny_bert_dir)))
     with pytest.raises(DataError, match="--loss must be"):
         train([rows_dir], tmp_path / "s", TrainConfig(loss="hinge"))
+
+
+def test_train_config_defaults_are_the_documented_recipe():
+    # README and bench/RESULTS.md: `--epochs 2 --lr 2e-4` (MiniLM student, per-query labels, MSE)
+    cfg = TrainConfig()
+    assert (cfg.base_model, cfg.epochs, cfg.learning_rate) == ("all-MiniLM-L6-v2", 2.0, 2e-4)
+    assert (cfg.batch_size, cfg.max_length, cfg.normalize, cfg.loss) == (32, 256, "query", "mse")
+    assert (cfg.dev_dataset, cfg.dev_depth, cfg.eval_steps, cfg.seed) == ("trec-dl21", 30, None, 12)
+    assert cfg.replace(learning_rate=None, seed=3) == TrainConfig(seed=3)
+    assert TrainConfig(dev_dataset="none").dev_dataset is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"learning_rate": -1.0}, r"--lr must be greater than 0, got -1\.0"),
+        ({"batch_size": 0}, "--train-batch-size must be greater than or equal to 1"),
+        ({"normalize": "rank"}, "--label-norm must be 'none' or 'query', got 'rank'"),
+    ],
+)
+def test_bad_training_settings_name_the_flag_in_one_line(changes, message):
+    with pytest.raises(DataError, match=message) as err:
+        TrainConfig(**changes)
+    assert "\n" not in str(err.value)
+    with pytest.raises(DataError, match=message):
+        TrainConfig().replace(**changes)

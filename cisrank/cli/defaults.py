@@ -1,0 +1,19 @@
+"""Help text for flags that fill a config: the description and default come from the config
+class, so a default is written once (in the class) and the help cannot drift from it."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+def field_help(config: type[BaseModel], field: str, text: str | None = None) -> str:
+    """`text` (else the field's description) and the field's default, for a flag whose value
+    None means "the config's default"."""
+    info = config.model_fields[field]
+    help_text = text if text is not None else (info.description or "")
+    default = info.default
+    if default is None:
+        return help_text
+    if isinstance(default, str) and not default:
+        default = "empty"
+    return f"{help_text} (default {default})".strip()

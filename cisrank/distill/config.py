@@ -1,0 +1,104 @@
+"""Typed settings of distillation: training (`TrainConfig`) and the chained run (`RunPlan`).
+
+Their defaults are the recipe measured in bench/RESULTS.md (MiniLM student, DL19 nDCG@10 0.6052)
+and live here only: the CLI's flags default to None ("keep the default") and print these in their
+help. Kept apart from `train` and `pipeline` so that the CLI reads them without importing the
+training stack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from cisrank.config import ComponentConfig
+from cisrank.errors import DataError
+
+Normalize = Literal["none", "query"]
+Loss = Literal["mse", "margin-mse"]
+
+
+class TrainConfig(ComponentConfig):
+    """How a student is trained on teacher rows; recorded in the student's training record."""
+
+    label: ClassVar[str] = "training"
+    flags: ClassVar[dict[str, str]] = {
+        "learning_rate": "lr",
+        "batch_size": "train_batch_size",
+        "normalize": "label_norm",
+    }
+    """Fields whose CLI flag has another name (the teacher's `--batch-size` is taken)."""
+
+    base_model: str = Field(
+        default="all-MiniLM-L6-v2", description="Student initialisation: Hugging Face id or folder."
+    )
+    epochs: float = Field(default=2.0, gt=0.0)
+    learning_rate: float = Field(default=2e-4, gt=0.0)
+    batch_size: int = Field(default=32, ge=1, description="Pairs per step.")
+    max_length: int = Field(default=256, ge=8, description="Student token limit.")
+    normalize: Normalize = Field(
+        default="query",
+        description="'query': standardize teacher scores per query; 'none': raw.",
+    )
+    loss: Loss = Field(default="mse", description="mse or margin-mse.")
+    warmup_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    eval_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Evaluate and checkpoint every N steps (default: each epoch).",
+    )
+    logging_steps: int = Field(default=50, ge=1)
+    dev_dataset: str | None = Field(
+        default="trec-dl21",
+        description="Judged dataset for checkpoint selection by nDCG@10; 'none' to skip.",
+    )
+    """Loaded by the caller (the CLI, `distill_run`); `train` takes the loaded dataset."""
+    dev_depth: int = Field(default=30, ge=1, description="Dev candidates reranked.")
+    seed: int = 12
+    margin_pairs: int = Field(default=1, ge=1)
+
+    @field_validator("dev_dataset")
+    @classmethod
+    def _none_means_no_dev(cls, name: str | None) -> str | None:
+        # The string 'none' (a flag value) skips dev evaluation; None is "keep the default".
+        return None if name == "none" else name
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _errors_name_flags(cls, data: Any, handler: Any) -> Self:
+        """One line naming the flag (`--lr must be greater than 0, got -1.0`) from the CLI, a
+        config file or code alike, instead of a pydantic report."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise DataError("; ".join(cls._flag_error(e) for e in exc.errors())) from None
+
+    @classmethod
+    def _flag_error(cls, error: Any) -> str:
+        field = str(error["loc"][0]) if error["loc"] else ""
+        flag = "--" + cls.flags.get(field, field).replace("_", "-")
+        message = str(error["msg"])
+        if message.startswith("Input should be "):
+            return (
+                f"{flag} must be {message.removeprefix('Input should be ')}, got {error['input']!r}"
+            )
+        return f"{flag}: {message}"
+
+
+class RunPlan(ComponentConfig):
+    """What `distill run` scores, trains on and evaluates."""
+
+    label: ClassVar[str] = "distill run"
+
+    train_datasets: list[str] = Field(
+        default=["trec-dl22", "trec-dl21"], description="Query sets the teacher scores."
+    )
+    triples: Path | None = Field(
+        default=None, description="Also MS MARCO triples (query, pos, neg)."
+    )
+    eval_dataset: str = "trec-dl19"
+    depth: int = Field(default=100, ge=1, description="Candidates scored per query.")
+    eval_depth: int = Field(default=100, ge=1)
