@@ -41,7 +41,7 @@ def _copy_tree(tmp_path: Path) -> Path:
 def test_the_package_keeps_its_floors(tmp_path: Path) -> None:
     result = _lint(_copy_tree(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
+    assert "kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(

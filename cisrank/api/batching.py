@@ -11,9 +11,14 @@ How a round works (`BatchScorer._run`):
 2. It plans one batch of at most `max_batch_passages` passages over all waiting jobs, shortest
    remaining first. A large request is split into chunks, so a small request that arrives while
    a large one is being scored waits at most one chunk, never the whole large request.
-3. The batch is scored in the model thread: with one `score_many([(query, passages), ...])` call
-   when the reranker offers it (one model batch across requests), else one `score` per job chunk
-   in the same thread hop. Scores of a chunk equal scores of the whole because the reranker
+   Shortest-first alone would starve a large request behind a steady stream of small ones (each
+   round fills up with them), so it ages: a job that got no passages scored for `max_age_ms` is
+   planned first, oldest first, and gets its chunk whatever its size; then its clock restarts.
+   A large request thus advances by a chunk at least every `max_age_ms` plus a model call or
+   so, instead of waiting for the stream of small ones to pause (or for its own timeout).
+3. The batch is scored in the model thread: with one `score_batch([(query, passages), ...])`
+   call when the reranker offers it (one model batch across requests), else one `score` per job
+   chunk in the same thread hop. Scores of a chunk equal scores of the whole because the reranker
    contract makes scores independent of batch composition.
 
 Admission control: at most `max_queue` unfinished requests per reranker; the next one gets
@@ -51,7 +56,7 @@ class ScoringTimeout(Exception):
 class MultiQueryScorer(Protocol):
     """Optional reranker extension: score several (query, passages) pairs in one model batch."""
 
-    def score_many(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]: ...
+    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]: ...
 
 
 class BatchObserver(Protocol):
@@ -69,6 +74,7 @@ class _Job:
     query: str
     passages: Sequence[str]
     future: asyncio.Future[list[float]]
+    waiting_since: float  # loop time of acceptance, then of its last scored chunk
     scores: list[float] = field(default_factory=list)
     next: int = 0  # first passage not yet handed to the model
     cancelled: bool = False
@@ -78,12 +84,20 @@ class _Job:
         return len(self.passages) - self.next
 
 
+def _waited(job: _Job) -> float:
+    return job.waiting_since
+
+
+def _remaining(job: _Job) -> int:
+    return job.remaining
+
+
 def score_chunks(
     reranker: Reranker, chunks: Sequence[tuple[str, Sequence[str]]]
 ) -> list[list[float]]:
     """Score (query, passages) pairs in the calling thread, as one batch where the model can."""
     if isinstance(reranker, MultiQueryScorer):
-        out = reranker.score_many(chunks)
+        out = reranker.score_batch(chunks)
     else:
         out = [reranker.score(q, list(p)) for q, p in chunks]
     for (_, passages), scores in zip(chunks, out, strict=True):
@@ -137,7 +151,7 @@ class BatchScorer:
                 f"{self._unfinished} requests are already waiting for reranker '{self.name}'"
             )
         assert self._loop is not None and self._queue is not None
-        job = _Job(query, passages, self._loop.create_future())
+        job = _Job(query, passages, self._loop.create_future(), self._loop.time())
         self._unfinished += 1
         self._report_depth()
         self._queue.put_nowait(job)
@@ -218,11 +232,15 @@ class BatchScorer:
         while not self._queue.empty():
             self._active.append(self._queue.get_nowait())
 
-    def _plan(self) -> list[tuple[_Job, int, int]]:
-        """Chunks for the next model batch: shortest remaining first, FIFO among equals."""
+    def _plan(self, now: float) -> list[tuple[_Job, int, int]]:
+        """Chunks for the next model batch: jobs starved for `max_age_ms` first (oldest first),
+        then shortest remaining first, FIFO among equals."""
         capacity = self.config.max_batch_passages
+        oldest = now - self.config.max_age_ms / 1000.0
+        aged = sorted((j for j in self._active if j.waiting_since <= oldest), key=_waited)
+        fresh = sorted((j for j in self._active if j.waiting_since > oldest), key=_remaining)
         plan: list[tuple[_Job, int, int]] = []
-        for job in sorted(self._active, key=lambda j: j.remaining):
+        for job in aged + fresh:
             if capacity <= 0:
                 break
             take = min(job.remaining, capacity)
@@ -250,7 +268,7 @@ class BatchScorer:
             self._active = [j for j in self._active if not j.cancelled]
             if not self._active:
                 continue
-            plan = self._plan()
+            plan = self._plan(loop.time())
             chunks = [(job.query, job.passages[a:b]) for job, a, b in plan]
             started = time.perf_counter()
             try:
@@ -273,9 +291,11 @@ class BatchScorer:
                     len(plan),
                     time.perf_counter() - started,
                 )
+            scored_at = loop.time()
             for (job, _a, b), scores in zip(plan, results, strict=True):
                 job.scores.extend(scores)
                 job.next = b
+                job.waiting_since = scored_at
                 if job.remaining == 0:
                     self._finish(job, job.scores, None)
             self._active = [j for j in self._active if j.remaining > 0 and not j.cancelled]

@@ -78,6 +78,13 @@ class BatchingConfig(ComponentConfig):
     max_wait_ms: float = Field(
         default=5.0, ge=0, le=10_000, description="How long a batch waits to fill up."
     )
+    max_age_ms: float = Field(
+        default=1000.0,
+        ge=0,
+        le=600_000,
+        description="A request that got no passages scored for this long is planned first "
+        "(then its clock restarts): a steady stream of small requests cannot starve a large one.",
+    )
     max_queue: int = Field(
         default=256, ge=1, description="Requests waiting per reranker before 503 + Retry-After."
     )

@@ -46,6 +46,9 @@ class BaseReranker(ABC):
         across queries override this (the API coalesces concurrent requests through it)."""
         return [self.score(q, p) for q, p in requests]
 
+    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        return self.score_many(requests)
+
     def rerank(
         self, query: str, passages: Sequence[str], top_n: int | None = None
     ) -> list[RankedPassage]:

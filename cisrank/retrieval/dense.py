@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, get_args
@@ -254,6 +255,7 @@ class DenseRetriever:
             self.index.nprobe = self.config.ivf_nprobe
         self.on_gpu = self._to_gpu(faiss)
         self.docs = DocStore(self.path / DOCSTORE_FILE)
+        self._lock = threading.RLock()  # see embed_queries
 
     def _to_gpu(self, faiss) -> bool:
         try:
@@ -266,7 +268,11 @@ class DenseRetriever:
         return True  # pragma: no cover
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
-        return _encode(self.encoder, queries, self.config, self.config.query_prefix)
+        """One thread at a time: the API searches from many threads, and the encoder's fast
+        tokenizer fails ("Already borrowed") when one thread changes its settings while another
+        encodes; a GPU FAISS index is not safe for concurrent searches either."""
+        with self._lock:
+            return _encode(self.encoder, queries, self.config, self.config.query_prefix)
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]:
         return self.batch_search([query], k)[0]
@@ -276,7 +282,9 @@ class DenseRetriever:
             raise CisrankError(f"k must be >= 1, got {k}")
         if not queries:
             return []
-        scores, ids = self.index.search(self.embed_queries(queries), min(k, self.index.ntotal))
+        with self._lock:
+            emb = self.embed_queries(queries)
+            scores, ids = self.index.search(emb, min(k, self.index.ntotal))
         out = []
         for row_s, row_i in zip(scores, ids, strict=True):
             pairs = sorted(

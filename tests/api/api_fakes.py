@@ -53,13 +53,13 @@ class OverlapReranker(BaseReranker):
 
 
 class MultiOverlapReranker(OverlapReranker):
-    """Also implements `score_many`: one call per model batch, whatever the number of requests."""
+    """Also implements `score_batch`: one call per model batch, whatever the number of requests."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.batches: list[list[tuple[str, tuple[str, ...]]]] = []
 
-    def score_many(self, requests):
+    def score_batch(self, requests):
         self.batches.append([(q, tuple(p)) for q, p in requests])
         return [[overlap(q, p) for p in ps] for q, ps in requests]
 

@@ -74,3 +74,36 @@ def test_queue_limit_and_closed_scorer():
         return await scorer.score("q", [])
 
     assert asyncio.run(run()) == []
+
+
+def test_a_large_request_is_not_starved_by_a_stream_of_small_ones():
+    """Regression: shortest-remaining-first let a steady stream of small requests (each filling a
+    whole batch) take every round, so a large request waited until the stream paused or its own
+    timeout hit. Aging bounds that wait: every model call takes at least `delay` (2 ms), so a job
+    starved for `max_age_ms` (20 ms) is planned first after at most 10 rounds of small requests,
+    and the 3 chunks of the large one finish after at most 3 * (10 + 1) small calls."""
+    reranker = OverlapReranker(delay=0.002)
+    cfg = BatchingConfig(max_batch_passages=4, max_wait_ms=0, max_age_ms=20)
+    scorer = BatchScorer(reranker, "r", cfg)
+    big = [f"big{i} q" if i % 2 else f"big{i}" for i in range(12)]
+    small = ["q a", "b", "q c", "d"]
+    stream_limit = 300
+
+    async def run():
+        big_task = asyncio.create_task(scorer.score("big", big))
+        answered = []
+
+        async def stream():
+            while not big_task.done() and len(answered) < stream_limit:
+                answered.append(await scorer.score("q", small))
+
+        await asyncio.gather(big_task, *(stream() for _ in range(3)))
+        await scorer.aclose()
+        return big_task.result(), answered
+
+    big_scores, answered = asyncio.run(run())
+    assert big_scores == [overlap("big", p) for p in big]
+    assert all(scores == [overlap("q", p) for p in small] for scores in answered)
+    last_big = max(i for i, (q, _) in enumerate(reranker.calls) if q == "big")
+    assert [len(p) for q, p in reranker.calls if q == "big"] == [4, 4, 4]
+    assert sum(q == "q" for q, _ in reranker.calls[:last_big]) <= 3 * (10 + 1)

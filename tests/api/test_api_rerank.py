@@ -10,8 +10,9 @@ import pytest
 from api_fakes import MultiOverlapReranker, OverlapReranker, config_for, overlap
 
 from cisrank import testing
-from cisrank.api.app import create_app, normalize_scores
+from cisrank.api.app import create_app
 from cisrank.api.config import BatchingConfig
+from cisrank.api.service import normalize_scores
 
 DOCS = testing.SAMPLE_SENTENCES[:6]
 QUERY = "who wrote hamlet"

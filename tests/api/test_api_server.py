@@ -40,17 +40,20 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 class Server:
-    """`python -m cisrank.cli serve` on a free port; waits (bounded) until /readyz says ready."""
+    """`python -m cisrank.cli serve` on a free port (with `config` written to a --config file,
+    and/or other serve `args`); waits (bounded) until /readyz says ready."""
 
-    def __init__(self, tmp: Path, config: dict, **env: str) -> None:
-        cfg = tmp / "server.json"
-        cfg.write_text(json.dumps(config), encoding="utf-8")
+    def __init__(self, tmp: Path, config: dict | None, *args: str, **env: str) -> None:
+        if config is not None:
+            cfg = tmp / "server.json"
+            cfg.write_text(json.dumps(config), encoding="utf-8")
+            args = ("--config", str(cfg), *args)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (tmp / "server.log").open("w+")
         self.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg)),
+                *(sys.executable, "-m", "cisrank.cli", "serve", *args),
                 *("--host", "127.0.0.1", "--port", str(self.port)),
             ],
             env=_env(**env),
@@ -158,6 +161,45 @@ def test_concurrent_http_requests_over_the_wire(dense_server, tiny_dense):
             tiny_dense.score(q, DOCS), abs=1e-6
         )
     assert httpx.get(dense_server.url + "/healthz").json()["status"] == "ok"
+
+
+def test_quick_start_serves_a_model_and_an_index_without_a_config(
+    tmp_path, tiny_bert_dir, tiny_dense
+):
+    """`cisrank serve --reranker dense --model M --index PATH`: the reranker is named after its
+    kind (and answers to its model id), the index after its folder."""
+    from cisrank.indexes.build import build_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": f"p{i}", "text": t}) + "\n" for i, t in enumerate(DOCS))
+    )
+    index = tmp_path / "hamlet-docs"
+    build_index("bm25", corpus, index, progress=False)
+    server = Server(
+        tmp_path, None, "--reranker", "dense", "--model", str(tiny_bert_dir), "--index", str(index)
+    )
+    try:
+        models = httpx.get(server.url + "/v1/models").json()
+        assert models["data"] == [
+            {"id": "dense", "object": "model", "kind": "dense", "model": str(tiny_bert_dir)}
+            | {"ready": True}
+        ]
+        assert models["indexes"] == [{"id": "hamlet-docs", "path": str(index)}]
+        body = {"model": str(tiny_bert_dir), "query": QUERY, "documents": DOCS}
+        r = httpx.post(server.url + "/v1/rerank", json=body, timeout=30)
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        assert [got[i] for i in range(len(DOCS))] == pytest.approx(
+            tiny_dense.score(QUERY, DOCS), abs=1e-6
+        )
+        body = {"query": QUERY, "index": "hamlet-docs", "rerank": "dense", "top_n": 3}
+        hits = httpx.post(server.url + "/v1/search", json=body, timeout=30).json()["results"]
+        assert len(hits) == 3
+        assert [h["rerank_score"] for h in hits] == pytest.approx(
+            tiny_dense.score(QUERY, [h["text"] for h in hits]), abs=1e-6
+        )
+    finally:
+        server.stop()
 
 
 def test_sigterm_lets_the_in_flight_request_finish(tmp_path):

@@ -1,0 +1,145 @@
+"""The HTTP routes. Thin on purpose: validate (pydantic, through FastAPI), call the service in
+`cisrank.api.service`, and map its errors to status codes, which only this module knows.
+
+Status codes: 401 missing/wrong API key, 422 a field out of its limits (the body names it), 503 +
+Retry-After while loading, when the queue is full or a request timed out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from cisrank.api.auth import KeyChecker
+from cisrank.api.errors import ApiError
+from cisrank.api.schemas import (
+    Health,
+    ModelList,
+    RerankRequest,
+    RerankResponse,
+    SearchRequest,
+    SearchResponse,
+)
+from cisrank.api.service import (
+    InvalidField,
+    NotReady,
+    Overloaded,
+    RankingService,
+    ServiceError,
+    TimedOut,
+)
+
+_bearer = HTTPBearer(auto_error=False, description="API key, when CISRANK_API_KEYS is set.")
+
+
+async def require_key(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
+) -> None:
+    checker: KeyChecker = request.app.state.keys
+    if checker.enabled and not checker.allows(request.headers.get("authorization")):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            field="authorization",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def api_error(exc: ServiceError, retry_after_s: int) -> ApiError:
+    """The status code and body of a service error: 422 names the field, 503s say when to retry."""
+    if isinstance(exc, InvalidField):
+        return ApiError(
+            422, "invalid_request", exc.message, field=exc.field, field_message=exc.detail
+        )
+    code = {NotReady: "not_ready", Overloaded: "overloaded", TimedOut: "timeout"}[type(exc)]
+    return ApiError(503, code, exc.message, headers={"Retry-After": str(retry_after_s)})
+
+
+def _service(request: Request) -> RankingService:
+    return request.app.state.serving
+
+
+@contextmanager
+def _answering(service: RankingService) -> Iterator[None]:
+    try:
+        yield
+    except ServiceError as exc:
+        raise api_error(exc, service.config.batching.retry_after_s) from None
+
+
+router = APIRouter()
+protected = [Depends(require_key)]
+
+# ---- probes and metadata
+
+
+@router.get("/healthz", response_model=Health, tags=["ops"])
+async def healthz() -> Health:
+    """Liveness: the process serves HTTP (models may still be loading)."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, tags=["ops"], responses={503: {"model": Health}})
+async def readyz(request: Request) -> Response:
+    """Readiness: every configured model and index is loaded."""
+    service = _service(request)
+    if service.ready:
+        return JSONResponse(Health(status="ready").model_dump())
+    status = "failed" if service.error else "loading"
+    detail = {"error": service.error} if service.error else {}
+    return JSONResponse(
+        Health(status=status, detail=detail).model_dump(),
+        status_code=503,
+        headers={"Retry-After": str(service.config.batching.retry_after_s)},
+    )
+
+
+@router.get("/v1/models", response_model=ModelList, dependencies=protected, tags=["meta"])
+async def models(request: Request) -> ModelList:
+    """The rerankers (by the name a request's `model` takes) and indexes served here."""
+    return _service(request).models()
+
+
+@router.get("/metrics", dependencies=protected, tags=["ops"], response_class=Response)
+async def prometheus(request: Request) -> Response:
+    """Prometheus exposition: requests, latency, batch sizes, queue depth, prior-store hits."""
+    data, content_type = request.app.state.metrics.render()
+    return Response(content=data, media_type=content_type)
+
+
+# ---- rerank
+
+
+async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
+    """Rank `documents` for `query`, most relevant first (Cohere v1/v2, Jina, vLLM shape)."""
+    service = _service(request)
+    with _answering(service):
+        return await service.rerank(body)
+
+
+_rerank_kwargs: dict[str, Any] = {
+    "response_model": RerankResponse,
+    "response_model_exclude_none": True,
+    "dependencies": protected,
+    "tags": ["rerank"],
+}
+router.post("/v1/rerank", **_rerank_kwargs)(rerank)
+router.post("/v2/rerank", include_in_schema=False, **_rerank_kwargs)(rerank)
+router.post("/rerank", include_in_schema=False, **_rerank_kwargs)(rerank)
+
+
+# ---- search
+
+
+@router.post("/v1/search", response_model=SearchResponse, dependencies=protected, tags=["search"])
+async def search(body: SearchRequest, request: Request) -> SearchResponse:
+    """First-stage search over a configured index, optionally reranked."""
+    service = _service(request)
+    with _answering(service):
+        return await service.search(body)

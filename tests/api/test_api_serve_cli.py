@@ -1,0 +1,117 @@
+"""`cisrank serve` without a config file: `--reranker KIND --model M [--index PATH ...]` builds the
+ServerConfig handed to the workers; `--config` and the quick-start options exclude each other."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from cisrank import env
+from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
+from cisrank.cli import app
+from cisrank.cli.serve import server_config
+from cisrank.errors import CisrankError
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Runs `cisrank serve ARGS` up to uvicorn.run; returns (the config the workers get, kwargs)."""
+    import uvicorn
+
+    monkeypatch.setenv(env.SERVER_CONFIG, "")  # restored after the test
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda target, **kw: calls.append((target, kw)))
+
+    def run(*args: str):
+        result = CliRunner().invoke(app, ["serve", *args])
+        if result.exception is not None:
+            raise result.exception
+        assert result.exit_code == 0, result.output
+        assert len(calls) == 1
+        target, kwargs = calls.pop()
+        assert target == "cisrank.api.app:create_app_from_env"
+        return ServerConfig.model_validate_json(env.server_config_json()), kwargs
+
+    return run
+
+
+def test_quick_start_serves_one_reranker_and_indexes_named_by_folder(served, tmp_path):
+    (tmp_path / "msmarco").mkdir()
+    (tmp_path / "sub" / "dl19").mkdir(parents=True)
+    cfg, kwargs = served(
+        *("--reranker", "dense", "--model", "org/tiny-model"),
+        *("--index", str(tmp_path / "msmarco"), "--index", str(tmp_path / "sub" / "dl19")),
+        *("--port", "9123", "--workers", "2"),
+    )
+    assert cfg == ServerConfig(
+        rerankers={"dense": RerankerSpec(kind="dense", model="org/tiny-model")},
+        indexes={
+            "msmarco": IndexSpec(path=tmp_path / "msmarco"),
+            "dl19": IndexSpec(path=tmp_path / "sub" / "dl19"),
+        },
+    )
+    assert (kwargs["port"], kwargs["workers"], kwargs["host"]) == (9123, 2, "127.0.0.1")
+
+
+def test_quick_start_names(served, tmp_path):
+    cfg, _ = served("--reranker", "cis")
+    assert cfg.rerankers == {"cis": RerankerSpec(kind="cis")} and cfg.indexes == {}
+    cfg, _ = served("--reranker", "api_fakes:slow_reranker", "--model", "org/overlap-v2/")
+    assert cfg.rerankers == {
+        "overlap-v2": RerankerSpec(kind="api_fakes:slow_reranker", model="org/overlap-v2/")
+    }
+
+
+def test_quick_start_factory_without_model_is_named_after_the_factory(served):
+    cfg, _ = served("-r", "api_fakes:slow_reranker")
+    assert list(cfg.rerankers) == ["slow_reranker"]
+
+
+def test_an_index_alone_keeps_the_default_reranker(served, tmp_path):
+    cfg, _ = served("--index", str(tmp_path))
+    assert cfg == ServerConfig(indexes={tmp_path.name: IndexSpec(path=tmp_path)})
+    assert cfg.rerankers == ServerConfig().rerankers
+
+
+def test_no_options_keep_the_default_config(served):
+    assert served()[0] == ServerConfig()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ({"config": "server.json", "reranker": "dense"}, "either --config or --reranker, not"),
+        ({"config": "server.json", "indexes": ["a"]}, "either --config or --index, not"),
+        ({"model": "m"}, "--model needs --reranker KIND"),
+        ({"reranker": "nope"}, "reranker 'nope': unknown reranker 'nope'"),
+        ({"reranker": "none"}, "kind 'none' cannot be served"),
+        ({"reranker": "dense", "indexes": ["a", "b/a"]}, "two indexes are named 'a'"),
+        ({"reranker": "dense", "indexes": ["missing"]}, "index 'missing': path"),
+        ({"reranker": "dense", "indexes": ["bad name"]}, "must match"),
+    ],
+)
+def test_quick_start_errors(tmp_path, args, needle):
+    for folder in ("a", "b/a", "bad name"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "server.json").write_text("{}", encoding="utf-8")
+    config = tmp_path / args["config"] if "config" in args else None
+    indexes = [tmp_path / p for p in args.get("indexes", [])]
+    with pytest.raises(CisrankError, match=needle):
+        server_config(config, args.get("reranker"), args.get("model"), indexes)
+
+
+def test_config_and_quick_start_together_is_one_line_exit_2(tmp_path):
+    cfg = tmp_path / "server.json"
+    cfg.write_text("{}", encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg), "-r", "dense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "either --config or --reranker, not both" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
