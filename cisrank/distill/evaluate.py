@@ -23,12 +23,11 @@ Scores = dict[str, dict[str, float]]  # qid -> docid -> score
 def score_dataset(
     scorer: Reranker, dataset: Dataset, depth: int, qids: Sequence[str] | None = None
 ) -> Scores:
-    """Scores of the top `depth` candidates of every query, all queries in one `score_many`
+    """Scores of the top `depth` candidates of every query, all queries in one `score_batch`
     call so that a batching reranker packs passages of different queries together."""
     qids = list(qids if qids is not None else dataset.qids)
     requests = [(dataset.topics[q], [h.text for h in dataset.candidates[q][:depth]]) for q in qids]
-    many = getattr(scorer, "score_many", None)
-    values = many(requests) if many else [scorer.score(q, p) for q, p in requests]
+    values = scorer.score_batch(requests)
     return {
         q: {h.docid: float(v) for h, v in zip(dataset.candidates[q][:depth], vals, strict=True)}
         for q, vals in zip(qids, values, strict=True)

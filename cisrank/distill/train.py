@@ -192,7 +192,7 @@ class _PredictScorer:
         self.model, self.batch_size, self.identity = model, batch_size, torch.nn.Identity()
         self.model_name = "student"
 
-    def score_many(self, requests):
+    def score_batch(self, requests):
         pairs = [(q, p) for q, ps in requests for p in ps]
         flat = self.model.predict(
             pairs, batch_size=self.batch_size, activation_fn=self.identity, show_progress_bar=False
