@@ -7,7 +7,8 @@ each continuation? This module answers it, fast and exactly (GUIDE §3):
 - the shared prefix (BOS + templated query) runs once per call and its key/value cache is expanded
   along the batch dimension for every batch of continuations, so query tokens are never recomputed;
 - continuations are deduplicated, sorted by length and cut into batches under a token budget, so
-  padding waste stays small; results come back in input order;
+  padding waste stays small; results come back in input order (`cisrank.rerank.batching`, the
+  helper the cross-encoder batches with too);
 - position ids and the 2D attention mask are built explicitly for either padding side, so a passage
   scores the same whichever batch it lands in;
 - the LM head runs only on the hidden states that predict continuation tokens, gathered from the base
