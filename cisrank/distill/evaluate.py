@@ -7,7 +7,7 @@ run` reports both figures on the test set), so both read the same numbers the sa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -20,25 +20,14 @@ from cisrank.rerank.base import Reranker
 Scores = dict[str, dict[str, float]]  # qid -> docid -> score
 
 
-@runtime_checkable
-class BatchScorer(Protocol):
-    """Scores many queries' passages in one call (every `BaseReranker`, and the live student
-    during training, which has no `score` of its own)."""
-
-    def score_many(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]: ...
-
-
 def score_dataset(
-    scorer: Reranker | BatchScorer, dataset: Dataset, depth: int, qids: Sequence[str] | None = None
+    scorer: Reranker, dataset: Dataset, depth: int, qids: Sequence[str] | None = None
 ) -> Scores:
-    """Scores of the top `depth` candidates of every query, all queries in one `score_many`
+    """Scores of the top `depth` candidates of every query, all queries in one `score_batch`
     call so that a batching reranker packs passages of different queries together."""
     qids = list(qids if qids is not None else dataset.qids)
     requests = [(dataset.topics[q], [h.text for h in dataset.candidates[q][:depth]]) for q in qids]
-    if isinstance(scorer, BatchScorer):
-        values = scorer.score_many(requests)
-    else:
-        values = [scorer.score(q, p) for q, p in requests]
+    values = scorer.score_batch(requests)
     return {
         q: {h.docid: float(v) for h, v in zip(dataset.candidates[q][:depth], vals, strict=True)}
         for q, vals in zip(qids, values, strict=True)

@@ -18,6 +18,7 @@ from cisrank.rerank.base import Reranker
 from cisrank.rerank.registry import check_name, load_reranker
 
 SCORES_TEACHER = "scores"
+CIS_TEACHER = "cis"
 
 
 @dataclass
@@ -41,36 +42,51 @@ class Teacher(Protocol):
 
 @dataclass
 class RerankerTeacher:
-    """Any cisrank reranker; CIS also gives its two log-likelihood terms."""
+    """Any cisrank reranker, through the `Reranker` contract alone."""
 
     name: str
     model: str | None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        reranker = load_reranker(self.name, self.model, **self.options)
-        if reranker is None:
+        self.reranker: Reranker = load_reranker(self.name, self.model, **self.options)
+        if self.reranker.keeps_order:
             raise DataError(
-                "teacher 'none' has no scores: pick cis, dense, cross-encoder or scores"
+                f"teacher '{self.name}' has no scores: pick cis, dense, cross-encoder or scores"
             )
-        self.reranker: Reranker = reranker
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"teacher": self.name, "model": self.reranker.model_name}
         out.update({k: v for k, v in sorted(self.options.items()) if v is not None})
-        engine = getattr(self.reranker, "engine", None)
-        if engine is not None:
-            out["fingerprint"] = engine.fingerprint()
         return out
 
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
     ) -> TeacherScores:
-        components = getattr(self.reranker, "components", None)
-        if components is not None:
-            cis, cond, prior = components(query, list(passages))
-            return TeacherScores(cis, cond, prior)
         return TeacherScores(self.reranker.score(query, list(passages)))
+
+
+@dataclass
+class CISTeacher(RerankerTeacher):
+    """The CIS reranker, which also gives its two log-likelihood terms, and whose numbers are
+    tied to the exact model by the engine's fingerprint."""
+
+    def __post_init__(self) -> None:
+        from cisrank.rerank.cis import CISReranker
+
+        super().__post_init__()
+        if not isinstance(self.reranker, CISReranker):
+            raise DataError(f"teacher '{self.name}' did not build a CIS reranker")
+        self.cis: CISReranker = self.reranker
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "fingerprint": self.cis.engine.fingerprint()}
+
+    def score(
+        self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
+    ) -> TeacherScores:
+        cis, cond, prior = self.cis.components(query, list(passages))
+        return TeacherScores(cis, cond, prior)
 
 
 class ScoresFileTeacher:
@@ -125,4 +141,4 @@ def load_teacher(
     if scores_file is not None:
         raise DataError(f"--scores-file is for teacher 'scores', not '{name}'")
     check_name(name)
-    return RerankerTeacher(name, model, options)
+    return (CISTeacher if name == CIS_TEACHER else RerankerTeacher)(name, model, options)

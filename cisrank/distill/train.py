@@ -31,6 +31,7 @@ from cisrank.distill.evaluate import ndcg10, score_dataset
 from cisrank.errors import DataError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
 from cisrank.models.resolve import resolve_model
+from cisrank.rerank.base import BaseReranker, Request
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def _make_sampler_class(lengths: list[int]):
     return LengthGroupedBatchSampler
 
 
-class _PredictScorer:
+class _PredictScorer(BaseReranker):
     """A live CrossEncoder as a reranker (raw scores) for the dev evaluator."""
 
     name = "student"
@@ -162,12 +163,13 @@ class _PredictScorer:
         self.model, self.batch_size, self.identity = model, batch_size, torch.nn.Identity()
         self.model_name = "student"
 
-    def score_many(self, requests):
+    def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         pairs = [(q, p) for q, ps in requests for p in ps]
         flat = self.model.predict(
             pairs, batch_size=self.batch_size, activation_fn=self.identity, show_progress_bar=False
         )
-        out, k = [], 0
+        out: list[list[float]] = []
+        k = 0
         for _, ps in requests:
             out.append([float(v) for v in flat[k : k + len(ps)]])
             k += len(ps)

@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 FIRST_STAGE = "first-stage"
 RERANKED = "reranked"
 KEY_MEASURE = "nDCG@10"
+# Queries per `score_batch` call: enough for a cross-query batching reranker to fill its model
+# batches at depth 100, few enough that the progress bar moves.
+QUERIES_PER_CALL = 8
 
 
 @dataclass
@@ -49,31 +52,52 @@ def first_stage_run(dataset: Dataset) -> Run:
 
 
 def rerank_run(
-    dataset: Dataset, reranker: Reranker, depth: int = 100, progress: bool = True
+    dataset: Dataset,
+    reranker: Reranker,
+    depth: int = 100,
+    progress: bool = True,
+    queries_per_call: int = QUERIES_PER_CALL,
 ) -> tuple[Run, dict[str, float]]:
     """Rerank the top `depth` candidates of every query; candidates below keep their order.
 
-    Those below `depth` get scores under the lowest reranked score (minus 1, 2, ...) so that the
-    run stays one strictly decreasing list and recall at 100 still counts them.
+    Queries go to `score_batch` `queries_per_call` at a time, so a reranker that batches across
+    queries fills its model batches; scores do not depend on the grouping. Those below `depth`
+    get scores under the lowest reranked score (minus 1, 2, ...) so that the run stays one
+    strictly decreasing list and recall at 100 still counts them.
     """
+    if queries_per_call < 1:
+        raise ValueError(f"queries_per_call must be >= 1, got {queries_per_call}")
     scores: dict[str, list[tuple[str, float]]] = {}
     passages = 0
     started = time.perf_counter()
-    for qid in tqdm(
-        dataset.qids, desc=f"rerank ({reranker.name})", unit="query", disable=not progress
-    ):
-        hits = dataset.candidates[qid]
-        head, tail = hits[:depth], hits[depth:]
-        values = reranker.score(dataset.topics[qid], [h.text for h in head])
-        if len(values) != len(head):
-            raise RuntimeError(
-                f"{reranker!r} returned {len(values)} scores for {len(head)} passages"
-            )
-        entries = [(h.docid, float(v)) for h, v in zip(head, values, strict=True)]
-        floor = min(values) if values else 0.0
-        entries += [(h.docid, floor - i) for i, h in enumerate(tail, 1)]
-        scores[qid] = entries
-        passages += len(head)
+    qids = dataset.qids
+    with tqdm(
+        total=len(qids), desc=f"rerank ({reranker.name})", unit="query", disable=not progress
+    ) as bar:
+        for at in range(0, len(qids), queries_per_call):
+            chunk = qids[at : at + queries_per_call]
+            heads = [dataset.candidates[qid][:depth] for qid in chunk]
+            requests = [
+                (dataset.topics[qid], [h.text for h in head])
+                for qid, head in zip(chunk, heads, strict=True)
+            ]
+            batch = reranker.score_batch(requests)
+            if len(batch) != len(chunk):
+                raise RuntimeError(
+                    f"{reranker!r} returned {len(batch)} score lists for {len(chunk)} queries"
+                )
+            for qid, head, values in zip(chunk, heads, batch, strict=True):
+                if len(values) != len(head):
+                    raise RuntimeError(
+                        f"{reranker!r} returned {len(values)} scores for {len(head)} passages"
+                    )
+                entries = [(h.docid, float(v)) for h, v in zip(head, values, strict=True)]
+                floor = min(values) if values else 0.0
+                tail = dataset.candidates[qid][depth:]
+                entries += [(h.docid, floor - i) for i, h in enumerate(tail, 1)]
+                scores[qid] = entries
+                passages += len(head)
+            bar.update(len(chunk))
     elapsed = time.perf_counter() - started
     timing = {
         "seconds": elapsed,
@@ -85,30 +109,35 @@ def rerank_run(
 
 def run_eval(
     dataset: Dataset,
-    reranker: Reranker | None,
+    reranker: Reranker,
     *,
     depth: int = 100,
     output: Path | None = None,
     measures: tuple[str, ...] = M.DEFAULT_MEASURES,
     progress: bool = True,
+    queries_per_call: int = QUERIES_PER_CALL,
 ) -> EvalResult:
+    """Evaluate the first stage and, unless the reranker keeps the input order (`none`), the
+    reranked run against it; a reranker that keeps the order would only restate the first stage,
+    so the first-stage run with its own scores is the result."""
     if depth < 1:
         raise ValueError("depth must be >= 1")
     runs = {FIRST_STAGE: first_stage_run(dataset)}
+    reranks = not reranker.keeps_order
     info: dict[str, Any] = {
         "cisrank_version": __version__,
         "source": dataset.source,
         "queries_judged": sum(1 for q in dataset.qrels.values() if q),
         "queries_run": len(dataset.qids),
         "depth": depth,
-        "reranker": None
-        if reranker is None
-        else {"name": reranker.name, "model": reranker.model_name},
+        "reranker": {"name": reranker.name, "model": reranker.model_name} if reranks else None,
     }
     if dataset.notes:
         info["notes"] = dataset.notes
-    if reranker is not None:
-        runs[RERANKED], info["timing"] = rerank_run(dataset, reranker, depth, progress)
+    if reranks:
+        runs[RERANKED], info["timing"] = rerank_run(
+            dataset, reranker, depth, progress, queries_per_call
+        )
     per_query = {name: M.per_query(run, dataset.qrels, measures) for name, run in runs.items()}
     result = EvalResult(
         dataset.name,
@@ -117,7 +146,7 @@ def run_eval(
         per_query,
         info=info,
     )
-    if reranker is not None:
+    if reranks:
         result.significance = {
             "measure": KEY_MEASURE,
             **M.paired_test(per_query[FIRST_STAGE][KEY_MEASURE], per_query[RERANKED][KEY_MEASURE]),

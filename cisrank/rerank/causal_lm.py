@@ -2,12 +2,13 @@
 
 CIS (log p(K|Q) - log p(K)), and later question likelihood and PMI ordering, all reduce to one
 question: given prefix token ids and a list of continuations, what is the summed log-probability of
-each continuation? This module answers it, fast and exactly (the contract in `rerank.cis`):
+each continuation? This module answers it, fast and exactly (GUIDE §3):
 
 - the shared prefix (BOS + templated query) runs once per call and its key/value cache is expanded
   along the batch dimension for every batch of continuations, so query tokens are never recomputed;
 - continuations are deduplicated, sorted by length and cut into batches under a token budget, so
-  padding waste stays small; results come back in input order;
+  padding waste stays small; results come back in input order (`cisrank.rerank.batching`, the
+  helper the cross-encoder batches with too);
 - position ids and the 2D attention mask are built explicitly for either padding side, so a passage
   scores the same whichever batch it lands in;
 - the LM head runs only on the hidden states that predict continuation tokens, gathered from the base
@@ -22,6 +23,7 @@ scale with the number of continuation tokens, which is what this engine minimise
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ import torch
 
 from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
+from cisrank.rerank.batching import LengthBatcher, dedupe, pad_batch, scatter
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +235,7 @@ class CausalLMEngine:
         if not prefix:
             raise CisrankError("the prefix must hold at least one token (BOS)")
         conts = [tuple(int(t) for t in c) for c in continuations]
-        uniq: dict[tuple[int, ...], int] = {}
-        for c in conts:
-            uniq.setdefault(c, len(uniq))
-        unique = list(uniq)
+        unique, slots = dedupe(conts)
         longest = max((len(c) for c in unique), default=0)
         if self.max_positions is not None and len(prefix) + longest > self.max_positions:
             raise CisrankError(
@@ -243,62 +243,35 @@ class CausalLMEngine:
                 f"context of '{self.model_name}' ({self.max_positions} tokens): lower "
                 "--max-doc-tokens or shorten the query/template"
             )
-        sums = [0.0] * len(unique)
-        per_tok: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(unique)
-        todo = [i for i, c in enumerate(unique) if c]
-        if todo:
-            with torch.inference_mode():
-                self._score_unique(prefix, unique, todo, sums, per_tok)
-        idx = [uniq[c] for c in conts]
+        per_tok = scatter(self._score_unique(prefix, unique), slots)
         return ContinuationScores(
-            logprobs=[sums[i] for i in idx],
+            logprobs=[float(row.sum(dtype=np.float64)) for row in per_tok],
             num_tokens=[len(c) for c in conts],
-            token_logprobs=[per_tok[i].copy() for i in idx] if return_tokens else None,
+            token_logprobs=[row.copy() for row in per_tok] if return_tokens else None,
         )
 
-    def _batches(self, lengths: list[int], order: list[int]) -> list[list[int]]:
-        """Cut length-sorted (descending) items into batches under the padded-token budget, each
-        row padded by at most `max_padding` of the batch's width."""
-        batches: list[list[int]] = []
-        cur: list[int] = []
-        for i in order:
-            width = lengths[cur[0]] if cur else lengths[i]
-            full = self.batch_size is not None and len(cur) >= self.batch_size
-            too_short = width - lengths[i] > self.max_padding * width
-            if cur and (full or too_short or (len(cur) + 1) * width > self.batch_tokens):
-                batches.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
-            batches.append(cur)
-        return batches
+    def batcher(self) -> LengthBatcher:
+        """This engine's batching policy (read at each call: the attributes may be changed)."""
+        return LengthBatcher(self.batch_size, self.batch_tokens, self.max_padding)
 
-    def _score_unique(
-        self,
-        prefix: list[int],
-        unique: list[tuple[int, ...]],
-        todo: list[int],
-        sums: list[float],
-        per_tok: list[np.ndarray],
-    ) -> None:
-        cached = None
-        if self.use_prefix_cache:
-            cached = self._prefix_state(prefix)
-        extra = 0 if cached is not None else len(prefix)
-        lengths = [len(unique[i]) + extra for i in range(len(unique))]
-        order = sorted(todo, key=lambda i: (-lengths[i], i))
-        for batch in self._batches(lengths, order):
-            seqs = [unique[i] for i in batch]
-            if cached is not None:
-                lp = self._forward_cached(prefix, cached, seqs)
-            else:
-                lp = self._forward_full(prefix, seqs)
-            start = 0
-            for i, s in zip(batch, seqs, strict=True):
-                row = lp[start : start + len(s)]
-                start += len(s)
-                sums[i] = float(row.sum(dtype=np.float64))
-                per_tok[i] = row
+    def _score_unique(self, prefix: list[int], unique: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """Per-token log-probabilities of each distinct continuation."""
+        empty = np.zeros(0, dtype=np.float32)
+        if not any(unique):
+            return [empty] * len(unique)
+        with torch.inference_mode():
+            cached = self._prefix_state(prefix) if self.use_prefix_cache else None
+            # A batch's width is what the model reads: the prefix too when it is not cached.
+            extra = 0 if cached is not None else len(prefix)
+            lengths = [len(c) + extra if c else 0 for c in unique]
+
+            def score(rows: list[int]) -> list[np.ndarray]:
+                seqs = [unique[i] for i in rows]
+                lp = self._forward(prefix, seqs, cached)
+                bounds = np.cumsum([0, *(len(s) for s in seqs)])
+                return [lp[a:b] for a, b in itertools.pairwise(bounds)]
+
+            return self.batcher().run(lengths, score, empty)
 
     def _prefix_state(self, prefix: list[int]):
         """Run the prefix once: per-layer key/value tensors and the last hidden state."""
@@ -337,69 +310,54 @@ class CausalLMEngine:
         data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in layers]
         return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
-    def _pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Padded ids [B, L], 0/1 mask [B, L] and each row's offset of its first real token."""
-        width = max(len(s) for s in seqs)
+    def _forward(self, prefix: list[int], seqs: list[tuple[int, ...]], cached=None) -> np.ndarray:
+        """Per-token log p of every continuation in `seqs`, concatenated in row order.
+
+        With `cached` (from `_prefix_state`) the rows hold the continuations alone and attend to
+        the prefix's key/value cache, expanded along the batch; without it each row is
+        `[prefix, continuation]`. Either way positions count from the prefix's first token and
+        ignore padding, so a row scores the same on either padding side and in any batch."""
+        p = len(prefix)
+        fed = () if cached is not None else tuple(prefix)  # prefix tokens this forward reads
+        start = p - len(fed)  # positions already held by the cache
         pad_id = self.tokenizer.pad_token_id
         pad_id = self.bos_id if pad_id is None else int(pad_id)
-        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        offsets = []
-        for r, s in enumerate(seqs):
-            off = width - len(s) if self.padding_side == "left" else 0
-            ids[r, off : off + len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[r, off : off + len(s)] = 1
-            offsets.append(off)
-        return ids, mask, offsets
-
-    def _forward_cached(self, prefix, cached, seqs: list[tuple[int, ...]]) -> np.ndarray:
-        layers, last_hidden = cached
-        p = len(prefix)
-        ids, mask, offsets = self._pad(seqs)
-        bsz, width = ids.shape
-        off = torch.tensor(offsets).unsqueeze(1)
-        positions = (p + torch.arange(width).unsqueeze(0) - off).clamp_min(p)
-        full_mask = torch.cat([torch.ones((bsz, p), dtype=torch.long), mask], dim=1)
-        out = self.base(
-            input_ids=ids.to(self.device),
-            attention_mask=full_mask.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=self._expanded_cache(layers, bsz),
-            use_cache=True,
+        np_ids, np_mask, offsets = pad_batch(
+            [fed + s for s in seqs], pad_id, left=self.padding_side == "left"
         )
-        hidden = out.last_hidden_state.reshape(bsz * width, -1)
-        # Row r, token j is predicted by the hidden state just before it: the prefix's last state
-        # for j == 0 (source index 0), else position off_r + j - 1 of row r (source 1 + ...).
-        src: list[int] = []
-        tgt: list[int] = []
-        for r, s in enumerate(seqs):
-            base = 1 + r * width + offsets[r]
-            src.append(0)
-            src.extend(range(base, base + len(s) - 1))
-            tgt.extend(s)
-        source = torch.cat([last_hidden.unsqueeze(0), hidden], dim=0)
-        return self._head_logprobs(source, src, tgt)
-
-    def _forward_full(self, prefix, seqs: list[tuple[int, ...]]) -> np.ndarray:
-        p = len(prefix)
-        ids, mask, offsets = self._pad([tuple(prefix) + s for s in seqs])
+        ids, mask = torch.from_numpy(np_ids), torch.from_numpy(np_mask)
         bsz, width = ids.shape
         off = torch.tensor(offsets).unsqueeze(1)
-        positions = (torch.arange(width).unsqueeze(0) - off).clamp_min(0)
+        positions = (start + torch.arange(width).unsqueeze(0) - off).clamp_min(start)
+        past = None
+        if cached is not None:
+            layers, last_hidden = cached
+            mask = torch.cat([torch.ones((bsz, start), dtype=torch.long), mask], dim=1)
+            past = self._expanded_cache(layers, bsz)
         out = self.base(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),
-            use_cache=False,
+            past_key_values=past,
+            use_cache=past is not None,
         )
         hidden = out.last_hidden_state.reshape(bsz * width, -1)
+        # Token j of row r is predicted by the hidden state just before it: position
+        # off_r + len(fed) + j - 1 of the row. With a cache the first token has no such position:
+        # the prefix's last state predicts it, prepended as source row 0 (the rest shift by 1).
+        lead = 1 if cached is not None else 0
         src: list[int] = []
         tgt: list[int] = []
         for r, s in enumerate(seqs):
-            base = r * width + offsets[r] + p - 1
-            src.extend(range(base, base + len(s)))
+            first = lead + r * width + offsets[r] + len(fed) - 1  # source of token 0
+            if cached is not None:
+                src.append(0)
+                src.extend(range(first + 1, first + len(s)))
+            else:
+                src.extend(range(first, first + len(s)))
             tgt.extend(s)
-        return self._head_logprobs(hidden, src, tgt)
+        source = hidden if cached is None else torch.cat([last_hidden.unsqueeze(0), hidden])
+        return self._head_logprobs(source, src, tgt)
 
     def _head_logprobs(self, source: torch.Tensor, src: list[int], tgt: list[int]) -> np.ndarray:
         """log softmax(lm_head(source[src]))[tgt], in chunks, float32 log-softmax."""

@@ -215,18 +215,39 @@ class CISReranker(BaseReranker):
     ) -> tuple[list[float], list[float], list[float]]:
         """(CIS, log p(K|Q), log p(K)) per passage from one pass: the distillation teacher keeps
         all three, so a student can later be trained on either term."""
-        if not passages:
-            return [], [], []
-        docs = self.passage_ids(passages)
-        counts = [len(d) for d in docs]
-        cond = self._conditional_raw(query, docs)
-        prior = self._prior_raw(docs)
-        cis = [c - p for c, p in zip(cond, prior, strict=True)]
-        return self._norm(cis, counts), self._norm(cond, counts), self._norm(prior, counts)
+        return self.components_batch([(query, passages)])[0]
 
-    def score(self, query: str, passages: Sequence[str]) -> list[float]:
-        """CIS(Q->K) = log p(K|Q) - log p(K) per passage, input order."""
-        return self.components(query, passages)[0]
+    def components_batch(
+        self, requests: Sequence[tuple[str, Sequence[str]]]
+    ) -> list[tuple[list[float], list[float], list[float]]]:
+        """`components` of each (query, passages) request. The passages of all requests are
+        tokenized in one call and their priors looked up (and the misses computed, in shared
+        batches) in one pass; log p(K|Q) runs per query, each with its own prefix cache."""
+        for _, passages in requests:
+            if isinstance(passages, str):
+                raise CisrankError("passages must be a list of strings, not one string")
+        all_docs = self.passage_ids([p for _, passages in requests for p in passages])
+        all_priors = self._prior_raw(all_docs) if all_docs else []
+        out: list[tuple[list[float], list[float], list[float]]] = []
+        start = 0
+        for query, passages in requests:
+            end = start + len(passages)
+            docs, prior = all_docs[start:end], all_priors[start:end]
+            start = end
+            if not docs:
+                out.append(([], [], []))
+                continue
+            counts = [len(d) for d in docs]
+            cond = self._conditional_raw(query, docs)
+            cis = [c - p for c, p in zip(cond, prior, strict=True)]
+            out.append(
+                (self._norm(cis, counts), self._norm(cond, counts), self._norm(prior, counts))
+            )
+        return out
+
+    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """CIS(Q->K) = log p(K|Q) - log p(K) per passage of each request, input order."""
+        return [cis for cis, _, _ in self.components_batch(requests)]
 
     def __repr__(self) -> str:
         return (

@@ -6,10 +6,11 @@ RAW logit: identity activation, no sigmoid, because the student regresses CIS / 
 
 Speed, on top of what `CrossEncoder.predict` already does (length sorting, inference mode):
 
-- `score_many` tokenizes every distinct (query, passage) pair of all requests in one call, so
+- `score_batch` tokenizes every distinct (query, passage) pair of all requests in one call, so
   concurrent requests share model batches and a pair asked for twice is scored once;
 - batches are cut from the pairs sorted by token length and padded by hand to their longest
-  member; CPU batches are small (less padding), GPU batches large;
+  member (`cisrank.rerank.batching`, shared with the CIS engine); CPU batches are small (less
+  padding), GPU batches large;
 - arithmetic: bf16 on GPUs (fp16 where bf16 is missing), and on CPUs with native bf16 matmuls
   (AVX512-BF16 or AMX), with the pooler and head kept in float32 so that scores are not rounded
   to bf16; float32 on other CPUs. `quantize="int8"` (CPU, opt-in) instead runs the encoder's
@@ -30,7 +31,6 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
@@ -39,6 +39,7 @@ from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.batching import LengthBatcher, dedupe, pad_batch, scatter
 
 CPU_BATCH_SIZE = 8
 GPU_BATCH_SIZE = 128
@@ -298,48 +299,35 @@ class CrossEncoderReranker(BaseReranker):
         )
         return {name: enc[name] for name in self._input_names if name in enc}
 
-    def _collate(
-        self, enc: dict[str, list[list[int]]], rows: np.ndarray
-    ) -> dict[str, torch.Tensor]:
-        lengths = [len(enc["input_ids"][i]) for i in rows]
-        width = max(lengths)
-        out: dict[str, np.ndarray] = {
-            "input_ids": np.full((len(rows), width), self._pad_id, dtype=np.int64),
-            "attention_mask": np.zeros((len(rows), width), dtype=np.int64),
-        }
+    def _collate(self, enc: dict[str, list[list[int]]], rows: list[int]) -> dict[str, torch.Tensor]:
+        left = self._pad_left
+        ids, mask, _ = pad_batch([enc["input_ids"][i] for i in rows], self._pad_id, left=left)
+        out = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in enc:
-            out["token_type_ids"] = np.full((len(rows), width), self._pad_type_id, dtype=np.int64)
-        for j, (i, n) in enumerate(zip(rows, lengths, strict=True)):
-            span = slice(width - n, width) if self._pad_left else slice(0, n)
-            out["input_ids"][j, span] = enc["input_ids"][i]
-            out["attention_mask"][j, span] = 1
-            if "token_type_ids" in out:
-                out["token_type_ids"][j, span] = enc["token_type_ids"][i]
+            types = [enc["token_type_ids"][i] for i in rows]
+            out["token_type_ids"] = pad_batch(types, self._pad_type_id, left=left)[0]
         return {k: torch.from_numpy(v).to(self.device) for k, v in out.items()}
+
+    def _score_unique(self, pairs: list[tuple[str, str]]) -> list[float]:
+        enc = self.tokenize(pairs)
+
+        def score(rows: list[int]) -> list[float]:
+            logits = self.model(**self._collate(enc, rows)).logits
+            return logits[:, 0].float().cpu().numpy().tolist()
+
+        with torch.inference_mode():
+            lengths = [len(ids) for ids in enc["input_ids"]]
+            return LengthBatcher(batch_size=self.batch_size).run(lengths, score, 0.0)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Raw logit of each (query, passage) pair, input order; duplicates scored once."""
         if not pairs:
             return []
-        index: dict[tuple[str, str], int] = {}
-        slots = [index.setdefault((q, p), len(index)) for q, p in pairs]
-        unique = list(index)
-        enc = self.tokenize(unique)
-        lengths = np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64)
-        order = np.argsort(-lengths, kind="stable")
-        scores = np.empty(len(unique), dtype=np.float32)
-        with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start : start + self.batch_size]
-                logits = self.model(**self._collate(enc, rows)).logits
-                scores[rows] = logits[:, 0].float().cpu().numpy()
-        return [float(scores[s]) for s in slots]
+        unique, slots = dedupe(pairs)
+        return scatter(self._score_unique(unique), slots)
 
     # ------------------------------------------------------------------ public API
-    def score(self, query: str, passages: Sequence[str]) -> list[float]:
-        return self.score_many([(query, passages)])[0]
-
-    def score_many(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """All pairs of all requests in shared, length-sorted batches; results per request."""
         for _, passages in requests:
             if isinstance(passages, str):

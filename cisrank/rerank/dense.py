@@ -64,10 +64,7 @@ class DenseReranker(BaseReranker):
             )
         return np.asarray(emb, dtype=np.float32)
 
-    def score(self, query: str, passages: Sequence[str]) -> list[float]:
-        return self.score_many([(query, passages)])[0]
-
-    def score_many(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """All queries in one encode call and all passages in another, so concurrent requests
         share model batches. Identical texts are embedded once: cheaper, and they cannot get
         different scores from sitting in differently padded batches."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cisrank.errors import CisrankError, UnknownRerankerError
-from cisrank.rerank.base import Reranker
+from cisrank.rerank.base import IdentityReranker, Reranker
 
 _CONFIGS: dict[str, tuple[str, str]] = {
     "dense": ("cisrank.rerank.dense", "DenseRerankerConfig"),
@@ -80,10 +80,11 @@ def check_name(name: str) -> str:
     return name
 
 
-def load_reranker(name: str, model: str | None = None, **options: Any) -> Reranker | None:
-    """Build the named reranker; `none` gives None (keep the first-stage order)."""
+def load_reranker(name: str, model: str | None = None, **options: Any) -> Reranker:
+    """Build the named reranker; `none` gives the `IdentityReranker` (keep the input order),
+    which takes no model and ignores the options the CLI passes to every reranker."""
     check_name(name)
     if name == NO_RERANKER:
-        return None
+        return IdentityReranker()
     options = {k: v for k, v in options.items() if v is not None}
     return _FACTORIES[name](model, **options)

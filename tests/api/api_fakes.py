@@ -51,6 +51,10 @@ class OverlapReranker(BaseReranker):
         self.calls.append((query, tuple(passages)))
         return [overlap(query, p) for p in passages]
 
+    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """One `score` call per request: a reranker that cannot share batches across queries."""
+        return [self.score(q, p) for q, p in requests]
+
 
 class MultiOverlapReranker(OverlapReranker):
     """Also implements `score_batch`: one call per model batch, whatever the number of requests."""

@@ -10,8 +10,8 @@ from builders import hit, write_folder
 
 from cisrank.data.datasets import load_folder
 from cisrank.data.runs import Run
-from cisrank.eval.pipeline import run_eval
-from cisrank.rerank.base import BaseReranker
+from cisrank.eval.pipeline import first_stage_run, run_eval
+from cisrank.rerank.base import BaseReranker, IdentityReranker
 
 
 class LengthReranker(BaseReranker):
@@ -20,8 +20,8 @@ class LengthReranker(BaseReranker):
     name = "length"
     model_name = "len"
 
-    def score(self, query, passages):
-        return [float(len(p)) for p in passages]
+    def score_batch(self, requests):
+        return [[float(len(p)) for p in passages] for _, passages in requests]
 
 
 @pytest.fixture
@@ -72,9 +72,50 @@ def test_depth_reranks_only_the_head(folder):
 
 
 def test_no_reranker_only_first_stage(folder, tmp_path):
-    result = run_eval(load_folder(folder), None, output=tmp_path / "o", progress=False)
+    result = run_eval(
+        load_folder(folder), IdentityReranker(), output=tmp_path / "o", progress=False
+    )
     assert set(result.runs) == {"first-stage"} and result.significance is None
     assert (tmp_path / "o" / "run.trec").is_file()
+
+
+class RecordingLengthReranker(LengthReranker):
+    def __init__(self):
+        self.calls = []
+
+    def score_batch(self, requests):
+        self.calls.append([q for q, _ in requests])
+        return super().score_batch(requests)
+
+
+def test_queries_go_to_score_batch_in_chunks_with_identical_results(tmp_path):
+    hits = {
+        (f"q{i}", f"query {i}"): [hit("a", 1, 2.0, "x" * i), hit("b", 2, 1.0, "xx")]
+        for i in range(5)
+    }
+    qrels = "".join(f"q{i} Q0 a 1\n" for i in range(5))
+    dataset = load_folder(write_folder(tmp_path / "five", hits, qrels=qrels, topics=None))
+    runs = {}
+    for per_call in (1, 2, 8):
+        r = RecordingLengthReranker()
+        result = run_eval(dataset, r, progress=False, queries_per_call=per_call)
+        runs[per_call] = result.runs["reranked"].rankings
+        queries = [f"query {i}" for i in range(5)]
+        assert r.calls == [queries[k : k + per_call] for k in range(0, 5, per_call)]
+    assert runs[1] == runs[2] == runs[8]
+    assert [d for d, _ in runs[8]["q3"]] == ["a", "b"]  # "xxx" is longer than "xx"
+    assert [d for d, _ in runs[8]["q1"]] == ["b", "a"]
+    with pytest.raises(ValueError, match="queries_per_call"):
+        run_eval(dataset, LengthReranker(), progress=False, queries_per_call=0)
+
+
+def test_identity_reranker_gives_the_first_stage_run(folder, tmp_path):
+    dataset = load_folder(folder)
+    run_eval(dataset, IdentityReranker(), output=tmp_path / "o", progress=False)
+    first_stage_run(dataset).write_trec(tmp_path / "want.trec", tag="cisrank-first-stage")
+    assert (tmp_path / "o" / "run.trec").read_text() == (tmp_path / "want.trec").read_text()
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["reranker"] is None and "timing" not in metrics and "significance" not in metrics
 
 
 def cli(*args, env=None):

@@ -87,25 +87,25 @@ def test_max_length_truncates_like_predict(ce_dir):
 @pytest.mark.parametrize(
     "options", [{"dtype": "float32"}, {}, pytest.param({"quantize": "int8"}, marks=needs_fbgemm)]
 )
-def test_score_many_equals_score_per_query_and_dedupes(ce_dir, options):
+def test_score_batch_equals_score_per_query_and_dedupes(ce_dir, options):
     """float32 is exact up to rounding whatever the batches; bf16 and int8 results can move with
     the batch a pair lands in (padding width; int8 activation scales), within their precision."""
     r = CrossEncoderReranker(model=str(ce_dir), batch_size=3, **options)
     tol = 1e-5 if r.dtype == torch.float32 and r.config.quantize == "none" else 0.01
     other = "Which city is the capital of France?"
     requests = [(QUERY, PASSAGES), (other, PASSAGES[2:6]), (QUERY, PASSAGES[:3]), (other, [])]
-    many = r.score_many(requests)
+    many = r.score_batch(requests)
     assert [len(s) for s in many] == [len(p) for _, p in requests]
     for (q, p), s in zip(requests, many, strict=True):
         assert s == pytest.approx(r.score(q, p), abs=tol)
     # A pair asked for twice is scored once, so it gets exactly the same number.
     assert many[2] == many[0][:3]
     assert many[0][2] == many[0][5]  # "Paris is the capital of France." twice in PASSAGES
-    assert r.score_many([]) == []
-    assert r.score_many([(QUERY, [])]) == [[]]
+    assert r.score_batch([]) == []
+    assert r.score_batch([(QUERY, [])]) == [[]]
     assert r.score(QUERY, []) == []
     with pytest.raises(CisrankError, match="not one string"):
-        r.score_many([(QUERY, "a passage")])
+        r.score_batch([(QUERY, "a passage")])
 
 
 def test_rerank_orders_by_score(ce_dir):

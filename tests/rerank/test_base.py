@@ -1,0 +1,64 @@
+"""The reranker contract: `score_batch` is the one method to write; `score`/`rerank` derive from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from cisrank.data.types import rank_order
+from cisrank.rerank import BaseReranker, IdentityReranker, Reranker, load_reranker
+
+
+class VowelReranker(BaseReranker):
+    """Implements only `score_batch`: vowels of the passage that also occur in the query."""
+
+    name = "vowels"
+    model_name = "v1"
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, tuple[str, ...]]]] = []
+
+    def score_batch(self, requests):
+        self.calls.append([(q, tuple(p)) for q, p in requests])
+        return [[float(sum(c in q for c in p if c in "aeiou")) for p in ps] for q, ps in requests]
+
+
+PASSAGES = ["xyz", "banana", "eel", "aeiou", "banana"]
+
+
+def test_score_and_rerank_derive_from_score_batch():
+    r = VowelReranker()
+    assert isinstance(r, Reranker) and not r.keeps_order
+    assert r.score("ae", PASSAGES) == [0.0, 3.0, 2.0, 2.0, 3.0]
+    assert r.calls == [[("ae", tuple(PASSAGES))]]  # one request, through score_batch
+    ranked = r.rerank("ae", PASSAGES, top_n=3)
+    assert [(p.index, p.score, p.text) for p in ranked] == [
+        (1, 3.0, "banana"),
+        (4, 3.0, "banana"),
+        (2, 2.0, "eel"),
+    ]
+    assert [p.index for p in r.rerank("ae", PASSAGES)] == rank_order(r.score("ae", PASSAGES))
+    assert r.rerank("ae", []) == []
+    with pytest.raises(ValueError, match="top_n"):
+        r.rerank("ae", PASSAGES, top_n=0)
+
+
+def test_score_batch_is_the_abstract_method():
+    class Nothing(BaseReranker):
+        pass
+
+    with pytest.raises(TypeError, match="score_batch"):
+        Nothing()
+
+
+def test_identity_keeps_the_input_order():
+    r = load_reranker("none", "ignored-model", batch_size=4)
+    assert isinstance(r, IdentityReranker) and isinstance(r, Reranker)
+    assert r.name == "none" and r.keeps_order
+    assert r.score_batch([("q", ["c", "a", "b"]), ("q2", []), ("q3", ["z"])]) == [
+        [3.0, 2.0, 1.0],
+        [],
+        [1.0],
+    ]
+    texts = ["zeta", "alpha", "alpha", "mid"]
+    assert [p.index for p in r.rerank("q", texts)] == [0, 1, 2, 3]
+    assert [p.text for p in r.rerank("q", texts, top_n=2)] == ["zeta", "alpha"]
