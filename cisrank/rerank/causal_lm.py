@@ -2,7 +2,7 @@
 
 CIS (log p(K|Q) - log p(K)), and later question likelihood and PMI ordering, all reduce to one
 question: given prefix token ids and a list of continuations, what is the summed log-probability of
-each continuation? This module answers it, fast and exactly (GUIDE §3):
+each continuation? This module answers it, fast and exactly (the contract in `rerank.cis`):
 
 - the shared prefix (BOS + templated query) runs once per call and its key/value cache is expanded
   along the batch dimension for every batch of continuations, so query tokens are never recomputed;
