@@ -17,6 +17,7 @@ from cisrank.cli.options import (
     DataDirOpt,
     DepthOpt,
     DeviceOpt,
+    EstimatorOpt,
     FirstStageOpt,
     JsonOpt,
     MaxDocTokensOpt,
@@ -27,6 +28,7 @@ from cisrank.cli.options import (
     QuantizeOpt,
     QuietOpt,
     RerankerOpt,
+    ReverseTemplateOpt,
     TemplateOpt,
     reranker_options,
 )
@@ -119,6 +121,8 @@ def _dataset_command(name: str, doc: str):
         normalize: NormalizeOpt = None,
         first_stage: FirstStageOpt = None,
         quantize: QuantizeOpt = None,
+        estimator: EstimatorOpt = None,
+        reverse_template: ReverseTemplateOpt = None,
     ) -> None:
         _evaluate(
             name,
@@ -132,7 +136,13 @@ def _dataset_command(name: str, doc: str):
             quiet,
             as_json,
             reranker_options=reranker_options(
-                template, prior_store, max_doc_tokens, normalize, quantize
+                template,
+                prior_store,
+                max_doc_tokens,
+                normalize,
+                quantize,
+                estimator,
+                reverse_template,
             ),
             first_stage=first_stage,
         )
@@ -175,9 +185,13 @@ def eval_run(
     normalize: NormalizeOpt = None,
     first_stage: FirstStageOpt = None,
     quantize: QuantizeOpt = None,
+    estimator: EstimatorOpt = None,
+    reverse_template: ReverseTemplateOpt = None,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
-    options = reranker_options(template, prior_store, max_doc_tokens, normalize, quantize)
+    options = reranker_options(
+        template, prior_store, max_doc_tokens, normalize, quantize, estimator, reverse_template
+    )
     if data_dir is None and candidates is None:
         raise CisrankError(
             "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"

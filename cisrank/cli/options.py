@@ -65,7 +65,25 @@ FirstStageOpt = Annotated[
 TemplateOpt = Annotated[
     str | None,
     typer.Option(
-        "--template", help="CIS query template: plain, qa, or a custom string holding {query}."
+        "--template",
+        help="CIS query template: plain, qa, chat (the tokenizer's chat template), or a custom "
+        "string holding {query}.",
+    ),
+]
+EstimatorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--estimator",
+        help="CIS: forward (log p(K|Q) - log p(K), default), reverse (log p(Q|K), no prior) or "
+        "both (their mean).",
+    ),
+]
+ReverseTemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reverse-template",
+        help="CIS reverse estimator: upr (default), chat, or a custom string holding {passage} "
+        "and ending with {query}.",
     ),
 ]
 PriorStoreOpt = Annotated[
@@ -97,6 +115,8 @@ def reranker_options(
     max_doc_tokens: int | None,
     normalize: str | None,
     quantize: str | None = None,
+    estimator: str | None = None,
+    reverse_template: str | None = None,
 ) -> dict[str, Any]:
     """Reranker-specific flags (CIS, cross-encoder) as `load_reranker` keyword options; None
     values are dropped there, and a flag the chosen reranker does not take is an error there."""
@@ -106,4 +126,6 @@ def reranker_options(
         "max_doc_tokens": max_doc_tokens,
         "normalize": normalize,
         "quantize": quantize,
+        "estimator": estimator,
+        "reverse_template": reverse_template,
     }

@@ -11,6 +11,7 @@ import typer
 from cisrank.cli.options import (
     BatchOpt,
     DeviceOpt,
+    EstimatorOpt,
     JsonOpt,
     MaxDocTokensOpt,
     ModelOpt,
@@ -18,6 +19,7 @@ from cisrank.cli.options import (
     PriorStoreOpt,
     QuantizeOpt,
     RerankerOpt,
+    ReverseTemplateOpt,
     TemplateOpt,
     reranker_options,
 )
@@ -74,6 +76,8 @@ def rerank(
     max_doc_tokens: MaxDocTokensOpt = None,
     normalize: NormalizeOpt = None,
     quantize: QuantizeOpt = None,
+    estimator: EstimatorOpt = None,
+    reverse_template: ReverseTemplateOpt = None,
 ) -> None:
     """Rank passages for one query, most relevant first."""
     from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
@@ -88,7 +92,9 @@ def rerank(
         model,
         batch_size=batch_size,
         device=device,
-        **reranker_options(template, prior_store, max_doc_tokens, normalize, quantize),
+        **reranker_options(
+            template, prior_store, max_doc_tokens, normalize, quantize, estimator, reverse_template
+        ),
     )
     assert model_obj is not None  # `none` was rejected above
     ranked = model_obj.rerank(query, texts, top_n=top_n)

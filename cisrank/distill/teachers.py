@@ -85,6 +85,8 @@ class CISTeacher(RerankerTeacher):
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
     ) -> TeacherScores:
+        if self.cis.config.estimator != "forward":  # the two log p(K) terms are forward's
+            return TeacherScores(self.cis.score(query, list(passages)))
         cis, cond, prior = self.cis.components(query, list(passages))
         return TeacherScores(cis, cond, prior)
 

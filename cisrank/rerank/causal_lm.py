@@ -250,6 +250,47 @@ class CausalLMEngine:
             token_logprobs=[row.copy() for row in per_tok] if return_tokens else None,
         )
 
+    def score_spans(
+        self,
+        spans: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        return_tokens: bool = False,
+    ) -> ContinuationScores:
+        """Summed log p(target | context) for each (context, target) pair, in input order.
+
+        The other shape of the engine: every pair has its own context (K passages each followed
+        by one question; K rotations of one context), so nothing is shared and each row is fed
+        whole: `[context, target]`, with the LM head applied at the target's positions only. Rows
+        are deduplicated and batched by length like continuations, so a pair scores the same in
+        any batch. Each context must be non-empty (it starts with BOS); an empty target scores 0.
+        """
+        pairs = [(tuple(int(t) for t in c), tuple(int(t) for t in g)) for c, g in spans]
+        if any(not c for c, _ in pairs):
+            raise CisrankError("every context must hold at least one token (BOS)")
+        unique, slots = dedupe(pairs)
+        longest = max((len(c) + len(g) for c, g in unique), default=0)
+        if self.max_positions is not None and longest > self.max_positions:
+            raise CisrankError(
+                f"a context plus its target ({longest} tokens) exceeds the context of "
+                f"'{self.model_name}' ({self.max_positions} tokens): lower --max-doc-tokens"
+            )
+        empty = np.zeros(0, dtype=np.float32)
+        lengths = [len(c) + len(g) if g else 0 for c, g in unique]
+
+        def score(batch: list[int]) -> list[np.ndarray]:
+            chosen = [unique[i] for i in batch]
+            lp = self._forward([c + g for c, g in chosen], [len(c) for c, _ in chosen])
+            bounds = np.cumsum([0, *(len(g) for _, g in chosen)])
+            return [lp[a:b] for a, b in itertools.pairwise(bounds)]
+
+        with torch.inference_mode():
+            per_tok = scatter(self.batcher().run(lengths, score, empty), slots)
+        return ContinuationScores(
+            logprobs=[float(row.sum(dtype=np.float64)) for row in per_tok],
+            num_tokens=[len(g) for _, g in pairs],
+            token_logprobs=[row.copy() for row in per_tok] if return_tokens else None,
+        )
+
     def batcher(self) -> LengthBatcher:
         """This engine's batching policy (read at each call: the attributes may be changed)."""
         return LengthBatcher(self.batch_size, self.batch_tokens, self.max_padding)
@@ -265,9 +306,11 @@ class CausalLMEngine:
             extra = 0 if cached is not None else len(prefix)
             lengths = [len(c) + extra if c else 0 for c in unique]
 
-            def score(rows: list[int]) -> list[np.ndarray]:
-                seqs = [unique[i] for i in rows]
-                lp = self._forward(prefix, seqs, cached)
+            fed = () if cached is not None else tuple(prefix)
+
+            def score(batch: list[int]) -> list[np.ndarray]:
+                seqs = [unique[i] for i in batch]
+                lp = self._forward([fed + s for s in seqs], [len(fed)] * len(seqs), cached)
                 bounds = np.cumsum([0, *(len(s) for s in seqs)])
                 return [lp[a:b] for a, b in itertools.pairwise(bounds)]
 
@@ -310,28 +353,28 @@ class CausalLMEngine:
         data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in layers]
         return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
-    def _forward(self, prefix: list[int], seqs: list[tuple[int, ...]], cached=None) -> np.ndarray:
-        """Per-token log p of every continuation in `seqs`, concatenated in row order.
+    def _forward(self, rows: list[tuple[int, ...]], context: list[int], cached=None) -> np.ndarray:
+        """Per-token log p of the scored span of every row, concatenated in row order.
 
-        With `cached` (from `_prefix_state`) the rows hold the continuations alone and attend to
-        the prefix's key/value cache, expanded along the batch; without it each row is
-        `[prefix, continuation]`. Either way positions count from the prefix's first token and
-        ignore padding, so a row scores the same on either padding side and in any batch."""
-        p = len(prefix)
-        fed = () if cached is not None else tuple(prefix)  # prefix tokens this forward reads
-        start = p - len(fed)  # positions already held by the cache
+        Row r feeds `rows[r]` and scores its tokens from index `context[r]` on (the ones before
+        are context). With `cached` (from `_prefix_state`, a prefix shared by every row) the rows
+        attend to the prefix's key/value cache, expanded along the batch, and a scored token at
+        index 0 is predicted by the prefix's last hidden state. Positions count from the first
+        token the model reads (the prefix's, when cached) and ignore padding, so a row scores the
+        same on either padding side and in any batch."""
+        start = 0
+        if cached is not None:
+            layers, last_hidden = cached
+            start = int(layers[0][0].shape[-2])  # positions already held by the cache
         pad_id = self.tokenizer.pad_token_id
         pad_id = self.bos_id if pad_id is None else int(pad_id)
-        np_ids, np_mask, offsets = pad_batch(
-            [fed + s for s in seqs], pad_id, left=self.padding_side == "left"
-        )
+        np_ids, np_mask, offsets = pad_batch(rows, pad_id, left=self.padding_side == "left")
         ids, mask = torch.from_numpy(np_ids), torch.from_numpy(np_mask)
         bsz, width = ids.shape
         off = torch.tensor(offsets).unsqueeze(1)
         positions = (start + torch.arange(width).unsqueeze(0) - off).clamp_min(start)
         past = None
         if cached is not None:
-            layers, last_hidden = cached
             mask = torch.cat([torch.ones((bsz, start), dtype=torch.long), mask], dim=1)
             past = self._expanded_cache(layers, bsz)
         out = self.base(
@@ -342,20 +385,17 @@ class CausalLMEngine:
             use_cache=past is not None,
         )
         hidden = out.last_hidden_state.reshape(bsz * width, -1)
-        # Token j of row r is predicted by the hidden state just before it: position
-        # off_r + len(fed) + j - 1 of the row. With a cache the first token has no such position:
-        # the prefix's last state predicts it, prepended as source row 0 (the rest shift by 1).
+        # Token j of row r is predicted by the hidden state just before it, at flat index
+        # r * width + off_r + j - 1. With a cache, token 0 has no such state: the prefix's last
+        # state predicts it, prepended as source row 0 (every other index shifts by 1).
         lead = 1 if cached is not None else 0
         src: list[int] = []
         tgt: list[int] = []
-        for r, s in enumerate(seqs):
-            first = lead + r * width + offsets[r] + len(fed) - 1  # source of token 0
-            if cached is not None:
-                src.append(0)
-                src.extend(range(first + 1, first + len(s)))
-            else:
-                src.extend(range(first, first + len(s)))
-            tgt.extend(s)
+        for r, (row, ctx) in enumerate(zip(rows, context, strict=True)):
+            first = lead + r * width + offsets[r] - 1  # source of the row's token 0
+            for j in range(ctx, len(row)):
+                src.append(0 if j == 0 else first + j)
+            tgt.extend(row[ctx:])
         source = hidden if cached is None else torch.cat([last_hidden.unsqueeze(0), hidden])
         return self._head_logprobs(source, src, tgt)
 

@@ -11,6 +11,13 @@ Implements this CIS contract on top of the one causal-LM engine (`causal_lm`):
 `normalize="sum"` (the paper, default) returns summed log-probabilities; `"mean"` divides each of
 `score`, `log_conditional` and `log_prior` by the passage's token count, so that long passages are
 not favoured or penalised for their length alone.
+
+Two estimators of the same quantity (`estimator`): by Bayes, log p(K|Q) - log p(K) =
+log p(Q|K) - log p(Q), and log p(Q) is the same for every passage of a query, so the query's
+likelihood after a passage-first template (`reverse`, no prior needed; a query-likelihood
+reranker) ranks by the same CIS as the `forward` estimate. An LM with prompt templates is not a
+consistent joint distribution, so the two differ in practice; `both` averages them. Templates:
+`cisrank.rerank.templates`.
 """
 
 from __future__ import annotations
@@ -26,28 +33,18 @@ from cisrank.errors import CisrankError
 from cisrank.rerank.base import BaseReranker
 from cisrank.rerank.causal_lm import CausalLMEngine
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
+from cisrank.rerank.templates import (
+    CHAT,
+    FORWARD_TEMPLATES,
+    ReverseTemplate,
+    render_chat,
+    resolve_forward,
+    resolve_reverse,
+)
 
-TEMPLATES: dict[str, str] = {"plain": "{query}", "qa": "Question: {query}\nAnswer:"}
+TEMPLATES = FORWARD_TEMPLATES
 _MEMORY_PRIORS_MAX = 200_000
-
-
-def resolve_template(template: str) -> str:
-    """A named template (`plain`, `qa`) or a custom string holding `{query}`."""
-    if template in TEMPLATES:
-        return TEMPLATES[template]
-    if "{query}" not in template:
-        raise CisrankError(
-            f"template {template!r} is neither a named template ({', '.join(TEMPLATES)}) "
-            "nor a string holding '{query}'"
-        )
-    try:
-        template.format(query="q")
-    except (KeyError, IndexError, ValueError) as exc:
-        raise CisrankError(
-            f"template {template!r} has braces other than '{{query}}' ({exc}): "
-            "double literal braces as '{{' and '}}'"
-        ) from None
-    return template
+Estimator = Literal["forward", "reverse", "both"]
 
 
 class CISRerankerConfig(ComponentConfig):
@@ -56,7 +53,16 @@ class CISRerankerConfig(ComponentConfig):
     label: ClassVar[str] = "CIS reranker"
 
     model: str = "gpt2"
+    estimator: Estimator = Field(
+        default="forward",
+        description="forward: log p(K|Q) - log p(K) (prior offline); reverse: log p(Q|K) under a "
+        "passage-first template (no prior; the same CIS up to log p(Q), constant per query); "
+        "both: the mean of the two.",
+    )
     template: str = "plain"
+    reverse_template: str = Field(
+        default="upr", description="Passage-first template of the reverse estimator."
+    )
     max_doc_tokens: int = Field(default=512, ge=1)
     batch_size: int | None = Field(default=None, ge=1, description="Passages per batch at most.")
     batch_tokens: int | None = Field(default=None, ge=1, description="Padded tokens per batch.")
@@ -72,7 +78,13 @@ class CISRerankerConfig(ComponentConfig):
     @field_validator("template")
     @classmethod
     def _check_template(cls, v: str) -> str:
-        resolve_template(v)
+        resolve_forward(v)
+        return v
+
+    @field_validator("reverse_template")
+    @classmethod
+    def _check_reverse_template(cls, v: str) -> str:
+        resolve_reverse(v)
         return v
 
 
@@ -112,7 +124,6 @@ class CISReranker(BaseReranker):
             **overrides,
         )
         self.config = (config or CISRerankerConfig()).replace(**changes)
-        self.template = resolve_template(self.config.template)
         self.engine = engine or CausalLMEngine(
             self.config.model,
             device=self.config.device,
@@ -131,6 +142,14 @@ class CISReranker(BaseReranker):
             self.prior_store = None
         self._memory_priors: dict[str, tuple[float, int]] = {}
         self._store_fp: str | None = None
+        bos_text = self.engine.tokenizer.convert_ids_to_tokens(self.engine.bos_id)
+        self.template = resolve_forward(self.config.template)
+        if self.template == CHAT:
+            self.template = render_chat(self.engine.tokenizer, False, bos_text)
+        reverse = resolve_reverse(self.config.reverse_template)
+        if reverse == CHAT:
+            reverse = render_chat(self.engine.tokenizer, True, bos_text)
+        self.reverse_template = ReverseTemplate.parse(reverse)
 
     # ------------------------------------------------------------------ pieces
     @property
@@ -245,12 +264,60 @@ class CISReranker(BaseReranker):
             )
         return out
 
+    def log_query_likelihood(self, query: str, passages: Sequence[str]) -> list[float]:
+        """log p(Q|K) per passage under the passage-first template (mean per query token if
+        normalize='mean'): the reverse estimate of CIS, up to log p(Q), which is the same for
+        every passage of a query."""
+        return self.reverse_batch([(query, passages)])[0]
+
+    def reverse_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """`log_query_likelihood` of each request. Each passage is its own long context and the
+        query one short target, so all pairs of all requests go to the engine at once, batched
+        by length; the LM head runs at the query's positions only."""
+        passages = [p for _, ps in requests for p in ps]
+        docs = self.passage_ids(passages)
+        spans = []
+        k = 0
+        for query, ps in requests:
+            for _ in ps:
+                spans.append(
+                    self.reverse_template.ids(
+                        self.engine.encode, self.engine.bos_id, docs[k], query
+                    )
+                )
+                k += 1
+        res = self.engine.score_spans(spans)
+        values = self._norm(res.logprobs, res.num_tokens)
+        out: list[list[float]] = []
+        k = 0
+        for _, ps in requests:
+            out.append(values[k : k + len(ps)])
+            k += len(ps)
+        return out
+
     def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
-        """CIS(Q->K) = log p(K|Q) - log p(K) per passage of each request, input order."""
-        return [cis for cis, _, _ in self.components_batch(requests)]
+        """The configured estimate of CIS per passage of each request, input order: forward
+        (log p(K|Q) - log p(K)), reverse (log p(Q|K)) or both (their mean)."""
+        estimator = self.config.estimator
+        forward = (
+            [cis for cis, _, _ in self.components_batch(requests)]
+            if estimator != "reverse"
+            else None
+        )
+        reverse = self.reverse_batch(requests) if estimator != "forward" else None
+        if forward is None:
+            assert reverse is not None
+            return reverse
+        if reverse is None:
+            return forward
+        return [
+            [(f + r) / 2.0 for f, r in zip(fs, rs, strict=True)]
+            for fs, rs in zip(forward, reverse, strict=True)
+        ]
 
     def __repr__(self) -> str:
         return (
-            f"CISReranker(model={self.model_name!r}, template={self.config.template!r}, "
+            f"CISReranker(model={self.model_name!r}, estimator={self.config.estimator!r}, "
+            f"template={self.config.template!r}, reverse_template={self.config.reverse_template!r}, "
             f"max_doc_tokens={self.config.max_doc_tokens}, normalize={self.config.normalize!r})"
         )
