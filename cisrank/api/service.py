@@ -96,7 +96,7 @@ def build_reranker(spec: RerankerSpec) -> Reranker:
     from cisrank.rerank.registry import load_reranker
 
     reranker = load_reranker(spec.kind, spec.model, **spec.options)
-    if reranker is None:
+    if reranker.keeps_order:
         raise CisrankError("reranker kind 'none' cannot be served: pick dense, cis, ...")
     return reranker
 
