@@ -20,7 +20,6 @@ letter next to a digit across a `.`, rare numeric symbols) may break differently
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
@@ -120,7 +119,7 @@ def _lucene_porter_fix(word: str, stem: str) -> str:
 
 
 class Analyzer:
-    """Turns text into index terms; `analyze` for one text, `analyze_many` for a batch."""
+    """Turns text into index terms (`analyze`), the same way at index and at query time."""
 
     def __init__(self, config: AnalyzerConfig | None = None) -> None:
         self.config = config or AnalyzerConfig()
@@ -155,6 +154,3 @@ class Analyzer:
         if self.config.stemmer == "porter":
             stemmed = [_lucene_porter_fix(t, s) for t, s in zip(terms, stemmed, strict=True)]
         return stemmed
-
-    def analyze_many(self, texts: Iterable[str]) -> list[list[str]]:
-        return [self.analyze(t) for t in texts]
