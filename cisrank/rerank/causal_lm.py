@@ -69,10 +69,16 @@ def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype):
 
     from cisrank.models.resolve import resolve_model
 
-    path = resolve_model(model)
+    gguf = Path(model).expanduser()
+    if gguf.suffix.lower() == ".gguf" and gguf.is_file():
+        # A GGUF checkpoint file: transformers de-quantizes it at every load (tens of seconds);
+        # `cisrank models pull` converts catalogue models once instead.
+        path, extra = str(gguf.parent), {"gguf_file": gguf.name}
+    else:
+        path, extra = resolve_model(model), {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(
