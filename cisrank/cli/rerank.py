@@ -23,6 +23,7 @@ from cisrank.cli.options import (
     TemplateOpt,
     reranker_options,
 )
+from cisrank.cli.tables import print_ranking
 from cisrank.errors import CisrankError
 
 
@@ -115,19 +116,9 @@ def rerank(
             )
         )
         return
-    from rich.console import Console, JustifyMethod
-    from rich.table import Table
-
-    table = Table(title=f"{reranker} ({model_obj.model_name}): {query}")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("rank", "right"),
-        ("id", "left"),
-        ("score", "right"),
-        ("passage", "left"),
+    print_ranking(
+        f"{reranker} ({model_obj.model_name}): {query}",
+        "id",
+        "passage",
+        ((ids[p.index], p.score, p.text) for p in ranked),
     )
-    for col, justify in columns:
-        table.add_column(col, justify=justify)
-    for r, p in enumerate(ranked, 1):
-        text = p.text if len(p.text) <= 100 else p.text[:97] + "..."
-        table.add_row(str(r), ids[p.index], f"{p.score:.4f}", text)
-    Console().print(table)

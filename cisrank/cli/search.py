@@ -41,6 +41,7 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Retrieve from built indexes: print hits for --query, or write a TREC run for --queries."""
+    from cisrank.cli.tables import print_ranking
     from cisrank.data.datasets import read_topics
     from cisrank.data.runs import Run
     from cisrank.errors import CisrankError
@@ -81,19 +82,6 @@ def search(
             json.dumps({"query": query, "retriever": retriever.name, "hits": rows}, indent=2)
         )
         return
-    from rich.console import Console, JustifyMethod
-    from rich.table import Table
-
-    table = Table(title=f"{retriever.name}: {query}")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("rank", "right"),
-        ("docid", "left"),
-        ("score", "right"),
-        ("text", "left"),
+    print_ranking(
+        f"{retriever.name}: {query}", "docid", "text", ((h.docid, h.score, h.text) for h in hits)
     )
-    for col, justify in columns:
-        table.add_column(col, justify=justify)
-    for r, h in enumerate(hits, 1):
-        text = h.text if len(h.text) <= 100 else h.text[:97] + "..."
-        table.add_row(str(r), h.docid, f"{h.score:.4f}", text)
-    Console().print(table)
