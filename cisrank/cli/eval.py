@@ -19,6 +19,8 @@ from cisrank.cli.options import (
     DeviceOpt,
     EstimatorOpt,
     FirstStageOpt,
+    FuseOpt,
+    FusionOpt,
     JsonOpt,
     MaxDocTokensOpt,
     ModelOpt,
@@ -36,7 +38,7 @@ from cisrank.errors import CisrankError
 
 eval_app = typer.Typer(
     help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
-    "(nDCG@1/5/10, AP(rel=2), R(rel=2)@100 with ir_measures, trec_eval semantics).",
+    "(nDCG@1/5/10, RR(rel=2)@10 (MRR@10), AP(rel=2), R(rel=2)@100 with ir_measures, trec_eval semantics).",
     no_args_is_help=True,
 )
 
@@ -123,6 +125,8 @@ def _dataset_command(name: str, doc: str):
         quantize: QuantizeOpt = None,
         estimator: EstimatorOpt = None,
         reverse_template: ReverseTemplateOpt = None,
+        fuse: FuseOpt = None,
+        fusion: FusionOpt = None,
     ) -> None:
         _evaluate(
             name,
@@ -143,6 +147,8 @@ def _dataset_command(name: str, doc: str):
                 quantize,
                 estimator,
                 reverse_template,
+                fuse,
+                fusion,
             ),
             first_stage=first_stage,
         )
@@ -187,10 +193,20 @@ def eval_run(
     quantize: QuantizeOpt = None,
     estimator: EstimatorOpt = None,
     reverse_template: ReverseTemplateOpt = None,
+    fuse: FuseOpt = None,
+    fusion: FusionOpt = None,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
     options = reranker_options(
-        template, prior_store, max_doc_tokens, normalize, quantize, estimator, reverse_template
+        template,
+        prior_store,
+        max_doc_tokens,
+        normalize,
+        quantize,
+        estimator,
+        reverse_template,
+        fuse,
+        fusion,
     )
     if data_dir is None and candidates is None:
         raise CisrankError(
@@ -219,3 +235,81 @@ def eval_run(
         reranker_options=options,
         first_stage=first_stage,
     )
+
+
+@eval_app.command("fuse")
+def eval_fuse(
+    dataset: Annotated[
+        str, typer.Argument(help="trec-dl19, trec-dl21, or a folder in the TREC DL layout.")
+    ],
+    run: Annotated[
+        list[str],
+        typer.Option(
+            "--run",
+            help="NAME=RUN.trec of a reranked run over the dataset's candidates (repeat); the "
+            "first stage is there as 'first-stage'.",
+        ),
+    ],
+    fuse: Annotated[
+        str, typer.Option("--fuse", help="Runs and weights to fuse, e.g. 'cis:0.6,dense:0.4'.")
+    ],
+    fusion: Annotated[str, typer.Option("--fusion", help="linear or rrf.")] = "linear",
+    normalize: Annotated[
+        str, typer.Option("--fusion-normalize", help="linear: minmax or zscore per query.")
+    ] = "minmax",
+    rrf_k: Annotated[float, typer.Option("--rrf-k", min=0.0, help="RRF's k.")] = 60.0,
+    depth: DepthOpt = 100,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Folder for run.trec and metrics.json.")
+    ] = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fuse saved runs exactly as `--reranker hybrid --fuse ... --fusion ...` would, in seconds,
+    and print the first stage, every run and the fusion side by side."""
+    from rich.console import Console
+
+    from cisrank.data import datasets
+    from cisrank.data.fusion import fuse_runs, parse_weights
+    from cisrank.data.runs import Run
+    from cisrank.eval import metrics as M
+    from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
+    from cisrank.eval.report import metrics_table, write_metrics_json
+
+    folder = Path(dataset)
+    if data_dir is None and folder.is_dir():
+        ds = datasets.load_named(folder.name, folder)
+    else:
+        ds = datasets.load_named(dataset, data_dir)
+    runs = {FIRST_STAGE: first_stage_run(ds)}
+    for spec in run:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise CisrankError(f"--run {spec!r}: give NAME=RUN.trec")
+        if name in runs:
+            raise CisrankError(f"--run {name}: given twice (or it is the first stage's name)")
+        runs[name] = Run.read_trec(path, name=name)
+    try:
+        weights = parse_weights(fuse)
+    except ValueError as exc:
+        raise CisrankError(f"--fuse: {exc}") from None
+    unknown = [n for n in weights if n not in runs]
+    if unknown:
+        raise CisrankError(f"--fuse names {', '.join(unknown)}: not among {', '.join(runs)}")
+    try:
+        fused = fuse_runs(
+            [runs[n] for n in weights], list(weights.values()), fusion, normalize, rrf_k, depth
+        )
+    except ValueError as exc:
+        raise CisrankError(str(exc)) from None
+    runs["hybrid"] = fused
+    figures = {name: M.evaluate(r, ds.qrels) for name, r in runs.items()}
+    report = {"dataset": ds.name, "fuse": fuse, "fusion": fusion, "runs": figures}
+    if output is not None:
+        output.mkdir(parents=True, exist_ok=True)
+        fused.write_trec(output / "run.trec", tag="cisrank-hybrid")
+        write_metrics_json(output / "metrics.json", report)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    Console().print(metrics_table(figures, title=f"{ds.name}: {fuse} ({fusion})"))

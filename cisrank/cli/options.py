@@ -108,6 +108,23 @@ QuantizeOpt = Annotated[
     ),
 ]
 
+# Options of the hybrid reranker (`--reranker hybrid`).
+FuseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--fuse",
+        help="hybrid: components and weights, e.g. 'cis:0.5,dense:0.3,first-stage:0.2' "
+        "(--model goes to the first component taking a model).",
+    ),
+]
+FusionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--fusion",
+        help="hybrid: 'linear' (per-query min-max normalized weighted sum, default) or 'rrf'.",
+    ),
+]
+
 
 def reranker_options(
     template: str | None,
@@ -117,6 +134,8 @@ def reranker_options(
     quantize: str | None = None,
     estimator: str | None = None,
     reverse_template: str | None = None,
+    fuse: str | None = None,
+    fusion: str | None = None,
 ) -> dict[str, Any]:
     """Reranker-specific flags (CIS, cross-encoder) as `load_reranker` keyword options; None
     values are dropped there, and a flag the chosen reranker does not take is an error there."""
@@ -128,4 +147,6 @@ def reranker_options(
         "quantize": quantize,
         "estimator": estimator,
         "reverse_template": reverse_template,
+        "fuse": fuse,
+        "fusion": fusion,
     }

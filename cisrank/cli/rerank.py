@@ -12,6 +12,8 @@ from cisrank.cli.options import (
     BatchOpt,
     DeviceOpt,
     EstimatorOpt,
+    FuseOpt,
+    FusionOpt,
     JsonOpt,
     MaxDocTokensOpt,
     ModelOpt,
@@ -79,6 +81,8 @@ def rerank(
     quantize: QuantizeOpt = None,
     estimator: EstimatorOpt = None,
     reverse_template: ReverseTemplateOpt = None,
+    fuse: FuseOpt = None,
+    fusion: FusionOpt = None,
 ) -> None:
     """Rank passages for one query, most relevant first."""
     from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
@@ -94,7 +98,15 @@ def rerank(
         batch_size=batch_size,
         device=device,
         **reranker_options(
-            template, prior_store, max_doc_tokens, normalize, quantize, estimator, reverse_template
+            template,
+            prior_store,
+            max_doc_tokens,
+            normalize,
+            quantize,
+            estimator,
+            reverse_template,
+            fuse,
+            fusion,
         ),
     )
     assert model_obj is not None  # `none` was rejected above

@@ -15,7 +15,15 @@ from scipy import stats
 
 from cisrank.data.runs import Run
 
-DEFAULT_MEASURES: tuple[str, ...] = ("nDCG@1", "nDCG@5", "nDCG@10", "AP(rel=2)", "R(rel=2)@100")
+# RR(rel=2)@10 is TREC DL's MRR@10: the reciprocal rank of the first passage graded 2 or more.
+DEFAULT_MEASURES: tuple[str, ...] = (
+    "nDCG@1",
+    "nDCG@5",
+    "nDCG@10",
+    "RR(rel=2)@10",
+    "AP(rel=2)",
+    "R(rel=2)@100",
+)
 PerQuery = dict[str, dict[str, float]]  # measure -> qid -> value
 
 

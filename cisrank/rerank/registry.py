@@ -17,10 +17,12 @@ _CONFIGS: dict[str, tuple[str, str]] = {
     "dense": ("cisrank.rerank.dense", "DenseRerankerConfig"),
     "cis": ("cisrank.rerank.cis", "CISRerankerConfig"),
     "cross-encoder": ("cisrank.rerank.cross_encoder", "CrossEncoderRerankerConfig"),
+    "hybrid": ("cisrank.rerank.hybrid", "HybridRerankerConfig"),
 }
 
 
-def _fields(name: str) -> set[str]:
+def config_fields(name: str) -> set[str]:
+    """The options reranker kind `name` takes (its config's fields)."""
     module, attr = _CONFIGS[name]
     return set(getattr(importlib.import_module(module), attr).model_fields)
 
@@ -28,13 +30,16 @@ def _fields(name: str) -> set[str]:
 def _check_options(name: str, options: dict[str, Any]) -> None:
     """Reject the flags of another reranker by their flag names (`--template` given to dense),
     saying whose they are: the CLI passes every reranker-specific flag to whichever is chosen."""
-    unknown = sorted(set(options) - _fields(name))
+    unknown = sorted(set(options) - config_fields(name))
     if not unknown:
         return
     flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-    owner = next((n for n in _CONFIGS if n != name and set(unknown) <= _fields(n)), None)
+    owner = next(
+        (n for n in _CONFIGS if n not in (name, "hybrid") and set(unknown) <= config_fields(n)),
+        None,
+    )
     whose = f"option(s) of the {owner} reranker, not of {name}" if owner else "not options"
-    valid = ", ".join(sorted(_fields(name)))
+    valid = ", ".join(sorted(config_fields(name)))
     raise CisrankError(f"{flags}: {whose}; drop them ({name} takes {valid})")
 
 
@@ -59,10 +64,18 @@ def _cross_encoder(model: str | None, **options: Any) -> Reranker:
     return CrossEncoderReranker(model=model, **options)
 
 
+def _hybrid(model: str | None, **options: Any) -> Reranker:
+    """Options are the hybrid's own plus those of its components, which it routes and checks."""
+    from cisrank.rerank.hybrid import HybridReranker
+
+    return HybridReranker(model=model, **options)
+
+
 _FACTORIES: dict[str, Callable[..., Reranker]] = {
     "dense": _dense,
     "cis": _cis,
     "cross-encoder": _cross_encoder,
+    "hybrid": _hybrid,
 }
 
 NO_RERANKER = "none"

@@ -46,12 +46,16 @@ def test_ndcg_matches_hand_computation_with_ties_and_missing_query():
 
 
 def test_binary_measures_use_grade_two_and_above():
-    values = per_query(run(), QRELS, ["AP(rel=2)", "R(rel=2)@100", "R(rel=2)@2"])
+    values = per_query(
+        run(), QRELS, ["AP(rel=2)", "R(rel=2)@100", "R(rel=2)@2", "RR(rel=2)@10", "RR(rel=2)@1"]
+    )
     # q1 relevant: d1, d2 at ranks 3 and 2 -> AP = (1/2 + 2/3) / 2
     assert values["AP(rel=2)"]["q1"] == pytest.approx((1 / 2 + 2 / 3) / 2, abs=1e-9)
     assert values["R(rel=2)@100"]["q1"] == 1.0
     assert values["R(rel=2)@2"]["q1"] == 0.5
     assert values["R(rel=2)@100"]["q3"] == 0.0
+    assert values["RR(rel=2)@10"]["q1"] == 0.5  # first grade >= 2 at rank 2
+    assert values["RR(rel=2)@1"]["q1"] == 0.0
 
 
 def test_ties_broken_by_input_order_and_made_strict():

@@ -1,0 +1,134 @@
+"""Choose the hybrid's fusion on DL21, then report it on DL19 untouched by the choice.
+
+Inputs are the run files `cisrank eval` wrote (the reranked top 100 with raw scores, and the
+first stage): fusing them with `cisrank.data.fusion.fuse_runs` ranks exactly as
+`cisrank eval --reranker hybrid --fuse ... --fusion ...` does (tests/rerank/test_hybrid.py), so
+the grid costs seconds instead of a model pass per point. The grid: linear fusion of min-max or
+z-scored scores and weighted RRF, over CIS with dense, with the first stage, and with both;
+weights on a simplex in steps of 0.1. The selection uses DL21 nDCG@10 alone; DL19 is evaluated
+once, with the chosen setting, and printed beside its parts.
+
+    python bench/hybrid_select.py \
+        --select cis=out/eval-dl21-cis-reverse-upr/run.trec --select dense=out/eval-dl21-dense/run.trec \
+        --apply cis=out/eval-dl19-cis-reverse-upr/run.trec --apply dense=out/demo-dl19/run.trec
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+from typing import Any
+
+from common import dl19_dir, write_result
+
+from cisrank.data.datasets import load_folder
+from cisrank.data.fusion import fuse_runs
+from cisrank.data.runs import Run
+from cisrank.env import data_dir
+from cisrank.eval import metrics as M
+from cisrank.eval.pipeline import first_stage_run
+
+FIRST_STAGE = "first-stage"
+MEASURES = ("nDCG@10", "RR(rel=2)@10", "R(rel=2)@100")
+SETTINGS = [("linear", "minmax"), ("linear", "zscore"), ("rrf", "minmax")]
+
+
+def simplex(n: int, step: float) -> list[tuple[float, ...]]:
+    """Weight vectors of n components summing to 1, each a positive multiple of `step`."""
+    units = round(1 / step)
+    return [
+        tuple(c * step for c in combo)
+        for combo in itertools.product(range(1, units), repeat=n)
+        if sum(combo) == units
+    ]
+
+
+def load_runs(specs: list[str], dataset_dir: Path) -> tuple[dict[str, Run], Any]:
+    dataset = load_folder(dataset_dir)
+    runs = {FIRST_STAGE: first_stage_run(dataset)}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        runs[name] = Run.read_trec(Path(path), name=name)
+    return runs, dataset
+
+
+def grid(runs: dict[str, Run], qrels, step: float, depth: int) -> list[dict[str, Any]]:
+    """Every setting's DL21 figures; CIS is in every combination (it is what is being fused)."""
+    others = [n for n in runs if n != "cis"]
+    rows = []
+    for r in range(1, len(others) + 1):
+        for combo in itertools.combinations(others, r):
+            names = ["cis", *combo]
+            for weights in simplex(len(names), step):
+                for method, norm in SETTINGS:
+                    fused = fuse_runs([runs[n] for n in names], weights, method, norm, depth=depth)
+                    rows.append(
+                        {
+                            "fuse": ",".join(
+                                f"{n}:{w:g}" for n, w in zip(names, weights, strict=True)
+                            ),
+                            "fusion": method,
+                            "normalize": norm,
+                            **M.evaluate(fused, qrels, MEASURES),
+                        }
+                    )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--select", action="append", required=True, help="NAME=run.trec on DL21")
+    ap.add_argument("--apply", action="append", required=True, help="NAME=run.trec on DL19")
+    ap.add_argument("--select-data", default="trec-dl21")
+    ap.add_argument("--apply-data", default="trec-dl19")
+    ap.add_argument("--step", type=float, default=0.1)
+    ap.add_argument("--depth", type=int, default=100)
+    args = ap.parse_args()
+    root = data_dir() or dl19_dir().parent
+    sel_runs, sel = load_runs(args.select, root / args.select_data)
+    app_runs, app = load_runs(args.apply, root / args.apply_data)
+    rows = grid(sel_runs, sel.qrels, args.step, args.depth)
+    best = max(rows, key=lambda row: row["nDCG@10"])  # first of equals: fewest parts, lowest cis
+    parts = [p.split(":") for p in best["fuse"].split(",")]
+    names, weights = [n for n, _ in parts], [float(w) for _, w in parts]
+    method, norm = best["fusion"], best["normalize"]
+    fused = fuse_runs([app_runs[n] for n in names], weights, method, norm, depth=args.depth)
+    per_query = {n: M.per_query(run, app.qrels, MEASURES) for n, run in app_runs.items()}
+    per_query["hybrid"] = M.per_query(fused, app.qrels, MEASURES)
+    report = {n: M.mean(pq) for n, pq in per_query.items()}
+    tests = {
+        f"hybrid vs {n}": M.paired_test(per_query[n]["nDCG@10"], per_query["hybrid"]["nDCG@10"])
+        for n in app_runs
+    }
+    select_parts = {n: M.evaluate(run, sel.qrels, MEASURES) for n, run in sel_runs.items()}
+    command = (
+        f"cisrank eval {args.apply_data} --reranker hybrid --fuse {best['fuse']} --fusion {method}"
+    )
+    print(f"selected on {args.select_data} ({len(rows)} settings): {best}")
+    print(f"{args.select_data} parts: {select_parts}")
+    for name, figures in report.items():
+        print(
+            f"{args.apply_data} {name:12s} " + "  ".join(f"{m} {v:.4f}" for m, v in figures.items())
+        )
+    for name, test in tests.items():
+        print(
+            f"{name}: delta {test['mean_delta']:+.4f}, randomization p={test['p_randomization']:.3g}"
+        )
+    print("command:", command)
+    write_result(
+        "hybrid_select",
+        {
+            "select": {"data": args.select_data, "runs": args.select, "settings": len(rows)},
+            "chosen": best,
+            "select_parts": select_parts,
+            "top10_on_select": sorted(rows, key=lambda r: -r["nDCG@10"])[:10],
+            "apply": {"data": args.apply_data, "runs": args.apply, "figures": report},
+            "significance": tests,
+            "command": command,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
