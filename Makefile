@@ -64,6 +64,8 @@ demo-cis: install  ## TREC DL19: BM25 top-20 reranked by CIS with SmolLM2-135M-I
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py
 	$(PY) bench/cis_engine.py
+	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
+	$(PY) bench/cis_engine.py --model smollm2-135m-instruct --queries 2 --passages 20 --memory-passages 0
 	$(PY) bench/cross_encoder.py
 	$(PY) bench/retrieval.py
 	$(PY) bench/load.py

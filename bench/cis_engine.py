@@ -62,14 +62,22 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048) -
 
 
 class FlopCounter:
-    """Model FLOPs (matmuls only) of forwards over given sequences, GPT-2 shape."""
+    """Model FLOPs (matmuls only) of forwards over given sequences, GPT-2 or Llama shape."""
 
     def __init__(self, config) -> None:
-        self.d = config.n_embd
-        self.layers = config.n_layer
+        self.d = getattr(config, "n_embd", None) or config.hidden_size
+        self.layers = getattr(config, "n_layer", None) or config.num_hidden_layers
         self.vocab = config.vocab_size
-        # per token per layer: qkv 3d^2, proj d^2, mlp 8d^2 -> 12 d^2 MACs
-        self.body_per_token = 2 * 12 * self.d**2 * self.layers
+        heads = getattr(config, "n_head", None) or config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        ff = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+        ff = ff or 4 * self.d
+        gated = config.model_type != "gpt2"  # Llama-style SwiGLU: gate, up and down matrices
+        # per token per layer, MACs: q and output projections d^2 each, k and v d * kv_dim each
+        # (grouped-query attention), the MLP 2 or 3 d*ff matrices. GPT-2: 12 d^2.
+        attn = 2 * self.d**2 + 2 * self.d * (kv_heads * self.d // heads)
+        mlp = (3 if gated else 2) * self.d * ff
+        self.body_per_token = 2 * (attn + mlp) * self.layers
 
     def forward(self, new_tokens: int, context_before: int, head_rows: int) -> float:
         """FLOPs of `new_tokens` tokens after `context_before` cached ones, head on `head_rows`."""
@@ -91,6 +99,66 @@ def naive_pair(model, bos: int, prefix: list[int], doc: list[int]) -> float:
     return out[0] - out[1]
 
 
+def naive_span(model, context: list[int], target: list[int]) -> float:
+    """log p(target | context) by the book: one full forward at batch 1, no cache, full logits."""
+    ids = torch.tensor([context + target], device=model.device)
+    logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    pos = torch.arange(len(context) - 1, len(context) - 1 + len(target), device=ids.device)
+    return float(lp[pos, torch.tensor(target, device=ids.device)].double().sum())
+
+
+def real_model(name: str, device, dtype):
+    """A pulled catalogue model, HF id or folder, loaded as cisrank loads it."""
+    engine = CausalLMEngine(name, device=str(device), dtype=str(dtype).removeprefix("torch."))
+    return engine.model, engine.tokenizer, engine.model.config
+
+
+def reverse_speed(model, engine, work, args, flops: FlopCounter) -> dict:
+    """The reverse estimator, log p(Q|K) under the passage-first template: plain forwards of
+    each rendered (passage, query) pair at batch 1 against the engine's length-batched spans,
+    on the same pairs, interleaved query by query."""
+    reranker = CISReranker(
+        estimator="reverse", max_doc_tokens=args.max_doc_tokens, engine=engine, normalize="sum"
+    )
+    times = {"naive": 0.0, "engine": 0.0}
+    got: dict[str, list[float]] = {"naive": [], "engine": []}
+    pairs = tokens = 0
+    flop = 0.0
+    for query, passages in work:
+        docs = reranker.passage_ids(passages)
+        spans = [
+            reranker.reverse_template.ids(engine.encode, engine.bos_id, d, query) for d in docs
+        ]
+        pairs += len(spans)
+        tokens += sum(len(c) + len(t) for c, t in spans)
+        flop += sum(flops.forward(len(c) + len(t), 0, len(t)) for c, t in spans)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            got["naive"] += [naive_span(model, c, t) for c, t in spans]
+        times["naive"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got["engine"] += reranker.reverse_batch([(query, passages)])[0]
+        times["engine"] += time.perf_counter() - t0
+    diff = float(np.abs(np.array(got["engine"]) - np.array(got["naive"])).max())
+    out = {"pairs": pairs, "tokens": tokens, "max_abs_diff_vs_naive": diff, "methods": {}}
+    print(f"\nreverse estimator: {pairs} pairs, {tokens} tokens; max |engine - naive| {diff:.2e}")
+    for m, s in times.items():
+        row = {
+            "seconds": s,
+            "pairs_per_s": pairs / s,
+            "tokens_per_s": tokens / s,
+            "speedup_vs_naive": times["naive"] / s,
+            "model_gflops_per_s": flop / s / 1e9,
+        }
+        out["methods"][m] = row
+        print(
+            f"{m:6s} {s:8.2f}s {row['pairs_per_s']:8.2f} pairs/s {row['tokens_per_s']:9.1f} tok/s "
+            f"{row['speedup_vs_naive']:6.2f}x"
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queries", type=int, default=2)
@@ -104,6 +172,12 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a real causal LM (catalogue name, HF id or folder) instead of the random GPT-2 "
+        "124M shape; also times the reverse estimator against plain forwards",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -113,7 +187,10 @@ def main() -> None:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ds = load_folder(dl19_dir())
-    model, tokenizer, config = gpt2_124m(ds, device, dtype)
+    if args.model:
+        model, tokenizer, config = real_model(args.model, device, dtype)
+    else:
+        model, tokenizer, config = gpt2_124m(ds, device, dtype)
     engine = CausalLMEngine(model, tokenizer, batch_tokens=args.batch_tokens)
     flops = FlopCounter(config)
     peak = matmul_peak_flops(device, dtype)
@@ -220,6 +297,8 @@ def main() -> None:
             f"{m:6s} {s:8.2f} {row['pairs_per_s']:8.2f} {row['passage_tokens_per_s']:14.1f} "
             f"{row['speedup_vs_naive']:7.2f}x {gf:8.1f} {row['mfu']:6.1%}"
         )
+    if args.model:
+        result["reverse"] = reverse_speed(model, engine, work, args, flops)
     result["peak_rss_gb_after_speed"] = peak_rss_gb()
 
     if args.memory_passages > 0:
@@ -259,7 +338,11 @@ def main() -> None:
     if device.type == "cuda":
         result["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 1024**3
     print(json.dumps(result, indent=2))
-    write_result("cis_engine", result)
+    name = "cis_engine"
+    if args.model:
+        name += "_" + Path(args.model).name.replace(".", "_")
+        result["model"] = args.model
+    write_result(name, result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.flush()
