@@ -3,11 +3,13 @@ of FastAPI's validation errors to the field a user can name (`documents.3.text`,
 location with union member names in it).
 
 Every error, whatever raised it, leaves the server in the same shape, so clients need one parser;
-`install_error_handlers` puts that shape on an app. A promise rides on it:
+`install_error_handlers` puts that shape on an app. Two promises ride on it:
 
 - A bug is a 500 with a generic body and its traceback in the log, and the connection stays open:
   `CatchAllMiddleware` answers it instead of letting it reach uvicorn, which drops a keep-alive
   connection when an application raises (a pooled client's next request then got no answer).
+- No answer carries a server path or an exception's text: a server fault (a damaged index file, a
+  model that failed to load) is a 5xx that names the component, and the details go to the log.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cisrank.api.schemas import ErrorBody, FieldError
-from cisrank.errors import CisrankError
+from cisrank.errors import CisrankError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CisrankError)
     async def _cisrank_error(request: Request, exc: CisrankError) -> JSONResponse:
-        return error_response(400, "invalid_request", str(exc))
+        if isinstance(exc, DataError):  # a damaged or missing file: the server's fault
+            log.error("data error on %s %s: %s", request.method, request.url.path, exc)
+            return error_response(500, "internal_error", INTERNAL_ERROR)
+        serving = getattr(request.app.state, "serving", None)
+        message = serving.redact(str(exc)) if serving is not None else str(exc)
+        return error_response(400, "invalid_request", message)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

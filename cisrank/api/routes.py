@@ -3,7 +3,7 @@
 
 Status codes: 400 a body that is not UTF-8 JSON (the body says why), 401 missing/wrong API key,
 415 a body sent as something else than JSON, 422 a field out of its limits or holding a lone
-surrogate (the body names it), 500 a bug (details in the log),
+surrogate (the body names it), 500 a server fault such as a damaged index (details in the log),
 503 + Retry-After while loading, when the queue is full or a request timed out.
 
 Every route's JSON body is read by `cisrank.api.body.read_json_body` (through `JsonBodyRoute`)
@@ -34,6 +34,7 @@ from cisrank.api.schemas import (
     SearchResponse,
 )
 from cisrank.api.service import (
+    BackendFailed,
     InvalidField,
     NotReady,
     Overloaded,
@@ -65,6 +66,8 @@ def api_error(exc: ServiceError, retry_after_s: int) -> ApiError:
         return ApiError(
             422, "invalid_request", exc.message, field=exc.field, field_message=exc.detail
         )
+    if isinstance(exc, BackendFailed):
+        return ApiError(500, "internal_error", exc.message)
     code = {NotReady: "not_ready", Overloaded: "overloaded", TimedOut: "timeout"}[type(exc)]
     return ApiError(503, code, exc.message, headers={"Retry-After": str(retry_after_s)})
 
