@@ -52,15 +52,15 @@ def test_the_first_lone_surrogate_in_document_order_is_named():
     assert error.field == "documents.1000"
 
 
-def test_locating_a_lone_surrogate_among_millions_of_members_stays_linear():
-    """A 10 MB body of 2.5 million tiny arrays with a lone surrogate at its end: located by
+def test_locating_a_lone_surrogate_among_many_members_stays_linear():
+    """A 1.2 MB body of 400,000 tiny arrays with a lone surrogate at its end: located by
     halving with json's C encoder, not by a Python walk over every member."""
-    raw = b'{"documents": [' + b",".join([b"[]"] * 2_500_000) + b', "\\ud800"]}'
+    raw = b'{"documents": [' + b",".join([b"[]"] * 400_000) + b', "\\ud800"]}'
     started = time.perf_counter()
     error = _error(raw)
     elapsed = time.perf_counter() - started
     reference = time.perf_counter()
     json.loads(raw)
     parse = time.perf_counter() - reference
-    assert error.field == "documents.2500000"
+    assert error.field == "documents.400000"
     assert elapsed < 6 * parse + 1.0, (elapsed, parse)
