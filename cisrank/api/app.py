@@ -6,10 +6,12 @@ in. Tests and embedders can pass ready-made `rerankers=` and `retrievers=` inste
 
 Where things live: ranking in `cisrank.api.service` (no web framework), routes in
 `cisrank.api.routes`, error bodies in `cisrank.api.errors`, body limit and metrics in
-`cisrank.api.middleware`. Status codes: 400 malformed body, 401 missing/wrong API key, 404
-unknown path, 413 body over `max_body_bytes`, 422 a field out of its limits (the body names it),
-503 + Retry-After while loading, when the queue is full or a request timed out. Bugs are 500 and
-logged, never raised into the server.
+`cisrank.api.middleware`, reading bodies in `cisrank.api.body`. Status codes: 400 a body that is
+not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 413 body over
+`max_body_bytes`, 415 a body that is not JSON, 422 a field out of its limits or holding a lone
+surrogate (the body names it), 503 + Retry-After while loading, when the queue is full or a
+request timed out. Bugs and server faults are 500, logged, never raised into the server, and never
+carry a server path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,13 @@ of FastAPI's validation errors to the field a user can name (`documents.3.text`,
 location with union member names in it).
 
 Every error, whatever raised it, leaves the server in the same shape, so clients need one parser;
-`install_error_handlers` puts that shape on an app.
+`install_error_handlers` puts that shape on an app. Two promises ride on it:
+
+- A bug is a 500 with a generic body and its traceback in the log, and the connection stays open:
+  `CatchAllMiddleware` answers it instead of letting it reach uvicorn, which drops a keep-alive
+  connection when an application raises (a pooled client's next request then got no answer).
+- No answer carries a server path or an exception's text: a server fault (a damaged index file, a
+  model that failed to load) is a 5xx that names the component, and the details go to the log.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cisrank.api.schemas import ErrorBody, FieldError
-from cisrank.errors import CisrankError
+from cisrank.errors import CisrankError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +42,16 @@ class ApiError(Exception):
         field: str | None = None,
         headers: dict[str, str] | None = None,
         field_message: str | None = None,
+        field_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.fields = (
-            [FieldError(field=field, message=field_message or message, type=code)] if field else []
+            [FieldError(field=field, message=field_message or message, type=field_type or code)]
+            if field
+            else []
         )
         self.headers = headers or {}
 
@@ -53,7 +64,55 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     body = ErrorBody(error=code, message=message, fields=fields or [])
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    return JSONResponse(_printable(body.model_dump()), status_code=status, headers=headers)
+
+
+def _printable(value: Any) -> Any:
+    """`value` with every lone surrogate written as its escape: an error message that quotes the
+    request must still encode as UTF-8 (or the answer to a 4xx would be a 500)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
+INTERNAL_ERROR = "internal error; see the server log"
+
+
+class CatchAllMiddleware:
+    """Answers an exception no handler took with the generic 500 body, logged with its traceback,
+    and returns normally, so uvicorn keeps the keep-alive connection (Starlette's own catch-all
+    re-raises after answering, and uvicorn then closes the connection). A response that had
+    already started cannot be mended: that exception goes on, and the connection is closed."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except ClientDisconnect:
+            raise
+        except Exception:
+            if started:
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            response = error_response(500, "internal_error", INTERNAL_ERROR)
+            await response(scope, receive, send)
 
 
 def field_name(loc: Sequence[Any]) -> str:
@@ -95,7 +154,8 @@ def validation_fields(errors: Sequence[dict[str, Any]]) -> tuple[int, list[Field
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error as an `ErrorBody`; bugs are 500 and logged, never raised."""
+    """Answer every error as an `ErrorBody`; bugs are 500 and logged, never raised. Call it after
+    adding the other middleware: its `CatchAllMiddleware` must be the outermost of them."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -109,7 +169,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CisrankError)
     async def _cisrank_error(request: Request, exc: CisrankError) -> JSONResponse:
-        return error_response(400, "invalid_request", str(exc))
+        if isinstance(exc, DataError):  # a damaged or missing file: the server's fault
+            log.error("data error on %s %s: %s", request.method, request.url.path, exc)
+            return error_response(500, "internal_error", INTERNAL_ERROR)
+        serving = getattr(request.app.state, "serving", None)
+        message = serving.redact(str(exc)) if serving is not None else str(exc)
+        return error_response(400, "invalid_request", message)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -126,4 +191,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error", "internal error; see the server log")
+        return error_response(500, "internal_error", INTERNAL_ERROR)
+
+    app.add_middleware(CatchAllMiddleware)

@@ -1,21 +1,29 @@
 """The HTTP routes. Thin on purpose: validate (pydantic, through FastAPI), call the service in
 `cisrank.api.service`, and map its errors to status codes, which only this module knows.
 
-Status codes: 401 missing/wrong API key, 422 a field out of its limits (the body names it), 503 +
-Retry-After while loading, when the queue is full or a request timed out.
+Status codes: 400 a body that is not UTF-8 JSON (the body says why), 401 missing/wrong API key,
+415 a body sent as something else than JSON, 422 a field out of its limits or holding a lone
+surrogate (the body names it), 500 a server fault such as a damaged index (details in the log),
+503 + Retry-After while loading, when the queue is full or a request timed out.
+
+Every route's JSON body is read by `cisrank.api.body.read_json_body` (through `JsonBodyRoute`)
+before FastAPI validates it against the schema, so parse errors and invalid text are answered the
+same way on every route and FastAPI version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cisrank.api.auth import KeyChecker
+from cisrank.api.body import BodyError, read_json_body
 from cisrank.api.errors import ApiError
 from cisrank.api.schemas import (
     Health,
@@ -26,6 +34,7 @@ from cisrank.api.schemas import (
     SearchResponse,
 )
 from cisrank.api.service import (
+    BackendFailed,
     InvalidField,
     NotReady,
     Overloaded,
@@ -57,6 +66,8 @@ def api_error(exc: ServiceError, retry_after_s: int) -> ApiError:
         return ApiError(
             422, "invalid_request", exc.message, field=exc.field, field_message=exc.detail
         )
+    if isinstance(exc, BackendFailed):
+        return ApiError(500, "internal_error", exc.message)
     code = {NotReady: "not_ready", Overloaded: "overloaded", TimedOut: "timeout"}[type(exc)]
     return ApiError(503, code, exc.message, headers={"Retry-After": str(retry_after_s)})
 
@@ -73,7 +84,55 @@ def _answering(service: RankingService) -> Iterator[None]:
         raise api_error(exc, service.config.batching.retry_after_s) from None
 
 
-router = APIRouter()
+class _ParsedRequest(Request):
+    """The request as FastAPI sees it once `read_json_body` has read it: the parsed value, and a
+    Content-Type of JSON (a body without one is JSON here, whatever FastAPI's version assumes)."""
+
+    def __init__(self, request: Request, raw: bytes, value: Any) -> None:
+        scope = dict(request.scope)
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+        scope["headers"] = [*headers, (b"content-type", b"application/json")]
+        super().__init__(scope, request.receive)
+        self._raw_body = raw
+        self._value = value
+
+    async def body(self) -> bytes:
+        return self._raw_body
+
+    async def json(self) -> Any:
+        return self._value
+
+
+class JsonBodyRoute(APIRoute):
+    """A route whose JSON body is read by `read_json_body`: the body's faults (Content-Type, not
+    UTF-8, malformed, too deep, lone surrogates) are answered before the schema sees it."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def read_then_handle(request: Request) -> Response:
+            raw = await request.body()
+            if not raw:  # FastAPI answers "body: Field required"
+                return await handler(request)
+            try:
+                value = read_json_body(raw, request.headers.get("content-type"))
+            except BodyError as exc:
+                raise ApiError(
+                    exc.status,
+                    exc.code,
+                    exc.message,
+                    field=exc.field,
+                    field_message=exc.detail,
+                    field_type=exc.kind,
+                ) from None
+            return await handler(_ParsedRequest(request, raw, value))
+
+        return read_then_handle
+
+
+router = APIRouter(route_class=JsonBodyRoute)
 protected = [Depends(require_key)]
 
 # ---- probes and metadata

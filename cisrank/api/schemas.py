@@ -140,8 +140,10 @@ class ModelCard(BaseModel):
 
 
 class IndexCard(BaseModel):
+    """A served index by name and kind (never by its folder: no server path leaves the server)."""
+
     id: str
-    path: str
+    kind: str | None = Field(default=None, description="bm25, dense, ...; null while loading.")
 
 
 class ModelList(BaseModel):

@@ -81,6 +81,11 @@ class TimedOut(ServiceError):
     """The request was not scored within its timeout."""
 
 
+class BackendFailed(ServiceError):
+    """A served component (an index, its document store) failed: the server's fault, not the
+    request's. The message names the component only; the exception is logged."""
+
+
 # --------------------------------------------------------------------------- model loading
 
 
@@ -138,6 +143,16 @@ def _finite(scores: Sequence[float]) -> list[float]:
     return out
 
 
+def public_model_id(model: str | None) -> str | None:
+    """The model id as `/v1/models` shows it: a Hugging Face id as is, a local folder by its
+    name only (a server path is nobody's business outside it)."""
+    if model is None:
+        return None
+    if os.path.isabs(model) or model.startswith(("~", "./", "../")):
+        return os.path.basename(os.path.normpath(os.path.expanduser(model))) or model
+    return model
+
+
 def _check_query(query: str, max_chars: int) -> None:
     if len(query) > max_chars:
         raise InvalidField("query", f"{len(query)} characters, over the limit of {max_chars}")
@@ -163,6 +178,7 @@ class RankingService:
         self.retrievers: dict[str, Retriever] = dict(retrievers or {})
         self.tokenizers: dict[str, Any] = {}
         self.error: str | None = None
+        """Why loading failed, naming the component only (it is shown to clients)."""
         self._ready = threading.Event()
         self._loader: threading.Thread | None = None
         if rerankers is not None:
@@ -191,9 +207,11 @@ class RankingService:
         self._loader.start()
 
     def _load(self) -> None:
+        component = "the server"
         try:
             loaded: dict[str, Reranker] = {}
             for name, spec in self.config.rerankers.items():
+                component = f"reranker '{name}'"
                 started = time.perf_counter()
                 loaded[name] = build_reranker(spec)
                 log.info(
@@ -203,14 +221,17 @@ class RankingService:
                     spec.model,
                     time.perf_counter() - started,
                 )
-            retrievers = {n: open_retriever(s.path) for n, s in self.config.indexes.items()}
-            for name in retrievers:
+            retrievers = {}
+            for name, index in self.config.indexes.items():
+                component = f"index '{name}'"
+                retrievers[name] = open_retriever(index.path)
                 log.info("opened index %s", name)
             self._install(loaded)
             self.retrievers = retrievers
         except Exception as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("loading models failed: %s", self.error)
+            # The exception's text (paths, file names) goes to the log; clients see the component.
+            self.error = f"{component} failed to load; details are in the server log"
+            log.error("loading %s failed: %s: %s", component, type(exc).__name__, exc)
         finally:
             self._ready.set()
 
@@ -239,7 +260,7 @@ class RankingService:
         if requested in self.config.rerankers:
             return requested
         for name, spec in self.config.rerankers.items():
-            if spec.model is not None and requested == spec.model:
+            if spec.model is not None and requested in (spec.model, public_model_id(spec.model)):
                 return name
         choices = ", ".join(self.config.rerankers)
         raise InvalidField(
@@ -251,12 +272,31 @@ class RankingService:
         cards = []
         for name, spec in self.config.rerankers.items():
             loaded = self.rerankers.get(name)
-            model_id = spec.model or getattr(loaded, "model_name", "") or ""
+            model_id = public_model_id(spec.model or getattr(loaded, "model_name", None)) or ""
             cards.append(ModelCard(id=name, kind=spec.kind, model=model_id, ready=self.ready))
-        indexes = [IndexCard(id=n, path=str(s.path)) for n, s in self.config.indexes.items()]
-        if not self.config.indexes:
-            indexes = [IndexCard(id=n, path="") for n in self.retrievers]
+        names = list(self.config.indexes) or list(self.retrievers)
+        indexes = [
+            IndexCard(id=n, kind=getattr(self.retrievers.get(n), "name", None)) for n in names
+        ]
         return ModelList(data=cards, indexes=indexes, default=self.config.default_reranker_name)
+
+    def redact(self, text: str) -> str:
+        """`text` with the configured server paths (index folders, local model folders, path
+        options) replaced by the component's name, for a message that goes to a client."""
+        paths: dict[str, str] = {}
+        for name, index in self.config.indexes.items():
+            for form in (str(index.path), str(index.path.expanduser().resolve())):
+                paths[form] = f"<index {name}>"
+        for name, spec in self.config.rerankers.items():
+            values = [spec.model, *spec.options.values()]
+            for value in values:
+                if isinstance(value, str) and public_model_id(value) != value:
+                    for form in (value, os.path.realpath(os.path.expanduser(value))):
+                        paths[form] = f"<{name} file {public_model_id(value)}>"
+        for path in sorted(paths, key=len, reverse=True):
+            if len(path) > 1:
+                text = text.replace(path, paths[path])
+        return text
 
     # ---- scoring
 
@@ -345,7 +385,14 @@ class RankingService:
             raise InvalidField("depth", f"{depth} is over the limit of {limits.max_search_top_n}")
         if depth < body.top_n:
             raise InvalidField("depth", f"{depth} is smaller than top_n={body.top_n}")
-        hits = await asyncio.to_thread(self.retrievers[index].search, body.query, depth)
+        try:
+            hits = await asyncio.to_thread(self.retrievers[index].search, body.query, depth)
+        except Exception as exc:
+            # A damaged index or document store: the server's fault, never the client's.
+            log.error("index %s failed on a search: %s", index, exc, exc_info=True)
+            raise BackendFailed(
+                f"index '{index}' failed to answer; details are in the server log"
+            ) from None
         if reranker is not None and hits:
             raw = await self._score(reranker, body.query, [h.text for h in hits])
             order = rank_order(raw)[: body.top_n]

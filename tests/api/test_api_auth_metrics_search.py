@@ -145,7 +145,7 @@ def test_models_lists_rerankers_and_indexes(search_client):
     assert body["data"] == [
         {"id": "inv", "object": "model", "kind": "dense", "model": "model-inv", "ready": True}
     ]
-    assert body["indexes"] == [{"id": "toy", "path": ""}]
+    assert body["indexes"] == [{"id": "toy", "kind": "list"}]
 
 
 def test_search_on_a_real_bm25_index_opened_from_the_config(tmp_path):
