@@ -42,6 +42,8 @@ class OverlapReranker(BaseReranker):
         # A passage containing `poison` makes the model raise ValueError, as a tokenizer does on
         # text it cannot encode: the whole model call fails, whoever else shares it.
         self.poison: str | None = None
+        # Model time proportional to work, like a real model: seconds per passage character.
+        self.seconds_per_char = 0.0
 
     def _enter(self, requests: Sequence[tuple[str, Sequence[str]]]) -> None:
         """What every model call does first: signal, wait at the gate, sleep, maybe fail."""
@@ -50,6 +52,8 @@ class OverlapReranker(BaseReranker):
             self.gate.wait(10)
         if self.delay:
             time.sleep(self.delay)
+        if self.seconds_per_char:
+            time.sleep(self.seconds_per_char * sum(len(p) for _, ps in requests for p in ps))
         for query, passages in requests:
             if self.fail_on is not None and query == self.fail_on:
                 raise RuntimeError("boom")
