@@ -15,7 +15,7 @@ Example (JSON)::
       "indexes": {"msmarco": {"path": "indexes/msmarco-bm25"}},
       "limits": {"max_documents": 1000, "max_request_cost": 1048576,
                  "max_inflight_body_bytes": 268435456},
-      "batching": {"max_batch_passages": 256, "max_batch_tokens": 65536, "max_wait_ms": 5,
+      "batching": {"max_batch_passages": 256, "max_batch_tokens": 16384, "max_wait_ms": 5,
                    "max_inflight_cost": 4194304}
     }
 
@@ -103,13 +103,14 @@ class BatchingConfig(ComponentConfig):
         "so that one large request cannot stall small ones for more than one chunk.",
     )
     max_batch_tokens: int = Field(
-        default=65_536,
+        default=16_384,
         ge=1,
         description="Estimated tokens per model call (see `max_request_cost`): a slice of a "
         "request is bounded by this as well as by `max_batch_passages`, so one slice of long "
         "documents takes about as long as one of short ones, and a small request arriving "
         "behind a heavy one waits at most about one such slice. A single passage over it is "
-        "scored alone.",
+        "scored alone. The default is TEI's max_batch_tokens: 32 pairs of 512 tokens, or about "
+        "160 typical 100-token passage pairs.",
     )
     max_wait_ms: float = Field(
         default=5.0, ge=0, le=10_000, description="How long a batch waits to fill up."
