@@ -27,7 +27,8 @@ How a round works (`BatchScorer._run`):
    same thread hop (`score_isolated`), so one request whose text the model cannot take (a
    tokenizer error, say) fails alone with `ScoringFailed`, and the requests that happened to share
    its batch get exactly the scores they would have got alone (batch independence again). The
-   retry costs one extra model call per request of a failed batch, and only then.
+   retry costs one extra model call per request of a failed batch, and only then. The error is
+   marked as the request's input being unusable (`is_input_error`: 4xx) or not (500).
 
 Cost: a request costs the sum over its passages of the estimated tokens of (query, passage), the
 pair a cross-encoder reads. Tokens are *estimated* as characters / 4 (rounded up), not counted:
@@ -72,16 +73,28 @@ class ScoringTimeout(Exception):
     """The request was not scored within its timeout."""
 
 
+# What Hugging Face fast tokenizers raise (a TypeError) on a str they cannot hand to Rust, such
+# as one holding a lone surrogate.
+_TOKENIZER_INPUT_ERRORS = ("TextEncodeInput", "TextInputSequence", "InputSequence")
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """Whether a model's exception reads as its input text being unusable: `ValueError`
+    (`UnicodeError` included), or the TypeError of a fast tokenizer refusing a str."""
+    if isinstance(exc, ValueError):
+        return True
+    return isinstance(exc, TypeError) and any(m in str(exc) for m in _TOKENIZER_INPUT_ERRORS)
+
+
 class ScoringFailed(Exception):
     """The reranker raised on this request's chunk scored alone: only this request fails.
 
-    `input_error` is True when the failure reads as the request's own text being unusable (the
-    model raised `ValueError`, `UnicodeError` included, as tokenizers do on text they cannot
-    encode), so the caller can answer 4xx; anything else is a server fault (500). The original
-    exception is `__cause__`."""
+    `input_error` is True when the failure reads as the request's own text being unusable
+    (`is_input_error`), so the caller can answer 4xx; anything else is a server fault (500).
+    The original exception is `__cause__`."""
 
     def __init__(self, cause: Exception) -> None:
-        self.input_error = isinstance(cause, ValueError)
+        self.input_error = is_input_error(cause)
         super().__init__(f"{type(cause).__name__}: {str(cause)[:200]}")
         self.__cause__ = cause
 

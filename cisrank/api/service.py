@@ -265,7 +265,8 @@ class RankingService:
     ) -> list[float]:
         """Scores through the batcher. The model failing on this request's own text (scored
         alone, so no other request is to blame) is a 4xx naming `field` when it is an input
-        error (ValueError/UnicodeError), else the original error (500, logged)."""
+        error (`cisrank.api.batching.is_input_error`), else the original error (500, logged).
+        In a search, `field` is `query`: the only text of the request the client sent."""
         scorer = self.scorer(name)
         try:
             return _finite(await scorer.score(query, texts))

@@ -117,3 +117,39 @@ def test_a_poisoned_request_fails_alone_among_ten_concurrent_ones_over_http(live
     assert "ValueError" in body["message"]
     # the server still answers on the same footing afterwards
     assert post("after", ["after text"]).status_code == 200
+
+
+class _Batches:
+    """A batch observer that records (passages, requests) of every model call."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def observe_batch(self, reranker, passages, requests, seconds) -> None:
+        self.seen.append((passages, requests))
+
+    def set_queue_depth(self, reranker, depth) -> None:
+        pass
+
+
+def test_a_real_tokenizer_error_fails_only_its_request(tiny_dense):
+    """With a real model (tiny BERT, HF fast tokenizer): a lone surrogate, sent past the HTTP
+    edge straight to the batcher, makes the tokenizer raise TypeError for the whole coalesced
+    batch; the five valid requests get exactly their scores alone, the culprit an input error."""
+    observer = _Batches()
+    scorer = BatchScorer(tiny_dense, "d", BatchingConfig(max_wait_ms=200), observer)
+    queries = [f"who wrote hamlet {i}" for i in range(5)]
+    docs = ["shakespeare wrote hamlet", "paris is in france", "the sea"]
+
+    async def run():
+        tasks = [asyncio.create_task(scorer.score(q, docs)) for q in queries]
+        tasks.insert(2, asyncio.create_task(scorer.score("who wrote hamlet", ["ok", "a\ud800"])))
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+        await scorer.aclose()
+        return out
+
+    out = asyncio.run(run())
+    assert observer.seen[0] == (3 * 5 + 2, 6)  # one coalesced model batch of the six requests
+    culprit = out.pop(2)
+    assert isinstance(culprit, ScoringFailed) and culprit.input_error
+    assert [tiny_dense.score(q, docs) for q in queries] == out
