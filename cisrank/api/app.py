@@ -9,9 +9,10 @@ Where things live: ranking in `cisrank.api.service` (no web framework), routes i
 `cisrank.api.middleware`, reading bodies in `cisrank.api.body`. Status codes: 400 a body that is
 not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 413 body over
 `max_body_bytes`, 415 a body that is not JSON, 422 a field out of its limits or holding a lone
-surrogate (the body names it), 503 + Retry-After while loading, when the queue is full or a
-request timed out. Bugs and server faults are 500, logged, never raised into the server, and never
-carry a server path.
+surrogate (the body names it), 503 + Retry-After while loading, when the queue, the reranker's
+cost budget or the in-flight body bytes (`max_inflight_body_bytes`) are full, or a request timed
+out. Bugs and server faults are 500, logged, never raised into the server, and never carry a
+server path.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.config import ServerConfig
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.metrics import Metrics
-from cisrank.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from cisrank.api.middleware import BodyBudgetMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from cisrank.api.routes import router
 from cisrank.api.schemas import ErrorBody
 from cisrank.api.service import RankingService
@@ -67,7 +68,15 @@ def create_app(
     app.state.serving = serving
     app.state.metrics = metrics
     app.state.keys = KeyChecker(tuple(api_keys) if api_keys is not None else keys_from_env())
+    # Added last = outermost: metrics see every answer, the bytes budget counts the reads of the
+    # body limit (so it can refuse a body before it is read).
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(
+        BodyBudgetMiddleware,
+        max_inflight_bytes=config.limits.max_inflight_body_bytes,
+        max_body_bytes=config.limits.max_body_bytes,
+        retry_after_s=config.batching.retry_after_s,
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     install_error_handlers(app)
     app.include_router(router)

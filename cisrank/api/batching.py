@@ -8,9 +8,12 @@ How a round works (`BatchScorer._run`):
 1. When idle, the worker takes the first job and waits at most `max_wait_ms` for more to arrive
    (the bounded batch wait); when busy, whatever queued up during the last model call is taken
    at once, without waiting.
-2. It plans one batch of at most `max_batch_passages` passages over all waiting jobs, shortest
-   remaining first. A large request is split into chunks, so a small request that arrives while
-   a large one is being scored waits at most one chunk, never the whole large request.
+2. It plans one batch of at most `max_batch_passages` passages and at most `max_batch_tokens`
+   estimated tokens (see "Cost" below) over all waiting jobs, shortest remaining first. A large
+   request is split into slices, so a small request that arrives while a large one is being
+   scored waits at most one slice, never the whole large request. Bounding a slice by tokens and
+   not only by passages is what makes "one slice" a bounded time: 256 passages of 15,000
+   characters are a far longer model call than 256 passages of 300.
    Shortest-first alone would starve a large request behind a steady stream of small ones (each
    round fills up with them), so it ages: a job that got no passages scored for `max_age_ms` is
    planned first, oldest first, and gets its chunk whatever its size; then its clock restarts.
@@ -20,10 +23,28 @@ How a round works (`BatchScorer._run`):
    call when the reranker offers it (one model batch across requests), else one `score` per job
    chunk in the same thread hop. Scores of a chunk equal scores of the whole because the reranker
    contract makes scores independent of batch composition.
+4. Isolation: when that model batch raises, each request's chunk is scored again alone, in the
+   same thread hop (`score_isolated`), so one request whose text the model cannot take (a
+   tokenizer error, say) fails alone with `ScoringFailed`, and the requests that happened to share
+   its batch get exactly the scores they would have got alone (batch independence again). The
+   retry costs one extra model call per request of a failed batch, and only then. The error is
+   marked as the request's input being unusable (`is_input_error`: 4xx) or not (500).
 
-Admission control: at most `max_queue` unfinished requests per reranker; the next one gets
-`QueueFullError` (503 + Retry-After). A request that is not done after its timeout gets
-`ScoringTimeout` and its remaining chunks are dropped, so a timed-out request costs no more work.
+Cost: a request costs the sum over its passages of the estimated tokens of (query, passage), the
+pair a cross-encoder reads. Tokens are *estimated* as characters / 4 (rounded up), not counted:
+counting needs the tokenizer, in the model's thread, which is the resource being protected, and
+the estimate is within a small factor for English BPE/WordPiece text. Where the reranker exposes
+its truncation length (`max_length` of a cross-encoder, `encoder.max_seq_length` of the dense
+one), a pair is capped at that many tokens, since the model never reads more. `pair_tokens` is the one place
+this is computed; the service uses it for the per-request budget.
+
+Admission control: at most `max_queue` unfinished requests per reranker, and at most
+`max_inflight_cost` estimated tokens not yet scored (the model work queued ahead of a newcomer,
+so a bound on its wait); the next request over either gets `QueueFullError` (503 + Retry-After).
+A request arriving when nothing is in flight is always admitted, so one request under the
+per-request budget can never be refused forever. A request that is not done after its timeout
+gets `ScoringTimeout` and its remaining chunks are dropped, so a timed-out request costs no more
+work.
 """
 
 from __future__ import annotations
@@ -52,6 +73,70 @@ class ScoringTimeout(Exception):
     """The request was not scored within its timeout."""
 
 
+# What Hugging Face fast tokenizers raise (a TypeError) on a str they cannot hand to Rust, such
+# as one holding a lone surrogate.
+_TOKENIZER_INPUT_ERRORS = ("TextEncodeInput", "TextInputSequence", "InputSequence")
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """Whether a model's exception reads as its input text being unusable: `ValueError`
+    (`UnicodeError` included), or the TypeError of a fast tokenizer refusing a str."""
+    if isinstance(exc, ValueError):
+        return True
+    return isinstance(exc, TypeError) and any(m in str(exc) for m in _TOKENIZER_INPUT_ERRORS)
+
+
+class ScoringFailed(Exception):
+    """The reranker raised on this request's chunk scored alone: only this request fails.
+
+    `input_error` is True when the failure reads as the request's own text being unusable
+    (`is_input_error`), so the caller can answer 4xx; anything else is a server fault (500).
+    The original exception is `__cause__`."""
+
+    def __init__(self, cause: Exception) -> None:
+        self.input_error = is_input_error(cause)
+        super().__init__(f"{type(cause).__name__}: {str(cause)[:200]}")
+        self.__cause__ = cause
+
+
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(chars: int) -> int:
+    """Tokens of a text of `chars` characters, estimated (at least 1: every text costs a slot)."""
+    return max(1, -(-chars // CHARS_PER_TOKEN))
+
+
+def model_token_limit(reranker: object) -> int | None:
+    """The most tokens the model reads per (query, passage) pair, where the reranker says so:
+    a cross-encoder's `max_length`, a sentence-transformers encoder's `max_seq_length`."""
+    for limit in (
+        getattr(reranker, "max_length", None),
+        getattr(getattr(reranker, "encoder", None), "max_seq_length", None),
+    ):
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return limit
+    return None
+
+
+def pair_tokens(
+    query: str,
+    passages: Sequence[str],
+    cap: int | None = None,
+    max_tokens_per_doc: int | None = None,
+) -> list[int]:
+    """Estimated tokens of each (query, passage) pair: chars / 4, a passage cut to
+    `max_tokens_per_doc` where the request asks, a pair capped at the model's `cap`."""
+    q = estimate_tokens(len(query))
+    out = []
+    for passage in passages:
+        p = estimate_tokens(len(passage))
+        if max_tokens_per_doc is not None:
+            p = min(p, max_tokens_per_doc)
+        out.append(min(q + p, cap) if cap is not None else q + p)
+    return out
+
+
 @runtime_checkable
 class MultiQueryScorer(Protocol):
     """Optional reranker extension: score several (query, passages) pairs in one model batch."""
@@ -75,6 +160,8 @@ class _Job:
     passages: Sequence[str]
     future: asyncio.Future[list[float]]
     waiting_since: float  # loop time of acceptance, then of its last scored chunk
+    tokens: list[int]  # estimated tokens of each (query, passage) pair
+    cost_left: int  # estimated tokens not yet scored (counted in the scorer's in-flight cost)
     scores: list[float] = field(default_factory=list)
     next: int = 0  # first passage not yet handed to the model
     cancelled: bool = False
@@ -108,6 +195,34 @@ def score_chunks(
     return [[float(s) for s in scores] for scores in out]
 
 
+def score_isolated(
+    reranker: Reranker, chunks: Sequence[tuple[str, Sequence[str]]], name: str = ""
+) -> list[list[float] | Exception]:
+    """`score_chunks`, but a failure of the shared batch is retried chunk by chunk, so that each
+    chunk gets its scores or its own error (runs in the model thread, like `score_chunks`)."""
+    try:
+        return list(score_chunks(reranker, chunks))
+    except Exception as exc:
+        if len(chunks) == 1:
+            log.warning("reranker %s failed on a request: %s: %s", name, type(exc).__name__, exc)
+            return [exc]
+        log.warning(
+            "reranker %s failed on a batch of %d requests (%s: %s); scoring each alone",
+            name,
+            len(chunks),
+            type(exc).__name__,
+            exc,
+        )
+    out: list[list[float] | Exception] = []
+    for chunk in chunks:
+        try:
+            out.append(score_chunks(reranker, [chunk])[0])
+        except Exception as exc:
+            log.warning("reranker %s failed on a request: %s: %s", name, type(exc).__name__, exc)
+            out.append(exc)
+    return out
+
+
 class BatchScorer:
     """Serializes one reranker's model calls through one thread, coalescing concurrent requests."""
 
@@ -128,7 +243,9 @@ class BatchScorer:
         self._worker: asyncio.Task[None] | None = None
         self._active: list[_Job] = []
         self._unfinished = 0
+        self._inflight_cost = 0
         self._closed = False
+        self.token_cap = model_token_limit(reranker)
 
     # ------------------------------------------------------------------ public
 
@@ -136,6 +253,17 @@ class BatchScorer:
     def depth(self) -> int:
         """Requests accepted and not yet answered."""
         return self._unfinished
+
+    @property
+    def inflight_cost(self) -> int:
+        """Estimated tokens accepted and not yet scored."""
+        return self._inflight_cost
+
+    def cost(
+        self, query: str, passages: Sequence[str], max_tokens_per_doc: int | None = None
+    ) -> int:
+        """A request's estimated cost in tokens (see the module docstring)."""
+        return sum(pair_tokens(query, passages, self.token_cap, max_tokens_per_doc))
 
     async def score(
         self, query: str, passages: Sequence[str], timeout: float | None = None
@@ -150,9 +278,18 @@ class BatchScorer:
             raise QueueFullError(
                 f"{self._unfinished} requests are already waiting for reranker '{self.name}'"
             )
+        tokens = pair_tokens(query, passages, self.token_cap)
+        cost = sum(tokens)
+        budget = self.config.max_inflight_cost
+        if self._inflight_cost and self._inflight_cost + cost > budget:
+            raise QueueFullError(
+                f"reranker '{self.name}' has {self._inflight_cost} estimated tokens of work "
+                f"queued; this request's {cost} would exceed its budget of {budget}"
+            )
         assert self._loop is not None and self._queue is not None
-        job = _Job(query, passages, self._loop.create_future(), self._loop.time())
+        job = _Job(query, passages, self._loop.create_future(), self._loop.time(), tokens, cost)
         self._unfinished += 1
+        self._inflight_cost += cost
         self._report_depth()
         self._queue.put_nowait(job)
         timeout = self.config.request_timeout_s if timeout is None else timeout
@@ -204,18 +341,24 @@ class BatchScorer:
         self._queue = asyncio.Queue()
         self._active = []
         self._unfinished = 0
+        self._inflight_cost = 0
         self._worker = loop.create_task(self._run(), name=f"cisrank-batcher-{self.name}")
 
     def _report_depth(self) -> None:
         if self.observer is not None:
             self.observer.set_queue_depth(self.name, self._unfinished)
 
+    def _release(self, job: _Job) -> None:
+        self._inflight_cost -= job.cost_left
+        job.cost_left = 0
+        self._unfinished -= 1
+        self._report_depth()
+
     def _cancel(self, job: _Job) -> None:
         if not job.cancelled and not job.future.done():
             job.cancelled = True
             job.future.cancel()
-            self._unfinished -= 1
-            self._report_depth()
+            self._release(job)
 
     def _finish(self, job: _Job, result: list[float] | None, error: BaseException | None) -> None:
         if job.cancelled or job.future.done():
@@ -224,8 +367,7 @@ class BatchScorer:
             job.future.set_exception(error)
         else:
             job.future.set_result(result or [])
-        self._unfinished -= 1
-        self._report_depth()
+        self._release(job)
 
     def _take_waiting(self) -> None:
         assert self._queue is not None
@@ -234,19 +376,39 @@ class BatchScorer:
 
     def _plan(self, now: float) -> list[tuple[_Job, int, int]]:
         """Chunks for the next model batch: jobs starved for `max_age_ms` first (oldest first),
-        then shortest remaining first, FIFO among equals."""
-        capacity = self.config.max_batch_passages
+        then shortest remaining first, FIFO among equals; at most `max_batch_passages` passages
+        and `max_batch_tokens` estimated tokens in all (a single passage over the token bound
+        goes alone: it must be scored some time, and the model truncates it anyway)."""
+        passages_left = self.config.max_batch_passages
+        tokens_left = self.config.max_batch_tokens
         oldest = now - self.config.max_age_ms / 1000.0
         aged = sorted((j for j in self._active if j.waiting_since <= oldest), key=_waited)
         fresh = sorted((j for j in self._active if j.waiting_since > oldest), key=_remaining)
         plan: list[tuple[_Job, int, int]] = []
         for job in aged + fresh:
-            if capacity <= 0:
+            end, used = job.next, 0
+            stop = min(len(job.passages), job.next + passages_left)
+            while end < stop:
+                cost = job.tokens[end]
+                if used + cost > tokens_left and (plan or end > job.next):
+                    break
+                used += cost
+                end += 1
+            if end == job.next:
+                break  # the batch is full
+            plan.append((job, job.next, end))
+            passages_left -= end - job.next
+            tokens_left -= used
+            if passages_left <= 0 or tokens_left <= 0:
                 break
-            take = min(job.remaining, capacity)
-            plan.append((job, job.next, job.next + take))
-            capacity -= take
         return plan
+
+    def _waiting_work(self) -> tuple[int, int]:
+        """Passages and estimated tokens waiting in the active jobs."""
+        return (
+            sum(j.remaining for j in self._active),
+            sum(j.cost_left for j in self._active),
+        )
 
     async def _run(self) -> None:
         assert self._queue is not None and self._loop is not None
@@ -256,7 +418,13 @@ class BatchScorer:
             if not self._active:
                 self._active.append(await self._queue.get())
                 deadline = loop.time() + wait_s
-                while sum(j.remaining for j in self._active) < self.config.max_batch_passages:
+                while True:
+                    passages, tokens = self._waiting_work()
+                    if (
+                        passages >= self.config.max_batch_passages
+                        or tokens >= self.config.max_batch_tokens
+                    ):
+                        break  # a full batch is waiting: no reason to wait for more
                     left = deadline - loop.time()
                     if left <= 0:
                         break
@@ -273,11 +441,11 @@ class BatchScorer:
             started = time.perf_counter()
             try:
                 results = await loop.run_in_executor(
-                    self._executor, score_chunks, self.reranker, chunks
+                    self._executor, score_isolated, self.reranker, chunks, self.name
                 )
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a reranker failure fails its requests, never the worker
+            except Exception as exc:  # not the model (the executor is gone): never the worker
                 log.exception("reranker %s failed on a batch of %d requests", self.name, len(plan))
                 for job, _, _ in plan:
                     self._finish(job, None, exc)
@@ -292,10 +460,22 @@ class BatchScorer:
                     time.perf_counter() - started,
                 )
             scored_at = loop.time()
-            for (job, _a, b), scores in zip(plan, results, strict=True):
+            for (job, a, b), scores in zip(plan, results, strict=True):
+                if isinstance(scores, Exception):
+                    self._finish(job, None, ScoringFailed(scores))
+                    continue
+                if job.cancelled:
+                    continue
+                done = sum(job.tokens[a:b])
+                job.cost_left -= done
+                self._inflight_cost -= done
                 job.scores.extend(scores)
                 job.next = b
                 job.waiting_since = scored_at
                 if job.remaining == 0:
                     self._finish(job, job.scores, None)
-            self._active = [j for j in self._active if j.remaining > 0 and not j.cancelled]
+            self._active = [
+                j
+                for j in self._active
+                if j.remaining > 0 and not j.cancelled and not j.future.done()
+            ]

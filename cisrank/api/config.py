@@ -13,9 +13,18 @@ Example (JSON)::
       },
       "default_reranker": "dense",
       "indexes": {"msmarco": {"path": "indexes/msmarco-bm25"}},
-      "limits": {"max_documents": 1000},
-      "batching": {"max_batch_passages": 256, "max_wait_ms": 5}
+      "limits": {"max_documents": 1000, "max_request_cost": 1048576,
+                 "max_inflight_body_bytes": 268435456},
+      "batching": {"max_batch_passages": 256, "max_batch_tokens": 16384, "max_wait_ms": 5,
+                   "max_inflight_cost": 4194304}
     }
+
+Memory and cost bounds (issue 15): `limits.max_inflight_body_bytes` bounds the request bodies held
+by one server process at once (503 + Retry-After beyond it, before the body is read), a request
+costs its passages x estimated tokens (`cisrank.api.batching.pair_tokens`: characters / 4, capped
+at the model's `max_length`) with `limits.max_request_cost` per request (422 naming `documents`)
+and `batching.max_inflight_cost` per reranker (503 + Retry-After), and `batching.max_batch_tokens`
+bounds one model call so a heavy request is scored in slices interleaved with small requests.
 """
 
 from __future__ import annotations
@@ -64,6 +73,24 @@ class Limits(ComponentConfig):
         default=16 * 1024 * 1024, ge=1024, description="Request bodies over this get 413."
     )
     max_search_top_n: int = Field(default=1000, ge=1, description="Largest top_n/depth of search.")
+    max_inflight_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="Request-body bytes one server process holds at once (each worker of "
+        "--workers N has its own). A request that would go over gets 503 + Retry-After before "
+        "more of its body is read: checked up front against Content-Length, counted chunk by "
+        "chunk for a chunked body. Parsed, a body takes about 2-4x its bytes in Python objects "
+        "until its response is sent, so the default (256 MiB) keeps a server with a small model "
+        "within 2 GB; at least `max_body_bytes`, so that any allowed body can get in alone.",
+    )
+    max_request_cost: int = Field(
+        default=1024 * 1024,
+        ge=1,
+        description="Estimated tokens one rerank request may cost: the sum over its documents of "
+        "the tokens of (query, document), estimated as characters / 4 (after "
+        "`max_tokens_per_doc`), each pair capped at the model's `max_length` where it has one. "
+        "Over it: 422 naming `documents` (or `depth` for a reranked search).",
+    )
 
 
 class BatchingConfig(ComponentConfig):
@@ -74,6 +101,16 @@ class BatchingConfig(ComponentConfig):
         ge=1,
         description="Passages per model call; bigger requests are split into chunks of this size "
         "so that one large request cannot stall small ones for more than one chunk.",
+    )
+    max_batch_tokens: int = Field(
+        default=16_384,
+        ge=1,
+        description="Estimated tokens per model call (see `max_request_cost`): a slice of a "
+        "request is bounded by this as well as by `max_batch_passages`, so one slice of long "
+        "documents takes about as long as one of short ones, and a small request arriving "
+        "behind a heavy one waits at most about one such slice. A single passage over it is "
+        "scored alone. The default is TEI's max_batch_tokens: 32 pairs of 512 tokens, or about "
+        "160 typical 100-token passage pairs.",
     )
     max_wait_ms: float = Field(
         default=5.0, ge=0, le=10_000, description="How long a batch waits to fill up."
@@ -87,6 +124,14 @@ class BatchingConfig(ComponentConfig):
     )
     max_queue: int = Field(
         default=256, ge=1, description="Requests waiting per reranker before 503 + Retry-After."
+    )
+    max_inflight_cost: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1,
+        description="Estimated tokens accepted and not yet scored per reranker (the work queued "
+        "ahead of a new request, so a bound on its wait); a request that would go over gets 503 "
+        "+ Retry-After. A request is always admitted when nothing is in flight; at least "
+        "`limits.max_request_cost`.",
     )
     request_timeout_s: float = Field(
         default=60.0, gt=0, description="A request still unscored after this gets 503."
@@ -129,6 +174,18 @@ class ServerConfig(ComponentConfig):
             )
         if self.default_index is not None and self.default_index not in self.indexes:
             raise ValueError(f"default_index {self.default_index!r} is not a configured index")
+        # A budget smaller than one allowed request would answer that request "retry later"
+        # forever: refuse the config instead.
+        if self.limits.max_inflight_body_bytes < self.limits.max_body_bytes:
+            raise ValueError(
+                f"limits.max_inflight_body_bytes ({self.limits.max_inflight_body_bytes}) must be "
+                f"at least limits.max_body_bytes ({self.limits.max_body_bytes})"
+            )
+        if self.batching.max_inflight_cost < self.limits.max_request_cost:
+            raise ValueError(
+                f"batching.max_inflight_cost ({self.batching.max_inflight_cost}) must be at "
+                f"least limits.max_request_cost ({self.limits.max_request_cost})"
+            )
         return self
 
     @property

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cisrank.api.batching import BatchScorer, QueueFullError, ScoringTimeout
+from cisrank.api.batching import BatchScorer, QueueFullError, ScoringFailed, ScoringTimeout
 from cisrank.api.config import RerankerSpec, ServerConfig
 from cisrank.api.metrics import Metrics
 from cisrank.api.schemas import (
@@ -300,7 +300,13 @@ class RankingService:
 
     # ---- scoring
 
-    async def _score(self, name: str, query: str, texts: list[str]) -> list[float]:
+    async def _score(
+        self, name: str, query: str, texts: list[str], field: str = "documents"
+    ) -> list[float]:
+        """Scores through the batcher. The model failing on this request's own text (scored
+        alone, so no other request is to blame) is a 4xx naming `field` when it is an input
+        error (`cisrank.api.batching.is_input_error`), else the original error (500, logged).
+        In a search, `field` is `query`: the only text of the request the client sent."""
         scorer = self.scorer(name)
         try:
             return _finite(await scorer.score(query, texts))
@@ -308,6 +314,27 @@ class RankingService:
             raise Overloaded(f"{exc}: retry later") from None
         except ScoringTimeout as exc:
             raise TimedOut(str(exc)) from None
+        except ScoringFailed as exc:
+            if exc.input_error:
+                raise InvalidField(
+                    field, f"the reranker cannot read this request's text: {exc}"
+                ) from None
+            assert exc.__cause__ is not None
+            raise exc.__cause__ from None
+
+    def _check_cost(
+        self, name: str, query: str, texts: Sequence[str], field: str, per_doc: int | None = None
+    ) -> None:
+        """The per-request budget, before any model work (see `cisrank.api.batching`)."""
+        budget = self.config.limits.max_request_cost
+        cost = self.scorer(name).cost(query, texts, per_doc)
+        if cost > budget:
+            raise InvalidField(
+                field,
+                f"estimated cost {cost} (documents x tokens, tokens ~ characters / 4) is over "
+                f"the limit of {budget}: send fewer or shorter documents, or set "
+                "max_tokens_per_doc",
+            )
 
     async def rerank(self, body: RerankRequest) -> RerankResponse:
         """Rank `documents` for `query`, most relevant first."""
@@ -331,6 +358,7 @@ class RankingService:
                     "split the document",
                 )
             texts.append(text)
+        self._check_cost(name, body.query, texts, "documents", body.max_tokens_per_doc)
         truncated = 0
         scored = texts
         if body.max_tokens_per_doc is not None:
@@ -394,7 +422,9 @@ class RankingService:
                 f"index '{index}' failed to answer; details are in the server log"
             ) from None
         if reranker is not None and hits:
-            raw = await self._score(reranker, body.query, [h.text for h in hits])
+            passages = [h.text for h in hits]
+            self._check_cost(reranker, body.query, passages, "depth")
+            raw = await self._score(reranker, body.query, passages, "query")
             order = rank_order(raw)[: body.top_n]
             shown = normalize_scores(raw, body.normalize or config.normalize)
         else:

@@ -39,15 +39,29 @@ class OverlapReranker(BaseReranker):
         self.gate: threading.Event | None = None
         self.started = threading.Event()
         self.fail_on: str | None = None
+        # A passage containing `poison` makes the model raise ValueError, as a tokenizer does on
+        # text it cannot encode: the whole model call fails, whoever else shares it.
+        self.poison: str | None = None
+        # Model time proportional to work, like a real model: seconds per passage character.
+        self.seconds_per_char = 0.0
 
-    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+    def _enter(self, requests: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """What every model call does first: signal, wait at the gate, sleep, maybe fail."""
         self.started.set()
         if self.gate is not None:
             self.gate.wait(10)
         if self.delay:
             time.sleep(self.delay)
-        if self.fail_on is not None and query == self.fail_on:
-            raise RuntimeError("boom")
+        if self.seconds_per_char:
+            time.sleep(self.seconds_per_char * sum(len(p) for _, ps in requests for p in ps))
+        for query, passages in requests:
+            if self.fail_on is not None and query == self.fail_on:
+                raise RuntimeError("boom")
+            if self.poison is not None and any(self.poison in p for p in passages):
+                raise ValueError(f"cannot encode a passage holding {self.poison!r}")
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        self._enter([(query, passages)])
         self.calls.append((query, tuple(passages)))
         return [overlap(query, p) for p in passages]
 
@@ -65,6 +79,7 @@ class MultiOverlapReranker(OverlapReranker):
 
     def score_batch(self, requests):
         self.batches.append([(q, tuple(p)) for q, p in requests])
+        self._enter(requests)
         return [[overlap(q, p) for p in ps] for q, ps in requests]
 
 

@@ -42,3 +42,37 @@ def make_client():
     yield build
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def live_server():
+    """`live_server(app)` -> the base URL of `app` served by a real uvicorn on 127.0.0.1 in a
+    thread (the whole HTTP stack: h11 parsing, keep-alive, chunked bodies), stopped at the end."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    servers = []
+
+    def start(app) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise AssertionError("uvicorn did not start")
+            time.sleep(0.01)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(20)

@@ -1,0 +1,125 @@
+"""Admission control on request-body bytes (issue 15, finding 5a), through a real uvicorn with raw
+sockets: once the bodies in flight would pass `max_inflight_body_bytes`, the next request gets
+503 + Retry-After with the JSON error body, before its body is read: a declared one is refused
+with not a byte of it sent, a chunked one after the chunk that went over, unterminated."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+import httpx
+from api_fakes import OverlapReranker, config_for
+
+from cisrank.api.app import create_app
+from cisrank.api.config import BatchingConfig, Limits
+
+DOCS = ["word " * 6000] * 3  # 90,000 characters
+BODY = json.dumps({"query": "word", "documents": DOCS}).encode()  # 90,042 bytes
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of one HTTP/1.1 response with a Content-Length."""
+    sock.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed before a response: {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+    while len(rest) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, headers, rest
+
+
+def _head(path: str, extra: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_bodies_over_the_inflight_budget_get_503_before_they_are_read(live_server):
+    reranker = OverlapReranker()
+    reranker.gate = threading.Event()
+    cfg = config_for(
+        ["ov"],
+        limits=Limits(max_body_bytes=100_000, max_inflight_body_bytes=250_000),
+        batching=BatchingConfig(max_wait_ms=0, retry_after_s=4),
+    )
+    app = create_app(cfg, rerankers={"ov": reranker}, api_keys=[])
+    url = live_server(app)
+    host, port = urlparse(url).hostname, urlparse(url).port
+    scorer = app.state.serving.scorers["ov"]
+
+    def post() -> httpx.Response:
+        headers = {"content-type": "application/json"}
+        return httpx.post(url + "/v1/rerank", content=BODY, headers=headers, timeout=30)
+
+    with ThreadPoolExecutor(2) as pool:
+        # two 90 KB bodies are admitted and held (the model is stopped at the gate): 180 KB
+        held = [pool.submit(post) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while scorer.depth < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert scorer.depth == 2
+
+        # a third declares 90 KB: refused up front; not a byte of its body is ever sent
+        with socket.create_connection((host, port)) as sock:
+            sock.sendall(_head("/v1/rerank", f"Content-Length: {len(BODY)}\r\n"))
+            status, headers, body = _read_response(sock)
+        assert status == 503, body
+        assert headers["retry-after"] == "4"
+        assert headers["content-type"] == "application/json"
+        error = json.loads(body)
+        assert error["error"] == "overloaded" and "retry later" in error["message"]
+
+        # a chunked one is counted as it arrives: refused once 80 KB of it went over the
+        # 70 KB left, although it never sent its last chunk
+        with socket.create_connection((host, port)) as sock:
+            sock.sendall(_head("/v1/rerank", "Transfer-Encoding: chunked\r\n"))
+            piece = BODY[:10_000]
+            for _ in range(8):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            status, headers, body = _read_response(sock)
+        assert status == 503, body
+        assert headers["retry-after"] == "4" and json.loads(body)["error"] == "overloaded"
+
+        # requests without a body still get through while the budget is full
+        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+
+        reranker.gate.set()
+        assert [f.result().status_code for f in held] == [200, 200]
+
+    # every reservation was given back (refused ones included): three more 90 KB bodies in a
+    # row all fit, where a leak of even one would leave less than 90 KB
+    for _ in range(3):
+        assert post().status_code == 200
+    # a body over max_body_bytes is still the body limit's 413, not a 503
+    big = json.dumps({"query": "q", "documents": ["word " * 6000] * 4}).encode()
+    r = httpx.post(url + "/v1/rerank", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_a_config_whose_budget_cannot_take_one_allowed_body_is_refused():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_inflight_body_bytes"):
+        config_for(["ov"], limits=Limits(max_body_bytes=100_000, max_inflight_body_bytes=50_000))
+    with pytest.raises(ValidationError, match="max_inflight_cost"):
+        config_for(
+            ["ov"],
+            limits=Limits(max_request_cost=1000),
+            batching=BatchingConfig(max_inflight_cost=999),
+        )
