@@ -7,9 +7,10 @@ in. Tests and embedders can pass ready-made `rerankers=` and `retrievers=` inste
 Where things live: ranking in `cisrank.api.service` (no web framework), routes in
 `cisrank.api.routes`, error bodies in `cisrank.api.errors`, body limit and metrics in
 `cisrank.api.middleware`. Status codes: 400 malformed body, 401 missing/wrong API key, 404
-unknown path, 413 body over `max_body_bytes`, 422 a field out of its limits (the body names it),
-503 + Retry-After while loading, when the queue is full or a request timed out. Bugs are 500 and
-logged, never raised into the server.
+unknown path, 408 body not received within `body_read_timeout_s`, 413 body over `max_body_bytes`,
+422 a field out of its limits (the body names it), 503 + Retry-After while loading, when the
+queue is full, a request timed out or the server stopped before answering it (SIGTERM past
+`graceful_timeout_s`). Bugs are 500 and logged, never raised into the server.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from cisrank import env
 from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.config import ServerConfig
 from cisrank.api.errors import install_error_handlers
+from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
 from cisrank.api.metrics import Metrics
 from cisrank.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from cisrank.api.routes import router
@@ -65,7 +67,11 @@ def create_app(
     app.state.serving = serving
     app.state.metrics = metrics
     app.state.keys = KeyChecker(tuple(api_keys) if api_keys is not None else keys_from_env())
+    # Outermost last: metrics see every final status, the 503 of a stopped request and the 408
+    # of a stalled body included.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=config.limits.body_read_timeout_s)
+    app.add_middleware(ShutdownAnswerMiddleware, retry_after_s=config.batching.retry_after_s)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     install_error_handlers(app)
     app.include_router(router)

@@ -64,6 +64,12 @@ class Limits(ComponentConfig):
         default=16 * 1024 * 1024, ge=1024, description="Request bodies over this get 413."
     )
     max_search_top_n: int = Field(default=1000, ge=1, description="Largest top_n/depth of search.")
+    body_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request body not fully received this long after its headers gets 408 and "
+        "its connection is closed: a stalled or trickling client cannot hold a connection.",
+    )
 
 
 class BatchingConfig(ComponentConfig):
