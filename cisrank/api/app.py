@@ -72,7 +72,8 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=config.limits.body_read_timeout_s)
     app.add_middleware(ShutdownAnswerMiddleware, retry_after_s=config.batching.retry_after_s)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    paths = [path for r in router.routes if isinstance(path := getattr(r, "path", None), str)]
+    app.add_middleware(MetricsMiddleware, metrics=metrics, paths=paths)
     install_error_handlers(app)
     app.include_router(router)
     return app

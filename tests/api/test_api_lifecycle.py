@@ -26,12 +26,15 @@ def _queue_depth(url: str, reranker: str) -> float:
 
 
 def test_sigterm_past_the_grace_period_answers_every_in_flight_request_with_json(tmp_path):
-    # One request per model call (2 passages each), 0.4 s a call: in a 1 s grace period two or
-    # three requests finish, the others are still queued when uvicorn cancels them.
+    # One request per model call (2 passages each), 0.3 s a call, held at a gate until all of
+    # them are queued: in a 1.5 s grace period at most 6 finish, the others are still queued when
+    # uvicorn cancels them.
+    gate = tmp_path / "gate"
+    options = {"delay": 0.3, "gate": str(gate)}
     config = {
-        "rerankers": {"slow": {"kind": "api_fakes:slow_reranker", "options": {"delay": 0.4}}},
+        "rerankers": {"slow": {"kind": "api_fakes:slow_reranker", "options": options}},
         "batching": {"max_batch_passages": 2, "max_wait_ms": 0, "retry_after_s": 7},
-        "graceful_timeout_s": 1.0,
+        "graceful_timeout_s": 1.5,
     }
     server = Server(tmp_path, config)
     answers: list[httpx.Response | BaseException | None] = [None] * IN_FLIGHT
@@ -51,6 +54,7 @@ def test_sigterm_past_the_grace_period_answers_every_in_flight_request_with_json
         while _queue_depth(server.url, "slow") < IN_FLIGHT and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _queue_depth(server.url, "slow") == IN_FLIGHT, server.output()
+        gate.touch()
         server.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(30)
