@@ -173,8 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                     if err := call(http, url, kind, *requests[0]):
                         raise SystemExit(f"warm-up failed: {err}")
             rss_before = rss_mb(proc.pid)
+            load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
             res = soak(url, requests, args.concurrency, args.seconds, proc.pid)
             res |= {
+                # other work on the machine slows the model: errors under load are timeouts
+                "load_average_1min": [load_before, os.getloadavg()[0] if load_before else None],
                 "rss_before_mb": rss_before,
                 "rss_after_mb": rss_mb(proc.pid),
                 "peak_rss_mb": rss_mb(proc.pid, "VmHWM"),

@@ -118,7 +118,10 @@ class ServerConfig(ComponentConfig):
     limits: Limits = Field(default_factory=Limits)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     graceful_timeout_s: float | None = Field(
-        default=60.0, gt=0, description="How long SIGTERM waits for in-flight requests."
+        default=60.0,
+        gt=0,
+        description="How long SIGTERM waits for in-flight requests; those still running then get "
+        "503 with Retry-After (JSON), and `cisrank serve` exits 0.",
     )
 
     @model_validator(mode="after")
