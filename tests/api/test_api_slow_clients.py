@@ -13,6 +13,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -26,23 +28,52 @@ TIMEOUT_S = 0.5
 BODY = json.dumps({"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet."] * 4})
 
 
-@pytest.fixture(scope="module")
-def live():
+class _Arrivals:
+    """An ASGI wrapper counting the HTTP requests that reached the app (headers parsed)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            self.count += 1
+        await self.app(scope, receive, send)
+
+
+@contextmanager
+def _serving(body_read_timeout_s: float) -> Iterator[tuple[int, _Arrivals]]:
     """uvicorn serving the app on 127.0.0.1 in a thread: the real HTTP stack, no subprocess."""
-    config = config_for(["overlap"], limits=Limits(body_read_timeout_s=TIMEOUT_S))
-    app = create_app(config, rerankers={"overlap": OverlapReranker()}, api_keys=())
+    config = config_for(["overlap"], limits=Limits(body_read_timeout_s=body_read_timeout_s))
+    arrivals = _Arrivals(create_app(config, rerankers={"overlap": OverlapReranker()}, api_keys=()))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(arrivals, log_config=None, lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
     assert server.started
-    yield sock.getsockname()[1]
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield sock.getsockname()[1], arrivals
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def live():
+    """A server with a short body deadline (TIMEOUT_S)."""
+    with _serving(TIMEOUT_S) as (port, _):
+        yield port
+
+
+@pytest.fixture(scope="module")
+def patient():
+    """A server whose body deadline (30 s) cannot fire during a test: hang-ups stay hang-ups."""
+    with _serving(30.0) as served:
+        yield served
 
 
 def _half_sent(port: int, sent: int = 10) -> socket.socket:
@@ -123,13 +154,18 @@ def test_a_trickling_body_gets_408_at_the_deadline_not_per_chunk(live):
     assert time.monotonic() - started < TIMEOUT_S + 2
 
 
-def test_clients_that_hang_up_mid_body_are_aborts_not_server_errors(live):
+def test_clients_that_hang_up_mid_body_are_aborts_not_server_errors(patient):
+    live, arrivals = patient
     errors_before = _server_errors(live)
     aborts = _metric(live, "cisrank_client_aborts_total")
     before = aborts.get('route="/v1/rerank"', 0.0)
-    for _ in range(10):
-        s = _half_sent(live)
-        time.sleep(0.02)  # the request reached the app before the hang-up
+    arrived = arrivals.count
+    conns = [_half_sent(live) for _ in range(10)]
+    deadline = time.monotonic() + 10
+    while arrivals.count - arrived < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)  # every request reached the app before its client hangs up
+    assert arrivals.count - arrived == 10
+    for s in conns:
         s.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # until the server has counted the 10 hang-ups somehow
