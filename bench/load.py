@@ -38,8 +38,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, tmp: Path) -> subprocess.Popen:
-    config = {
+def start_server(model: str, port: int, tmp: Path, config: dict | None = None) -> subprocess.Popen:
+    """`cisrank serve` with the dense reranker `model`, or with `config` (a server config)."""
+    config = config or {
         "rerankers": {"dense": {"kind": "dense", "model": model}},
         "batching": {"max_queue": 512, "request_timeout_s": 600, "max_wait_ms": 5},
     }

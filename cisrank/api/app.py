@@ -7,12 +7,13 @@ in. Tests and embedders can pass ready-made `rerankers=` and `retrievers=` inste
 Where things live: ranking in `cisrank.api.service` (no web framework), routes in
 `cisrank.api.routes`, error bodies in `cisrank.api.errors`, body limit and metrics in
 `cisrank.api.middleware`, reading bodies in `cisrank.api.body`. Status codes: 400 a body that is
-not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 413 body over
-`max_body_bytes`, 415 a body that is not JSON, 422 a field out of its limits or holding a lone
-surrogate (the body names it), 503 + Retry-After while loading, when the queue, the reranker's
-cost budget or the in-flight body bytes (`max_inflight_body_bytes`) are full, or a request timed
-out. Bugs and server faults are 500, logged, never raised into the server, and never carry a
-server path.
+not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 408 body not received
+within `body_read_timeout_s`, 413 body over `max_body_bytes`, 415 a body that is not JSON, 422 a
+field out of its limits or holding a lone surrogate (the body names it), 503 + Retry-After while
+loading, when the queue, the reranker's cost budget or the in-flight body bytes
+(`max_inflight_body_bytes`) are full, a request timed out, or the server stopped before answering
+it (SIGTERM past `graceful_timeout_s`). Bugs and server faults are 500, logged, never raised into
+the server, and never carry a server path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cisrank import env
 from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.config import ServerConfig
 from cisrank.api.errors import install_error_handlers
+from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
 from cisrank.api.metrics import Metrics
 from cisrank.api.middleware import BodyBudgetMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from cisrank.api.routes import router
@@ -68,8 +70,9 @@ def create_app(
     app.state.serving = serving
     app.state.metrics = metrics
     app.state.keys = KeyChecker(tuple(api_keys) if api_keys is not None else keys_from_env())
-    # Added last = outermost: metrics see every answer, the bytes budget counts the reads of the
-    # body limit (so it can refuse a body before it is read).
+    # Added last = outermost. Metrics see every final status (the 503 of a stopped request and
+    # the 408 of a stalled body included); the read deadline covers the whole body; the bytes
+    # budget counts the reads of the body limit, so it can refuse a body before it is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(
         BodyBudgetMiddleware,
@@ -77,7 +80,10 @@ def create_app(
         max_body_bytes=config.limits.max_body_bytes,
         retry_after_s=config.batching.retry_after_s,
     )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=config.limits.body_read_timeout_s)
+    app.add_middleware(ShutdownAnswerMiddleware, retry_after_s=config.batching.retry_after_s)
+    paths = [path for r in router.routes if isinstance(path := getattr(r, "path", None), str)]
+    app.add_middleware(MetricsMiddleware, metrics=metrics, paths=paths)
     install_error_handlers(app)
     app.include_router(router)
     return app

@@ -91,6 +91,12 @@ class Limits(ComponentConfig):
         "`max_tokens_per_doc`), each pair capped at the model's `max_length` where it has one. "
         "Over it: 422 naming `documents` (or `depth` for a reranked search).",
     )
+    body_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request body not fully received this long after its headers gets 408 and "
+        "its connection is closed: a stalled or trickling client cannot hold a connection.",
+    )
 
 
 class BatchingConfig(ComponentConfig):
@@ -157,7 +163,10 @@ class ServerConfig(ComponentConfig):
     limits: Limits = Field(default_factory=Limits)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     graceful_timeout_s: float | None = Field(
-        default=60.0, gt=0, description="How long SIGTERM waits for in-flight requests."
+        default=60.0,
+        gt=0,
+        description="How long SIGTERM waits for in-flight requests; those still running then get "
+        "503 with Retry-After (JSON), and `cisrank serve` exits 0.",
     )
 
     @model_validator(mode="after")

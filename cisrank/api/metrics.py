@@ -20,6 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+CLIENT_CLOSED_REQUEST = 499
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
@@ -108,6 +109,13 @@ class Metrics:
             ["reranker"],
             registry=r,
         )
+        self.client_aborts = Counter(
+            "cisrank_client_aborts",
+            "Requests whose client hung up before the server answered (also counted in "
+            "cisrank_requests with status 499): client behaviour, not a server error.",
+            ["route"],
+            registry=r,
+        )
         self.passages = Counter(
             "cisrank_scored_passages", "Passages scored.", ["reranker"], registry=r
         )
@@ -117,6 +125,12 @@ class Metrics:
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+
+    def observe_client_abort(self, route: str, seconds: float) -> None:
+        """A request its client abandoned before any answer: status 499 (nginx's "client closed
+        request"), apart from the 5xx of server errors."""
+        self.client_aborts.labels(route).inc()
+        self.observe_request(route, CLIENT_CLOSED_REQUEST, seconds)
 
     def observe_batch(self, reranker: str, passages: int, requests: int, seconds: float) -> None:
         self.batch_passages.labels(reranker).observe(passages)

@@ -8,6 +8,7 @@ must see the final status of every response, errors answered by handlers include
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -201,18 +202,23 @@ class BodyBudgetMiddleware:
 
 
 class MetricsMiddleware:
-    """Counts requests and latency per route template (bounded label cardinality)."""
+    """Counts requests and latency per route template (bounded label cardinality); a request whose
+    client hung up before any answer counts as a client abort (499), not as a 500."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, paths: Collection[str] = ()) -> None:
         self.app = app
         self.metrics = metrics
+        # Requests answered before routing (413, 408, client aborts) have no route yet: those to
+        # one of these paths (the app's routes, no path parameters) are counted under it.
+        self.paths = frozenset(paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
+        status: int | None = None
+        client_gone = False
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -220,8 +226,20 @@ class MetricsMiddleware:
                 status = message["status"]
             await send(message)
 
+        async def receive_wrapper() -> Message:
+            nonlocal client_gone
+            message = await receive()
+            client_gone = client_gone or message["type"] == "http.disconnect"
+            return message
+
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.observe_request(route, status, time.perf_counter() - started)
+            route = getattr(scope.get("route"), "path", None)
+            if route is None:
+                route = scope["path"] if scope.get("path") in self.paths else "unmatched"
+            seconds = time.perf_counter() - started
+            if status is None and client_gone:  # hung up mid-body: not a server error
+                self.metrics.observe_client_abort(route, seconds)
+            else:
+                self.metrics.observe_request(route, status or 500, seconds)

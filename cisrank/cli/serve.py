@@ -10,8 +10,10 @@ worker through an environment variable, so `--workers N` builds N identical apps
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -103,6 +105,13 @@ def server_config(
     return cfg
 
 
+def _stopped_by_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM is the way to stop the server: once uvicorn has stopped gracefully it raises the
+    signal again for the handler it found, this one, and the process exits 0. A SIGTERM that
+    arrives before uvicorn has started exits 0 at once."""
+    raise SystemExit(0)
+
+
 def serve(
     config: Annotated[
         Path | None,
@@ -150,10 +159,15 @@ def serve(
     Several models: cisrank serve --config server.yaml.
 
     API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>'.
+
+    Stopping: SIGTERM (or Ctrl-C) stops taking connections and waits up to graceful_timeout_s
+    (config, default 60) for the requests in flight; any still running then are answered 503 with
+    Retry-After. Exit code 0 after a SIGTERM.
     """
     cfg = server_config(config, reranker, model, index or ())
     uvicorn = require("uvicorn", "serve", "cisrank serve")
     env.set_server_config_json(cfg.model_dump_json())
+    signal.signal(signal.SIGTERM, _stopped_by_sigterm)
     uvicorn.run(
         "cisrank.api.app:create_app_from_env",
         factory=True,

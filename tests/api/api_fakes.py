@@ -107,14 +107,23 @@ class ListRetriever:
         return [self.search(q, k) for q in queries]
 
 
-def slow_reranker(model: str | None = None, delay: float = 1.0, marker: str | None = None):
+def slow_reranker(
+    model: str | None = None,
+    delay: float = 1.0,
+    marker: str | None = None,
+    gate: str | None = None,
+):
     """Factory for a uvicorn subprocess: an OverlapReranker that takes `delay` s per call and
-    touches `marker` when a call starts (so a test knows the request is in flight)."""
+    touches `marker` when a call starts (so a test knows the request is in flight); with `gate`,
+    calls wait (up to 30 s) until that file exists, so a test can queue requests first."""
 
     class _Slow(OverlapReranker):
         def score(self, query, passages):
             if marker:
                 Path(marker).write_text(query, encoding="utf-8")
+            deadline = time.monotonic() + 30
+            while gate and not Path(gate).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             return super().score(query, passages)
 
     return _Slow(model or "slow", delay=delay)

@@ -229,8 +229,8 @@ def test_sigterm_lets_the_in_flight_request_finish(tmp_path):
         assert marker.exists(), server.output()
         server.proc.send_signal(signal.SIGTERM)
         thread.join(30)
-        # uvicorn shuts down gracefully, then re-raises the captured signal as its exit status
-        assert server.proc.wait(30) == -signal.SIGTERM, server.output()
+        # uvicorn shuts down gracefully, then re-raises the signal: `cisrank serve` exits 0
+        assert server.proc.wait(30) == 0, server.output()
         r = box["r"]
         assert r.status_code == 200
         got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
