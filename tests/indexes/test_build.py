@@ -18,7 +18,7 @@ from cisrank.cli import app
 from cisrank.errors import CisrankError, DataError
 from cisrank.indexes import build as build_mod
 from cisrank.indexes.build import STATE_FILE, build_index
-from cisrank.data.manifest import MANIFEST_FILE, read_manifest
+from cisrank.data.manifest import MANIFEST_FILE, read_manifest, write_manifest
 from cisrank.indexes.kinds import open_index
 
 ROWS = [
@@ -222,8 +222,7 @@ def test_unknown_kind_and_a_non_retriever_kind(tmp_path, corpus):
     assert set(build_mod.builder_kinds()) >= {"bm25", "lucene", "dense"}
     out = tmp_path / "idx"
     m = build_index("bm25", corpus, out, progress=False)
-    data = m.to_json()
-    data["kind"] = "prior"  # a prior store is an index folder too, but nothing to search
-    (out / MANIFEST_FILE).write_text(json.dumps(data))
+    m.kind = "prior"  # a prior store is an index folder too, but nothing to search
+    write_manifest(out, m)  # rewritten through the writer: its digest matches its content
     with pytest.raises(CisrankError, match="is a prior index, which is not a retriever"):
         open_index(out)
