@@ -92,7 +92,9 @@ def first_bad_block(
     """Index of the first block of `path` whose sha256 is not `expected`'s, None when all match;
     the caller checks the size first (a truncated file fails there, before any hashing)."""
     with ThreadPoolExecutor(_workers()) as pool:
-        got = pool.map(lambda i: _hash_range(path, i * block_bytes, block_bytes)[0], range(len(expected)))
+        got = pool.map(
+            lambda i: _hash_range(path, i * block_bytes, block_bytes)[0], range(len(expected))
+        )
         for i, (digest, want) in enumerate(zip(got, expected, strict=True)):
             if digest != want:
                 return i

@@ -164,9 +164,7 @@ def _expand(directory: Path, names: list[str]) -> list[str]:
     for name in names:
         p = directory / name
         if p.is_dir():
-            out += sorted(
-                f.relative_to(directory).as_posix() for f in p.rglob("*") if f.is_file()
-            )
+            out += sorted(f.relative_to(directory).as_posix() for f in p.rglob("*") if f.is_file())
         else:
             out.append(name)
     return out
@@ -214,7 +212,9 @@ def _identity(path: Path) -> tuple[Any, ...]:
     return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _check_one(directory: Path, name: str, entry: Any, block_bytes: int, mutable: bool) -> FileCheck:
+def _check_one(
+    directory: Path, name: str, entry: Any, block_bytes: int, mutable: bool
+) -> FileCheck:
     path = directory / name
     if not path.is_file():
         return FileCheck(name, "missing", "recorded in the manifest but not on disk")

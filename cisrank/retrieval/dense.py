@@ -252,7 +252,9 @@ class DenseRetriever:
             self.index = faiss.read_index(str(self.path / FAISS_FILE))
         except (RuntimeError, MemoryError, ValueError) as exc:  # faiss raises RuntimeError
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DamagedFileError(self.path / FAISS_FILE, f"FAISS cannot read it: {first}") from None
+            raise DamagedFileError(
+                self.path / FAISS_FILE, f"FAISS cannot read it: {first}"
+            ) from None
         if self.config.index_type == "hnsw":
             self.index.hnsw.efSearch = self.config.hnsw_ef_search
         elif self.config.index_type == "ivf":

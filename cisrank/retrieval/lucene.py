@@ -161,7 +161,9 @@ class LuceneRetriever:
             self.searcher = LuceneSearcher(str(self.path / LUCENE_DIR))
         except Exception as exc:  # a jnius JavaException: Lucene found its files corrupt
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DamagedFileError(self.path / LUCENE_DIR, f"Lucene cannot open it: {first}") from None
+            raise DamagedFileError(
+                self.path / LUCENE_DIR, f"Lucene cannot open it: {first}"
+            ) from None
         self.searcher.set_bm25(self.config.k1, self.config.b)
         self.docs = DocStore(self.path / DOCSTORE_FILE)
 
