@@ -291,3 +291,22 @@ def test_a_damaged_prior_store_is_an_error_naming_it(
     assert code == 2 and "Traceback" not in output, output
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and str(store) in errors[0], output
+
+
+def test_a_manifest_without_checksums_opens_with_a_warning_and_verify_says_so(
+    pristine, tmp_path, monkeypatch, capsys, caplog
+):
+    """An index built before checksums were recorded: it still opens (with a warning), and
+    `index verify` says it cannot check the bytes (exit 1), after checking that it loads."""
+    from cisrank.indexes.kinds import open_index
+
+    index = tmp_path / "idx"
+    shutil.copytree(pristine("bm25"), index)
+    data = json.loads((index / "manifest.json").read_text())
+    del data["checksums"], data["digest"]
+    (index / "manifest.json").write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="cisrank.data.manifest"):
+        assert open_index(index).search(QUERY, 1)[0].docid == "p1"
+    assert "no checksums recorded" in caplog.text
+    code, output = cli(monkeypatch, capsys, "index", "verify", str(index))
+    assert code == 1 and "no checksums recorded" in output, output
