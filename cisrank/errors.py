@@ -18,6 +18,20 @@ class DataError(CisrankError):
     """A dataset folder or file is missing or malformed."""
 
 
+class DamagedFileError(DataError):
+    """A file cisrank wrote is no longer what was written: bytes flipped, truncated, unreadable.
+
+    Raised instead of ranking with it: a damaged index gives silently wrong results, which is worse
+    than none. It names the file (`path`) and says to rebuild or restore it; it is the server's
+    fault, never the client's, so a transport reports it as a server error.
+    """
+
+    def __init__(self, path: object, detail: str) -> None:
+        super().__init__(f"{path}: damaged file ({detail}): restore it or rebuild the index")
+        self.path = str(path)
+        self.detail = detail
+
+
 class ModelNotFoundError(CisrankError):
     """A model id or path cannot be resolved to weights on this machine."""
 

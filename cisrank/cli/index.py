@@ -1,4 +1,5 @@
-"""`cisrank index build KIND --corpus FILE --out DIR [...]` and `cisrank index info DIR`.
+"""`cisrank index build KIND --corpus FILE --out DIR [...]`, `cisrank index info DIR` and
+`cisrank index verify DIR`.
 
 Each `build` command only turns its flags into the kind's `params` and calls
 `cisrank.indexes.build.build_index`, which validates them through the kind's `IndexConfig` and owns
@@ -281,3 +282,44 @@ def info(
         f"files     {', '.join(m.files)}",
     ]
     typer.echo("\n".join(lines))
+
+
+@index_app.command("verify")
+def verify(
+    paths: Annotated[list[Path], typer.Argument(help="Index folder(s).")],
+) -> None:
+    """Check every file of an index against the sizes and checksums its manifest recorded.
+
+    Prints one line per file (OK or DAMAGED, with the damaged byte range). Exit code 0: intact;
+    1: built before checksums were recorded, so only whether it opens could be checked; 2: a
+    file is damaged or missing (restore it or rebuild the index). Reads every byte: about
+    1.3 GB/s per core, on up to 8 cores.
+    """
+    from cisrank.indexes.integrity import verify_index
+
+    code = 0
+    for path in paths:
+        report = verify_index(path)
+        m = report.manifest
+        typer.echo(f"{path}: {m.kind} index, {len(report.checks)} files")
+        for c in report.checks:
+            label = {"ok": "OK", "unverified": "UNCHECKED"}.get(c.status, c.status.upper())
+            typer.echo(f"  {label:<9} {c.name}" + (f": {c.detail}" if c.detail else ""))
+        if report.damaged:
+            typer.echo(
+                f"{path}: DAMAGED ({len(report.damaged)} of {len(report.checks)} files): "
+                "restore them or rebuild the index",
+                err=True,
+            )
+            code = 2
+        elif not report.recorded:
+            typer.echo(
+                f"{path}: no checksums recorded (built by an older cisrank): only whether its "
+                "files load was checked, not their bytes; rebuild it to record them",
+                err=True,
+            )
+            code = max(code, 1)
+        else:
+            typer.echo(f"{path}: intact")
+    if code:
+        raise typer.Exit(code)

@@ -5,7 +5,10 @@ without a config file (the quick start of infinity or TEI), or `--config FILE` f
 limits and batching. Giving both is an error: which one wins would be a guess.
 
 The config is checked here (one-line error, exit 2) before uvicorn starts, then handed to every
-worker through an environment variable, so `--workers N` builds N identical apps.
+worker through an environment variable, so `--workers N` builds N identical apps. Checked means
+every configured index completely (its manifest and the checksum of every file: a half-built or
+damaged index refuses the start, since it would never become ready) and every existing prior
+store opens; a server that cannot serve what it is configured to never starts.
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ def server_config(
     for name, index in cfg.indexes.items():
         if not index.path.exists():
             raise CisrankError(f"index '{name}': path '{index.path}' does not exist")
+        check_index(name, index.path)
+    for name, spec in cfg.rerankers.items():
+        store = spec.options.get("prior_store")
+        if store and Path(str(store)).expanduser().is_file():
+            check_prior_store(name, Path(str(store)).expanduser())
     return cfg
 
 
@@ -110,6 +118,28 @@ def _stopped_by_sigterm(signum: int, frame: FrameType | None) -> None:
     signal again for the handler it found, this one, and the process exits 0. A SIGTERM that
     arrives before uvicorn has started exits 0 at once."""
     raise SystemExit(0)
+
+
+def check_index(name: str, path: Path) -> None:
+    """The whole index, before the server starts: a permanent fault is a one-line error now,
+    not a server whose readiness never comes. Its files found intact are not hashed again when
+    the server (in this process) opens them."""
+    from cisrank.indexes.integrity import require_intact
+
+    try:
+        require_intact(path)
+    except CisrankError as exc:
+        raise CisrankError(f"index '{name}': {exc}") from None
+
+
+def check_prior_store(name: str, path: Path) -> None:
+    """A prior store that SQLite cannot open (damaged header, not a database) stops the start."""
+    from cisrank.rerank.prior_store import PriorStore
+
+    try:
+        PriorStore(path).close()
+    except CisrankError as exc:
+        raise CisrankError(f"reranker '{name}': {exc}") from None
 
 
 def serve(

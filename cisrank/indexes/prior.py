@@ -138,6 +138,7 @@ def build_prior(
     log.info("%s: %d passages, %d priors computed, %d reused", out, passages, computed, reused)
     return BuildOutput(
         files=[PRIOR_FILE],
+        mutable=[PRIOR_FILE],  # a CIS reranker with --prior-store adds the priors it computes
         params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": engine.batch_tokens},
         libraries=library_versions("transformers", "torch", "tokenizers"),
         model={

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, Manifest, library_versions
 from cisrank.data.types import SearchHit
-from cisrank.errors import CisrankError, require
+from cisrank.errors import CisrankError, DamagedFileError, require
 from cisrank.retrieval.analysis import Analyzer, AnalyzerConfig
 from cisrank.retrieval.base import IndexConfig
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
@@ -118,11 +118,23 @@ class BM25Retriever:
         self.config = BM25IndexConfig.from_params(manifest.params)
         self.analyzer = self.config.analyzer()
         self.backend = _backend(int(manifest.corpus.get("passages", 0)), backend)
-        self.model = bm25s.BM25.load(
-            str(self.path / BM25_DIR), mmap=False, load_corpus=False, backend=self.backend
-        )
+        try:
+            self.model = bm25s.BM25.load(
+                str(self.path / BM25_DIR), mmap=False, load_corpus=False, backend=self.backend
+            )
+            self.num_docs = int(self.model.scores["num_docs"])
+        except (CisrankError, MemoryError):
+            raise
+        except Exception as exc:  # any failure to parse files this package wrote is damage
+            raise DamagedFileError(
+                self.path / BM25_DIR, f"bm25s cannot load it: {type(exc).__name__}: {exc}"
+            ) from None
         self.docs = DocStore(self.path / DOCSTORE_FILE)
-        self.num_docs = int(self.model.scores["num_docs"])
+        if len(self.docs) != self.num_docs:
+            raise DamagedFileError(
+                self.path / DOCSTORE_FILE,
+                f"{len(self.docs)} passages, but the bm25s index has {self.num_docs}",
+            )
 
     def query_ids(self, query: str) -> list[int]:
         return self.model.get_tokens_ids(self.analyzer.analyze(query))

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, Manifest, library_versions
 from cisrank.data.types import SearchHit
-from cisrank.errors import CisrankError, DataError, require
+from cisrank.errors import CisrankError, DamagedFileError, DataError, require
 from cisrank.fileio import atomic_write_bytes, atomic_write_text
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
@@ -248,13 +248,24 @@ class DenseRetriever:
         self.encoder = load_sentence_transformer(
             model_path, device, self.config.max_seq_length, self.config.dtype
         )
-        self.index = faiss.read_index(str(self.path / FAISS_FILE))
+        try:
+            self.index = faiss.read_index(str(self.path / FAISS_FILE))
+        except (RuntimeError, MemoryError, ValueError) as exc:  # faiss raises RuntimeError
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DamagedFileError(
+                self.path / FAISS_FILE, f"FAISS cannot read it: {first}"
+            ) from None
         if self.config.index_type == "hnsw":
             self.index.hnsw.efSearch = self.config.hnsw_ef_search
         elif self.config.index_type == "ivf":
             self.index.nprobe = self.config.ivf_nprobe
-        self.on_gpu = self._to_gpu(faiss)
         self.docs = DocStore(self.path / DOCSTORE_FILE)
+        if len(self.docs) != self.index.ntotal:
+            raise DamagedFileError(
+                self.path / DOCSTORE_FILE,
+                f"{len(self.docs)} passages, but {FAISS_FILE} holds {self.index.ntotal}",
+            )
+        self.on_gpu = self._to_gpu(faiss)
         self._lock = threading.RLock()  # see embed_queries
 
     def _to_gpu(self, faiss) -> bool:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cisrank.errors import DataError
+from cisrank.errors import DamagedFileError, DataError
 
 DOCSTORE_FILE = "docs.sqlite"
 
@@ -85,9 +85,14 @@ class DocStore:
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"document store '{self.path}' is missing: rebuild the index")
-        self._con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
-        (self._size,) = self._con.execute("SELECT COUNT(*) FROM docs").fetchone()
+        try:
+            self._con = sqlite3.connect(
+                f"file:{self.path}?mode=ro", uri=True, check_same_thread=False
+            )
+            (self._size,) = self._con.execute("SELECT COUNT(*) FROM docs").fetchone()
+        except sqlite3.Error as exc:
+            raise DamagedFileError(self.path, f"SQLite cannot read it: {exc}") from None
 
     def __len__(self) -> int:
         return self._size
@@ -95,12 +100,15 @@ class DocStore:
     def _fetch(self, column: str, keys: Sequence) -> dict:
         out: dict = {}
         with self._lock:
-            for start in range(0, len(keys), 900):  # SQLite's host-parameter limit
-                part = list(keys[start : start + 900])
-                marks = ",".join("?" * len(part))
-                sql = f"SELECT {column}, idx, docid, text FROM docs WHERE {column} IN ({marks})"
-                for key, idx, docid, text in self._con.execute(sql, part):
-                    out[key] = (idx, docid, text)
+            try:
+                for start in range(0, len(keys), 900):  # SQLite's host-parameter limit
+                    part = list(keys[start : start + 900])
+                    marks = ",".join("?" * len(part))
+                    sql = f"SELECT {column}, idx, docid, text FROM docs WHERE {column} IN ({marks})"
+                    for key, idx, docid, text in self._con.execute(sql, part):
+                        out[key] = (idx, docid, text)
+            except sqlite3.Error as exc:  # malformed pages, undecodable text
+                raise DamagedFileError(self.path, f"SQLite cannot read it: {exc}") from None
         return out
 
     def get(self, indices: Sequence[int]) -> list[tuple[str, str]]:
@@ -109,7 +117,7 @@ class DocStore:
         found = self._fetch("idx", keys)
         missing = [i for i in keys if i not in found]
         if missing:
-            raise DataError(f"{self.path}: rows {missing[:5]} missing: the index is corrupt")
+            raise DamagedFileError(self.path, f"rows {missing[:5]} missing")
         return [found[i][1:] for i in keys]
 
     def by_docid(self, docids: Sequence[str]) -> list[str]:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, Manifest, library_versions
 from cisrank.data.types import SearchHit
-from cisrank.errors import CisrankError, MissingExtraError
+from cisrank.errors import CisrankError, DamagedFileError, MissingExtraError
 from cisrank.retrieval.bm25 import BM25Weights
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, DocStoreWriter
 
@@ -157,7 +157,13 @@ class LuceneRetriever:
         start_jvm()
         from pyserini.search.lucene import LuceneSearcher
 
-        self.searcher = LuceneSearcher(str(self.path / LUCENE_DIR))
+        try:
+            self.searcher = LuceneSearcher(str(self.path / LUCENE_DIR))
+        except Exception as exc:  # a jnius JavaException: Lucene found its files corrupt
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DamagedFileError(
+                self.path / LUCENE_DIR, f"Lucene cannot open it: {first}"
+            ) from None
         self.searcher.set_bm25(self.config.k1, self.config.b)
         self.docs = DocStore(self.path / DOCSTORE_FILE)
 

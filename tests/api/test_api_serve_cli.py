@@ -22,6 +22,9 @@ def served(monkeypatch):
     import uvicorn
 
     monkeypatch.setenv(env.SERVER_CONFIG, "")  # restored after the test
+    # These tests are about the config's shape (empty folders stand for indexes); the complete
+    # check of each index at start has its own tests (tests/indexes/test_serve_check.py).
+    monkeypatch.setattr("cisrank.cli.serve.check_index", lambda name, path: None)
     calls = []
     monkeypatch.setattr(uvicorn, "run", lambda target, **kw: calls.append((target, kw)))
 

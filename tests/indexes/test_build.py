@@ -18,7 +18,7 @@ from cisrank.cli import app
 from cisrank.errors import CisrankError, DataError
 from cisrank.indexes import build as build_mod
 from cisrank.indexes.build import STATE_FILE, build_index
-from cisrank.data.manifest import MANIFEST_FILE, read_manifest
+from cisrank.data.manifest import MANIFEST_FILE, read_manifest, write_manifest
 from cisrank.indexes.kinds import open_index
 
 ROWS = [
@@ -222,8 +222,74 @@ def test_unknown_kind_and_a_non_retriever_kind(tmp_path, corpus):
     assert set(build_mod.builder_kinds()) >= {"bm25", "lucene", "dense"}
     out = tmp_path / "idx"
     m = build_index("bm25", corpus, out, progress=False)
-    data = m.to_json()
-    data["kind"] = "prior"  # a prior store is an index folder too, but nothing to search
-    (out / MANIFEST_FILE).write_text(json.dumps(data))
+    m.kind = "prior"  # a prior store is an index folder too, but nothing to search
+    write_manifest(out, m)  # rewritten through the writer: its digest matches its content
     with pytest.raises(CisrankError, match="is a prior index, which is not a retriever"):
         open_index(out)
+
+
+_KILLABLE_OVERWRITE = """
+import sys, time
+from pathlib import Path
+import cisrank.retrieval.bm25 as bm25
+marker = Path(sys.argv[1])
+def parked(*a, **k):  # the bm25s arrays of the new index are written: park until killed
+    marker.write_text("parked")
+    time.sleep(600)
+bm25.write_docstore = parked
+from cisrank.cli import main
+sys.argv = ["cisrank", *sys.argv[2:]]
+main()
+"""
+
+
+def test_overwrite_killed_midway_keeps_the_old_index_live(tmp_path, corpus):
+    """kill -9 of a real `cisrank index build --overwrite` midway: the old index still opens,
+    verifies and answers; a completed overwrite leaves the new index and no temp folder."""
+    out = tmp_path / "idx"
+    build_index("bm25", corpus, out, progress=False)
+    before = [h.docid for h in open_index(out).search("brown fox", 3)]
+    marker = tmp_path / "parked"
+    args = ["index", "build", "bm25", "--corpus", str(corpus), "--out", str(out)]
+    args += ["--b", "0.75", "--overwrite", "-q"]
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE_OVERWRITE, str(marker), *args])
+    deadline = time.monotonic() + 120
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the overwrite never reached its docstore"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    # the old index is live and whole: same manifest, every checksum, same answers
+    assert read_manifest(out).params["b"] == 0.4
+    assert [h.docid for h in open_index(out).search("brown fox", 3)] == before
+    res = CliRunner().invoke(app, ["index", "verify", str(out)])
+    assert res.exit_code == 0 and "intact" in res.output, res.output
+    staging = build_mod.staging_folder(out)
+    assert (staging / STATE_FILE).exists()  # the interrupted overwrite waits there
+    with pytest.raises(CisrankError, match="interrupted --overwrite build waits"):
+        build_index("bm25", corpus, out, {"b": 0.75}, progress=False)
+
+    m = build_index("bm25", corpus, out, {"b": 0.75}, overwrite=True, progress=False)
+    assert m.build["resumed"] is True and read_manifest(out).params["b"] == 0.75
+    assert [h.docid for h in open_index(out).search("brown fox", 3)][:1] == ["p1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "idx", "parked"]
+    assert not (out / STATE_FILE).exists()
+
+
+def test_overwrite_swaps_a_complete_index_in_and_leaves_nothing_behind(
+    tmp_path, corpus, monkeypatch
+):
+    out = tmp_path / "idx"
+    build_index("bm25", corpus, out, progress=False)
+    inode = out.stat().st_ino
+    m = build_index("bm25", corpus, out, {"b": 0.5}, overwrite=True, progress=False)
+    assert m.build["resumed"] is False and read_manifest(out).params["b"] == 0.5
+    assert out.stat().st_ino != inode  # a new folder swapped in, not the old one rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "idx"]
+    # without an atomic exchange (other platforms): two renames, same result
+    monkeypatch.setattr(build_mod, "_exchange", lambda a, b: False)
+    build_index("bm25", corpus, out, {"b": 0.6}, overwrite=True, progress=False)
+    assert read_manifest(out).params["b"] == 0.6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "idx"]

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from cisrank.errors import CisrankError
+from cisrank.errors import CisrankError, DamagedFileError
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
 
 
@@ -84,3 +84,49 @@ def test_concurrent_processes_lose_nothing(tmp_path):
     got = store.get_many("fp", [f"w3-{i}" for i in range(200)] + ["shared-199"])
     assert got["w3-150"] == (-150.0, 3) and got["shared-199"] == (-99.5, 1)
     assert len(got) == 201
+
+
+def _flip_stored_value(path, value: float) -> None:
+    """Flip the lowest mantissa bit of `value` where SQLite stores it (8 big-endian bytes)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(struct.pack(">d", value))
+    assert at > 0
+    data[at + 7] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_one_flipped_bit_in_a_stored_value_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "p.sqlite"
+    store = PriorStore(path)
+    store.put_many("fp", [("k1", -12.345678, 7), ("k2", -3.25, 2)])
+    store.close()
+    _flip_stored_value(path, -12.345678)
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"  # SQLite sees nothing
+    con.close()
+    store = PriorStore(path)
+    assert store.get_many("fp", ["k2"]) == {"k2": (-3.25, 2)}  # intact rows still read
+    with pytest.raises(DamagedFileError, match=r"p\.sqlite: damaged file .*row checksum") as err:
+        store.get_many("fp", ["k1", "k2"])
+    assert err.value.path == str(path)
+    rows, unverified, problems = store.verify()
+    assert (rows, unverified, len(problems)) == (1, 0, 1)
+
+
+def test_a_store_from_before_row_checksums_is_read_unverified_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "old.sqlite"
+    con = sqlite3.connect(path)
+    con.execute(
+        "CREATE TABLE priors (fingerprint TEXT NOT NULL, passage_key TEXT NOT NULL, "
+        "logprob REAL NOT NULL, num_tokens INTEGER NOT NULL, "
+        "PRIMARY KEY (fingerprint, passage_key)) WITHOUT ROWID"
+    )
+    con.execute("INSERT INTO priors VALUES ('fp', 'old', -1.5, 3)")
+    con.commit()
+    con.close()
+    with caplog.at_level("WARNING", logger="cisrank.rerank.prior_store"):
+        store = PriorStore(path)
+        assert store.get_many("fp", ["old"]) == {"old": (-1.5, 3)}
+    assert "before row checksums are read unverified" in caplog.text
+    store.put_many("fp", [("new", -2.5, 4)])  # new rows get their checksum
+    assert store.verify() == (1, 1, [])
