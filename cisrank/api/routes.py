@@ -36,6 +36,7 @@ from cisrank.api.schemas import (
 from cisrank.api.service import (
     BackendFailed,
     InvalidField,
+    LoadFailed,
     NotReady,
     Overloaded,
     RankingService,
@@ -68,6 +69,10 @@ def api_error(exc: ServiceError, retry_after_s: int) -> ApiError:
         )
     if isinstance(exc, BackendFailed):
         return ApiError(500, "internal_error", exc.message)
+    if isinstance(exc, LoadFailed):
+        # Permanent until an operator fixes the configuration: 503 (a balancer tries another
+        # replica) without Retry-After (a client retrying here in 1 s only adds load).
+        return ApiError(503, "load_failed", exc.message)
     code = {NotReady: "not_ready", Overloaded: "overloaded", TimedOut: "timeout"}[type(exc)]
     return ApiError(503, code, exc.message, headers={"Retry-After": str(retry_after_s)})
 
@@ -150,10 +155,12 @@ async def readyz(request: Request) -> Response:
     service = _service(request)
     if service.ready:
         return JSONResponse(Health(status="ready").model_dump())
-    status = "failed" if service.error else "loading"
-    detail = {"error": service.error} if service.error else {}
+    if service.error:
+        return JSONResponse(
+            Health(status="failed", detail={"error": service.error}).model_dump(), status_code=503
+        )
     return JSONResponse(
-        Health(status=status, detail=detail).model_dump(),
+        Health(status="loading").model_dump(),
         status_code=503,
         headers={"Retry-After": str(service.config.batching.retry_after_s)},
     )

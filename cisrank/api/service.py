@@ -73,6 +73,11 @@ class NotReady(ServiceError):
     """The models are still loading, or loading them failed."""
 
 
+class LoadFailed(ServiceError):
+    """A configured model or index failed to load: permanent until the server is restarted with
+    a fixed configuration, so never answered with "retry in N seconds"."""
+
+
 class Overloaded(ServiceError):
     """Too many requests are already waiting for the reranker."""
 
@@ -249,8 +254,10 @@ class RankingService:
     # ---- lookups
 
     def scorer(self, name: str) -> BatchScorer:
+        if self.error is not None:
+            raise LoadFailed(self.error)
         if not self.ready:
-            raise NotReady(self.error or "models are still loading: retry shortly")
+            raise NotReady("models are still loading: retry shortly")
         return self.scorers[name]
 
     def resolve_reranker(self, requested: str | None, field: str = "model") -> str:

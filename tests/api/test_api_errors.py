@@ -165,5 +165,7 @@ def test_not_ready_while_loading_answers_503():
     client = TestClient(app)  # no context manager: no lifespan, so never loaded
     r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
     assert r.status_code == 503 and r.json()["error"] == "not_ready"
-    assert client.get("/readyz").status_code == 503
+    assert r.headers["retry-after"] == "1"  # loading ends: worth retrying
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.headers["retry-after"] == "1"
     assert client.get("/healthz").json() == {"status": "ok", "detail": {}}

@@ -117,6 +117,9 @@ def test_readyz_and_every_503_name_the_component_without_its_path(tmp_path, base
         component = "index 'gone'" if broken == "index" else "reranker 'ov'"
         assert component in ready.json()["detail"]["error"], ready.json()
         assert answers[4].status_code == 503 and component in answers[4].json()["message"]
+        # Permanent until restarted with a fixed configuration: never "retry in 1 s".
+        assert answers[4].json()["error"] == "load_failed"
+        assert "retry-after" not in ready.headers and "retry-after" not in answers[4].headers
         _path_free(answers, base)
 
 
