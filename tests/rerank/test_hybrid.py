@@ -124,17 +124,22 @@ def test_options_reach_the_component_that_takes_them(tiny_bert_dir, tiny_gpt2_di
         load_reranker("hybrid", None, fuse="dense")
 
 
-@pytest.mark.parametrize("fusion", ["linear", "rrf"])
-def test_fusing_saved_runs_equals_the_hybrid_reranker_in_eval(tmp_path, fusion):
-    """Weights are chosen by fusing saved runs (bench/hybrid_select.py); the served hybrid must
-    rank exactly as that fusion did, tail below the depth included."""
+def _two_queries(tmp_path):
+    """A TREC DL-shaped folder: the four passages in BM25 order for q1, reversed for q2."""
     hits = [hit(p, i, 10.0 - i, p) for i, p in enumerate(P, 1)]
-    folder = write_folder(
+    return write_folder(
         tmp_path / "mini",
         {("q1", "one"): hits, ("q2", "two"): hits[::-1]},
         qrels="q1 Q0 p2 2\nq1 Q0 p3 1\nq2 Q0 p4 2\n",
         topics="q1\tone\nq2\ttwo\n",
     )
+
+
+@pytest.mark.parametrize("fusion", ["linear", "rrf"])
+def test_fusing_saved_runs_equals_the_hybrid_reranker_in_eval(tmp_path, fusion):
+    """Weights are chosen by fusing saved runs (bench/hybrid_select.py); the served hybrid must
+    rank exactly as that fusion did, tail below the depth included."""
+    folder = _two_queries(tmp_path)
     dataset = load_folder(folder)
     depth = 3
     runs = [
@@ -174,13 +179,7 @@ def test_cli_eval_fuse_equals_fuse_runs(tmp_path):
 
     from cisrank.eval.metrics import evaluate
 
-    hits = [hit(p, i, 10.0 - i, p) for i, p in enumerate(P, 1)]
-    folder = write_folder(
-        tmp_path / "mini",
-        {("q1", "one"): hits, ("q2", "two"): hits[::-1]},
-        qrels="q1 Q0 p2 2\nq1 Q0 p3 1\nq2 Q0 p4 2\n",
-        topics="q1\tone\nq2\ttwo\n",
-    )
+    folder = _two_queries(tmp_path)
     dataset = load_folder(folder)
     paths = {}
     for name, table in [("cis", A), ("dense", B)]:
