@@ -121,9 +121,10 @@ def _field_names(fmt: str, what: str) -> list[str]:
         if name is None:
             continue
         if not name.isidentifier() or spec or conv:
+            shown = name + ("!" + conv if conv else "") + (":" + spec if spec else "")
             raise CisrankError(
-                f"{what}: field '{{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}' "
-                "is not a plain name; write literal braces as '{{' and '}}'"
+                f"{what}: field '{{{shown}}}' is not a plain name; write literal braces as "
+                "'{{' and '}}'"
             )
         names.append(name)
     return names
