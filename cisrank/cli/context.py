@@ -31,16 +31,61 @@ def _parse_fields(items: list[str] | None) -> dict[str, str]:
     return fields
 
 
+QueryOpt = Annotated[str, typer.Option("--query", help="The question.")]
+PassagesOpt = Annotated[
+    Path,
+    typer.Option(
+        "--passages",
+        help="jsonl with 'text' and optional 'title', 'id' and 'score', or one passage per "
+        "line; best first (as a reranker ranked them).",
+    ),
+]
+FieldOpt = Annotated[
+    list[str] | None,
+    typer.Option("--field", help="NAME=VALUE for a custom template's other fields (repeat)."),
+]
+DocumentOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--document",
+        help="Passage format with {index}, {title}, {text}, {id} (default the template's: "
+        "'Document [{index}](Title: {title}) {text}').",
+    ),
+]
+ChatOpt = Annotated[
+    bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")
+]
+TopKOpt = Annotated[
+    int | None, typer.Option("--top-k", min=1, help="Use only the first K passages.")
+]
+
+
+def load_inputs(
+    query: str,
+    passages: Path,
+    template: str,
+    field: list[str] | None,
+    document: str | None,
+    top_k: int | None,
+    model: str | None,
+):
+    """Check what can be checked before a model loads: the query, the template, the passages."""
+    from cisrank.context import resolve_template
+    from cisrank.context.passages import read_scored_passages
+
+    if not query.strip():
+        raise CisrankError("--query is empty")
+    fields = _parse_fields(field)
+    resolve_template(template, fields, document)
+    docs, scores = read_scored_passages(passages)
+    if model is None:
+        raise CisrankError("--model is needed: a causal LM (Hugging Face id or local folder)")
+    return docs[:top_k], (scores[:top_k] if scores is not None else None), fields
+
+
 def context(
-    query: Annotated[str, typer.Option("--query", help="The question.")],
-    passages: Annotated[
-        Path,
-        typer.Option(
-            "--passages",
-            help="jsonl with 'text' and optional 'title' and 'id', or one passage per line; "
-            "best first (as a reranker ranked them).",
-        ),
-    ],
+    query: QueryOpt,
+    passages: PassagesOpt,
     model: ModelOpt = None,
     arrange: Annotated[
         str,
@@ -57,24 +102,10 @@ def context(
             help="qa, noise, kv, entropy, or a custom string holding {documents} and {question}.",
         ),
     ] = "qa",
-    field: Annotated[
-        list[str] | None,
-        typer.Option("--field", help="NAME=VALUE for a custom template's other fields (repeat)."),
-    ] = None,
-    document: Annotated[
-        str | None,
-        typer.Option(
-            "--document",
-            help="Passage format with {index}, {title}, {text}, {id} (default the template's: "
-            "'Document [{index}](Title: {title}) {text}').",
-        ),
-    ] = None,
-    chat: Annotated[
-        bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")
-    ] = False,
-    top_k: Annotated[
-        int | None, typer.Option("--top-k", min=1, help="Use only the first K passages.")
-    ] = None,
+    field: FieldOpt = None,
+    document: DocumentOpt = None,
+    chat: ChatOpt = False,
+    top_k: TopKOpt = None,
     noise: Annotated[
         int, typer.Option("--noise", min=0, help="Random passages put before the retrieved ones.")
     ] = 0,
@@ -98,7 +129,7 @@ def context(
     device: DeviceOpt = None,
 ) -> None:
     """Arrange passages into a RAG prompt with the language model's question likelihood (JSON)."""
-    from cisrank.context import ARRANGEMENTS, ContextAssembler, read_passages, resolve_template
+    from cisrank.context import ARRANGEMENTS, ContextAssembler
     from cisrank.context.noise import (
         RANDOM_WORDS,
         random_word_passages,
@@ -106,18 +137,13 @@ def context(
         vocabulary_words,
     )
 
-    if not query.strip():
-        raise CisrankError("--query is empty")
     if arrange not in ARRANGEMENTS:
         raise CisrankError(f"--arrange {arrange!r}: use one of {', '.join(ARRANGEMENTS)}")
-    resolve_template(template, _parse_fields(field), document)  # bad templates fail before loading
-    docs = read_passages(passages)[:top_k]
-    if model is None:
-        raise CisrankError("--model is needed: a causal LM (Hugging Face id or local folder)")
+    docs, _, fields = load_inputs(query, passages, template, field, document, top_k, model)
     assembler = ContextAssembler(
-        model,
+        model,  # type: ignore[arg-type]  # load_inputs raised if None
         template,
-        fields=_parse_fields(field),
+        fields=fields,
         document=document,
         chat=chat,
         device=device,

@@ -208,11 +208,17 @@ class ContextAssembler:
         self._memo: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, int]] = {}
 
     # ------------------------------------------------------------------ prompts
-    def render(self, question: str, passages: Sequence[Passage]) -> Prompt:
-        """The prompt for `passages` in the given order, with the question span located."""
+    def render(
+        self,
+        question: str,
+        passages: Sequence[Passage],
+        template: ContextTemplate | None = None,
+    ) -> Prompt:
+        """The prompt for `passages` in the given order (by this assembler's template, or
+        `template`), with the question span located."""
         if not question.strip():
             raise CisrankError("the question is empty")
-        before, q, after = self.template.render(question, passages)
+        before, q, after = (template or self.template).render(question, passages)
         if self.chat:
             before, q, after = chat_wrap(self.engine.tokenizer, before, q, after)
         head = [self.engine.bos_id, *self.engine.encode(before)]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cisrank.data.types import Passage
@@ -57,6 +57,7 @@ class ContextTemplate:
     document: str = DOCUMENT_FORMAT
     separator: str = "\n"
     fields: Mapping[str, str] = field(default_factory=dict)
+    single_document: str | None = None
 
     def __post_init__(self) -> None:
         names = _field_names(self.text, f"template {self.name!r}")
@@ -80,18 +81,22 @@ class ContextTemplate:
                 f"(given: {given}); pass it as a field (--field {unknown[0]}=VALUE) or write "
                 "literal braces as '{{' and '}}'"
             )
-        doc_names = _field_names(self.document, f"document format of {self.name!r}")
-        bad = [n for n in doc_names if n not in DOCUMENT_FIELDS]
-        if bad:
-            raise CisrankError(
-                f"document format {self.document!r} has an unknown field '{{{bad[0]}}}': "
-                f"it may use {', '.join('{' + f + '}' for f in DOCUMENT_FIELDS)}"
-            )
+        for fmt in (self.document, self.single_document):
+            if fmt is None:
+                continue
+            doc_names = _field_names(fmt, f"document format of {self.name!r}")
+            bad = [n for n in doc_names if n not in DOCUMENT_FIELDS]
+            if bad:
+                raise CisrankError(
+                    f"document format {fmt!r} has an unknown field '{{{bad[0]}}}': "
+                    f"it may use {', '.join('{' + f + '}' for f in DOCUMENT_FIELDS)}"
+                )
 
-    def with_fields(self, fields: Mapping[str, str]) -> ContextTemplate:
-        return ContextTemplate(
-            self.name, self.text, self.document, self.separator, {**self.fields, **fields}
-        )
+    def single(self) -> ContextTemplate:
+        """The template of a prompt with one passage (seed 004's per-document prompt)."""
+        if self.single_document is None:
+            return self
+        return replace(self, document=self.single_document, single_document=None)
 
     def render_documents(self, passages: Sequence[Passage]) -> str:
         return self.separator.join(
@@ -163,6 +168,7 @@ TEMPLATES: dict[str, ContextTemplate] = {
         "Write a high-quality answer for the given question using only the provided search "
         "results.\n{documents}\nQuestion: {question}\nAnswer:",
         document="Document [{index}] (Title: {title}) {text}",
+        single_document="Document (Title: {title}) {text}",
     ),
 }
 
@@ -196,6 +202,7 @@ def resolve_template(
         document or base.document,
         base.separator,
         {**base.fields, **(fields or {})},
+        None if document else base.single_document,
     )
 
 

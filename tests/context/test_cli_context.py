@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 from context.helpers import QUESTION, passages
 from typer.testing import CliRunner
@@ -87,3 +88,45 @@ def test_context_errors_are_one_line_exit_2(
         # the last line (model loading may draw a progress bar before it) is the whole error
         last = err.rstrip("\n").split("\n")[-1]
         assert last.startswith("error: ") and message in last, err
+
+
+def test_generate_prints_answer_and_attribution(tiny_gpt2_dir, tmp_path, monkeypatch, capsys):
+    from cisrank.context.decoding import EnsembleDecoder
+
+    scored = tmp_path / "scored.jsonl"
+    rows = [
+        {"id": p.docid, "title": p.title, "text": p.text, "score": s}
+        for p, s in zip(passages(3), [1.5, 0.2, -0.4], strict=True)
+    ]
+    scored.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    args = ["generate", "--query", QUESTION, "--passages", str(scored)]
+    args += ["--model", str(tiny_gpt2_dir), "--max-new-tokens", "4"]
+    res = CliRunner().invoke(app, [*args, "--decoding", "clehe", "--layers", "1,2"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    want = EnsembleDecoder(ContextAssembler(str(tiny_gpt2_dir), "entropy"), layers=[1, 2])
+    gen = want.generate(QUESTION, passages(3), "clehe", max_new_tokens=4)
+    assert out["decoding"] == "clehe" and out["tokens"] == gen.tokens
+    assert out["answer"] == gen.text
+    assert out["attribution"] == [f"p{s.passage}" for s in gen.steps]
+    assert all(abs(sum(w) - 1) < 1e-6 and len(w) == 3 for w in out["weights"])
+    assert set(out["layers"]) <= {1, 2}
+    rep = CliRunner().invoke(app, [*args, "--decoding", "replug"])
+    assert rep.exit_code == 0, rep.output
+    w = np.exp([1.5, 0.2, -0.4]) / np.exp([1.5, 0.2, -0.4]).sum()
+    assert np.allclose(json.loads(rep.stdout)["weights"][0], w)
+    naive = CliRunner().invoke(app, [*args, "--arrange", "reverse"])
+    assert json.loads(naive.stdout)["order"] == [2, 1, 0]
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("\n".join(p.text for p in passages(2)))
+    model = ["--model", str(tiny_gpt2_dir), "--query", QUESTION]
+    for extra, message in [
+        (["--passages", str(plain), "--decoding", "replug"], "needs a 'score' on every line"),
+        (["--passages", str(plain), "--decoding", "beam"], "--decoding 'beam'"),
+        (["--passages", str(plain), "--decoding", "clehe", "--layers", "x"], "--layers 'x'"),
+        (["--passages", str(plain), "--decoding", "clehe", "--layers", "9"], "layers must be in"),
+    ]:
+        code, _, err = run_main(monkeypatch, capsys, "generate", *model, *extra)
+        last = err.rstrip("\n").split("\n")[-1]
+        assert code == 2 and last.startswith("error: ") and message in last, err
