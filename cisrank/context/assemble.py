@@ -95,7 +95,8 @@ def sort_desc(scores: Sequence[float]) -> list[int]:
 @dataclass(frozen=True)
 class Prompt:
     """A rendered prompt: its text, its ids (`[BOS] + T(before) + T(question) + T(after)`) and
-    the question's token span `[start, end)` in the ids."""
+    the question's token span `[start, end)` in the ids. The text is what follows BOS (with a
+    chat template, it starts with the BOS text, as the template renders it)."""
 
     text: str
     ids: list[int]

@@ -14,7 +14,9 @@ passages are joined by the template's separator.
 Named templates (the exact wording of the papers and their public code):
 
 - `qa`: the NQ-Open prompt of Liu et al. (Fig. 7 of seeds 000/001; the lost-in-the-middle code);
-- `noise`: the extraction prompt of the Power-of-Noise code (`build_qa_prompt`, seed 003);
+- `noise`: the extraction prompt of the Power-of-Noise code (`build_qa_prompt`, seed 003; its
+  brackets hold the corpus index, here the position like the other templates, or `{id}` with a
+  custom document format);
 - `kv`: the key-value retrieval prompt (lost in the middle; seed 000 Fig. 9): each passage is a
   record, its title the key and its text the value, rendered as one JSON object; the question is
   the key looked up;

@@ -16,6 +16,11 @@ each continuation? This module answers it, fast and exactly (the contract in `re
   `[batch, length, vocab]` logits are never built;
 - models whose cache cannot be reused fall back to full forwards of `[prefix, continuation]`.
 
+Two more shapes serve RAG context assembly (`cisrank.context`): `score_spans` scores a target
+after its own context (K rotated prompts, one question each), and `decode_lockstep` decodes several
+prompts in lock-step with a key/value cache, one shared generated suffix (entropy-based decoding),
+with `head_logits`/`layer_logits` as the one LM-head path.
+
 On a 2-core CPU the cost is dominated by the transformer body and the vocabulary projection; both
 scale with the number of continuation tokens, which is what this engine minimises.
 """
