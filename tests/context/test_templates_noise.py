@@ -104,3 +104,24 @@ def test_noise_layout_is_the_papers(tiny):
     assert cur.passages[:2] == noise
     p = cur.prompt
     assert abs(cur.gauge.mean_logprob - tiny.brute_mean(p.ids, p.span)) <= 1e-4
+
+
+def test_bpe_prompt_ids_are_the_whole_text_and_the_span_is_the_question(tiny_gpt2_bpe_dir):
+    """Pieces tokenized on their own join to the whole prompt's tokens for a byte-level BPE (the
+    space before the question moved into it), and the gauge scores exactly the question."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    asm = ContextAssembler(str(tiny_gpt2_bpe_dir), "qa")
+    ref = AutoModelForCausalLM.from_pretrained(tiny_gpt2_bpe_dir, dtype=torch.float64).eval()
+    question = "When was the author of Hamlet born?"
+    for name in ("qa", "noise", "kv", "entropy"):
+        asm.template = resolve_template(name)
+        p = asm.render(question, passages(3))
+        assert p.ids == [asm.engine.bos_id, *asm.engine.encode(p.text)], name
+        decoded = asm.engine.tokenizer.decode(p.question)
+        assert decoded == (question if name == "kv" else " " + question), name
+        with torch.no_grad():
+            lp = torch.log_softmax(ref(torch.tensor([p.ids])).logits[0], dim=-1)
+        want = float(sum(lp[i - 1, p.ids[i]] for i in range(*p.span))) / len(p.question)
+        assert abs(asm.gauge(question, p).mean_logprob - want) <= 1e-4, name
