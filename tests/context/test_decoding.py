@@ -14,7 +14,7 @@ from cisrank.context.decoding import EnsembleDecoder, default_layers
 from cisrank.errors import CisrankError
 
 TOL = 1e-4
-STEPS = 5
+STEPS = 3
 
 
 def reference_step(tiny, rows, generated, layers):
