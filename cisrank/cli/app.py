@@ -1,7 +1,8 @@
 """The `cisrank` command. A stable contract: flags are documented, errors are one line and exit 2.
 
-One module per verb group: `eval`, `rerank`, `search`, `index`, `distill`, `serve`; this module
-only assembles them and turns a `CisrankError` into its one-line message and exit code.
+One module per verb group: `eval`, `rerank`, `search`, `context`, `generate`, `index`,
+`distill`, `serve`; this module only assembles them and turns a `CisrankError` into its one-line
+message and exit code.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import sys
 
 import typer
 
+from cisrank.cli.context import context
 from cisrank.cli.distill import distill_app
 from cisrank.cli.eval import eval_app
+from cisrank.cli.generate import generate
 from cisrank.cli.index import index_app
 from cisrank.cli.models import models_app
 from cisrank.cli.rerank import rerank
@@ -29,6 +32,8 @@ app = typer.Typer(
 app.add_typer(eval_app, name="eval")
 app.command("rerank")(rerank)
 app.command("search")(search)
+app.command("context")(context)
+app.command("generate")(generate)
 app.add_typer(index_app, name="index")
 app.add_typer(distill_app, name="distill")
 app.add_typer(models_app, name="models")

@@ -16,6 +16,11 @@ each continuation? This module answers it, fast and exactly (the contract in `re
   `[batch, length, vocab]` logits are never built;
 - models whose cache cannot be reused fall back to full forwards of `[prefix, continuation]`.
 
+Two more shapes serve RAG context assembly (`cisrank.context`): `score_spans` scores a target
+after its own context (K rotated prompts, one question each), and `decode_lockstep` decodes several
+prompts in lock-step with a key/value cache, one shared generated suffix (entropy-based decoding),
+with `head_logits`/`layer_logits` as the one LM-head path.
+
 On a 2-core CPU the cost is dominated by the transformer body and the vocabulary projection; both
 scale with the number of continuation tokens, which is what this engine minimises.
 """
@@ -25,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,16 @@ from cisrank.rerank.batching import LengthBatcher, dedupe, pad_batch, scatter
 log = logging.getLogger(__name__)
 
 PADDING_SIDES = ("right", "left")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """One step of `CausalLMEngine.decode_lockstep`: float32 next-token `logits` of every row
+    `[R, V]` and the last position's hidden states of the requested layers `{layer: [R, H]}`."""
+
+    step: int
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +420,16 @@ class CausalLMEngine:
         source = hidden if cached is None else torch.cat([last_hidden.unsqueeze(0), hidden])
         return self._head_logprobs(source, src, tgt)
 
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 next-token logits of hidden states `[rows, hidden]` (LM head, then the model's
+        logit scale and final soft-capping where it has them)."""
+        logits = self.lm_head(hidden).float()
+        if self._logit_scale is not None:
+            logits = logits * float(self._logit_scale)
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
     def _head_logprobs(self, source: torch.Tensor, src: list[int], tgt: list[int]) -> np.ndarray:
         """log softmax(lm_head(source[src]))[tgt], in chunks, float32 log-softmax."""
         src_t = torch.tensor(src, device=source.device)
@@ -413,12 +438,101 @@ class CausalLMEngine:
         step = self.head_chunk_rows
         for start in range(0, len(src), step):
             rows = source.index_select(0, src_t[start : start + step])
-            logits = self.lm_head(rows).float()
-            if self._logit_scale is not None:
-                logits = logits * float(self._logit_scale)
-            if self._softcap is not None:
-                logits = torch.tanh(logits / self._softcap) * self._softcap
+            logits = self.head_logits(rows)
             picked = logits.gather(1, tgt_t[start : start + step].unsqueeze(1)).squeeze(1)
             out[start : start + step] = picked - torch.logsumexp(logits, dim=-1)
             del logits
         return out.cpu().numpy()
+
+    # ------------------------------------------------------------------ lock-step decoding
+    @property
+    def num_layers(self) -> int:
+        cfg = self.model.config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return int(cfg.num_hidden_layers)
+
+    def layer_logits(self, hidden: torch.Tensor, layer: int) -> torch.Tensor:
+        """Early-exit logits of layer `layer` (0 = embeddings, `num_layers` = last): the model's
+        final norm (already applied to the last layer's states) and the LM head, as DoLa does."""
+        if layer < self.num_layers:
+            norm = next(
+                (
+                    m
+                    for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm")
+                    if isinstance(m := getattr(self.base, name, None), torch.nn.Module)
+                ),
+                None,
+            )
+            if norm is None:
+                raise CisrankError(
+                    f"model '{self.model_name}': no final norm found for early-exit logits"
+                )
+            hidden = norm(hidden)
+        return self.head_logits(hidden)
+
+    def decode_lockstep(
+        self,
+        rows: Sequence[Sequence[int]],
+        choose: Callable[[DecodeStep], int],
+        max_new_tokens: int,
+        *,
+        layers: Sequence[int] = (),
+        stop_ids: Sequence[int] = (),
+    ) -> list[int]:
+        """Greedy-style decoding of several prompts in lock-step, one shared generated suffix.
+
+        Row r reads `rows[r] + generated`. The rows are prefilled once (left-padded, explicit
+        position ids, so each row computes what it would alone), then each step feeds the one
+        chosen token to every row through the key/value cache. At each step `choose` gets the
+        float32 next-token logits of every row (`[R, V]`) and, for each of `layers`, the rows'
+        hidden states at the last position (`{layer: [R, H]}`, raw: see `layer_logits`) and
+        returns the token appended to all rows. Stops after `max_new_tokens` or a token in
+        `stop_ids` (which is kept). Each step's memory is R x V logits; never `[R, L, V]`.
+        """
+        rows = [[int(t) for t in r] for r in rows]
+        if not rows or any(not r for r in rows):
+            raise CisrankError("every decoded row needs at least one token (BOS)")
+        longest = max(len(r) for r in rows)
+        if self.max_positions is not None and longest + max_new_tokens > self.max_positions:
+            raise CisrankError(
+                f"a prompt of {longest} tokens plus {max_new_tokens} new tokens exceeds the "
+                f"context of '{self.model_name}' ({self.max_positions} tokens): pass fewer or "
+                "shorter passages, or lower --max-new-tokens"
+            )
+        from transformers import DynamicCache
+
+        pad_id = self.tokenizer.pad_token_id
+        pad_id = self.bos_id if pad_id is None else int(pad_id)
+        np_ids, np_mask, offsets = pad_batch(rows, pad_id, left=True)
+        ids = torch.from_numpy(np_ids).to(self.device)
+        mask = torch.from_numpy(np_mask).to(self.device)
+        width = ids.shape[1]
+        off = torch.tensor(offsets, device=self.device).unsqueeze(1)
+        positions = (torch.arange(width, device=self.device).unsqueeze(0) - off).clamp_min(0)
+        wanted = sorted(set(int(x) for x in layers))
+        if any(not 0 <= x <= self.num_layers for x in wanted):
+            raise CisrankError(f"layers must be in 0..{self.num_layers}, got {list(layers)}")
+        cache = DynamicCache(config=self.model.config)
+        out_tokens: list[int] = []
+        stops = {int(t) for t in stop_ids}
+        with torch.inference_mode():
+            for step in range(max_new_tokens):
+                out = self.base(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    output_hidden_states=bool(wanted),
+                )
+                cache = out.past_key_values
+                last = out.last_hidden_state[:, -1]
+                hidden = {x: out.hidden_states[x][:, -1] for x in wanted}
+                token = int(choose(DecodeStep(step, self.head_logits(last), hidden)))
+                out_tokens.append(token)
+                if token in stops:
+                    break
+                ids = torch.full((len(rows), 1), token, dtype=torch.long, device=self.device)
+                mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+                positions = positions[:, -1:] + 1
+        return out_tokens

@@ -1,0 +1,342 @@
+"""Assembling a RAG context: arrange a query's top-K passages, pad with noise, render, gauge.
+
+Every likelihood here is the *question likelihood* of seeds 000/001 (Liu et al.): the mean
+per-token log-probability of the question span given the prompt before it,
+
+    l(c) = (1 / |q|) * sum_{n = q_start}^{q_end} log p_LM(w_n | w_<n)        (001 §4.1)
+
+where c is the instruction followed by the ordered passages. Seed 000 calls it PMI(q, c) =
+log p(q | c) - log p(q) (its Eq. 3): for one question p(q) does not depend on the order, so every
+arrangement below ranks by l(c) alone. It runs through the one causal-LM engine
+(`CausalLMEngine.score_spans`: one (context, question) row per prompt, the LM head only at the
+question's positions), so K prompts cost K prefill passes and nothing else.
+
+Arrangements of the top-K passages (input order = the reranker's, best first):
+
+- `ranked`: as given; `reverse`: best last, next to the question (seed 003's "near" placement);
+  `edges`: best at both ends, alternating inward (1st, 3rd, 5th, ..., 6th, 4th, 2nd);
+- `pmi_rotation` (seed 000 Method 1, Eq. 10-11): the K rotations pi_k(i) = (i + k - 1) mod K of the
+  input order (Eq. 7); the one with the highest l is chosen, k* = argmax_k l(c(pi_k));
+- `likelihood_select` (seed 001 Method 1, §5.1): the input order and n random shuffles (seeded);
+  the one with the highest l is chosen;
+- `curvature` (seed 000 Method 2, Eq. 12-15; seed 001 ConvexScore, Eq. 3, under rotations): per
+  passage d, score(d) = l(rotation where d is first) + l(rotation where d is last); passages are
+  sorted by it, descending, best first. Under the rotation design d_j is first in rotation j and
+  last in rotation j+1 (mod K), and 001's ConvexScore_d = 2 (2 (l_{d,1} + l_{d,K}) - S), S the
+  same for every d, ranks the same (METHOD-NOTES §2.1). The score is returned per passage: a
+  position-aware listwise relevance signal.
+
+The gauge of the final prompt (seeds 000/001: an answer-free confidence signal) comes with every
+assembled context: l(c), and on request PMI = l(c) - l(c0), where c0 is the same prompt with no
+passages (the template's own tokens held fixed; a choice, stated: seed 000's p(q) is the prefix
+probability of q, which the instruction and "Question:" label make ill-defined for a templated
+prompt).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cisrank.context.noise import pad_with_noise
+from cisrank.context.templates import ContextTemplate, chat_wrap, resolve_template
+from cisrank.data.types import Passage
+from cisrank.errors import CisrankError
+from cisrank.rerank.causal_lm import CausalLMEngine
+
+ARRANGEMENTS = ("ranked", "reverse", "edges", "pmi_rotation", "likelihood_select", "curvature")
+SCORED = ("pmi_rotation", "likelihood_select", "curvature")
+
+
+# ---------------------------------------------------------------------------- orders
+def rotations(k: int) -> list[list[int]]:
+    """The K rotations of the input order: rotation r puts passage r first (seed 000 Eq. 7,
+    pi_{r+1}(i) = (i + r) mod K)."""
+    return [[(i + r) % k for i in range(k)] for r in range(k)]
+
+
+def edges_order(k: int) -> list[int]:
+    """Best at both ends, alternating inward: ranks 0, 2, 4, ... from the front and 1, 3, 5, ...
+    from the back (the weakest in the middle, where the U-shape is lowest)."""
+    front = list(range(0, k, 2))
+    back = list(range(1, k, 2))
+    return front + back[::-1]
+
+
+def shuffles(k: int, n: int, seed: int) -> list[list[int]]:
+    """The input order followed by `n` random shuffles from `random.Random(seed)` (seed 001
+    §4.3.2/§5.1: the first prompt is the unshuffled one)."""
+    if n < 0:
+        raise CisrankError(f"the number of shuffles must be >= 0, got {n}")
+    rng = random.Random(seed)
+    out = [list(range(k))]
+    for _ in range(n):
+        order = list(range(k))
+        rng.shuffle(order)
+        out.append(order)
+    return out
+
+
+def curvature_scores(rotation_scores: Sequence[float]) -> list[float]:
+    """Per passage j: l(rotation j, where j is first) + l(rotation j+1 mod K, where j is last)
+    (seed 000 Eq. 15 as its code and 001's ConvexScore apply it)."""
+    k = len(rotation_scores)
+    return [float(rotation_scores[j]) + float(rotation_scores[(j + 1) % k]) for j in range(k)]
+
+
+def sort_desc(scores: Sequence[float]) -> list[int]:
+    """Indices by score, highest first; ties keep input order."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: its text, its ids (`[BOS] + T(before) + T(question) + T(after)`) and
+    the question's token span `[start, end)` in the ids. The text is what follows BOS (with a
+    chat template, it starts with the BOS text, as the template renders it)."""
+
+    text: str
+    ids: list[int]
+    span: tuple[int, int]
+
+    @property
+    def context(self) -> list[int]:
+        return self.ids[: self.span[0]]
+
+    @property
+    def question(self) -> list[int]:
+        return self.ids[self.span[0] : self.span[1]]
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """Question likelihood of a prompt: mean and summed log p(q | prompt before it), and on
+    request PMI = mean - mean with no passages."""
+
+    mean_logprob: float
+    logprob: float
+    num_tokens: int
+    pmi: float | None = None
+    mean_logprob_no_context: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mean_logprob": self.mean_logprob,
+            "logprob": self.logprob,
+            "num_tokens": self.num_tokens,
+        }
+        if self.pmi is not None:
+            out["pmi"] = self.pmi
+            out["mean_logprob_no_context"] = self.mean_logprob_no_context
+        return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scored prompt of a search (a rotation or a shuffle): its order and its l."""
+
+    order: list[int]
+    mean_logprob: float
+
+
+@dataclass(frozen=True)
+class AssembledContext:
+    """An arranged context: `order` (indices of the input passages in prompt order), per-passage
+    `scores` (curvature) or None, the scored `candidates` (rotations, shuffles) or empty, the
+    final `passages` (noise first, if any) and `noise` count, the `prompt` and its `gauge`."""
+
+    method: str
+    order: list[int]
+    scores: list[float] | None
+    candidates: list[Candidate]
+    passages: list[Passage]
+    noise: int
+    prompt: Prompt
+    gauge: Gauge
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arrange": self.method,
+            "order": self.order,
+            "ids": [p.docid for p in self.passages],
+            "noise": self.noise,
+            "scores": self.scores,
+            "candidates": [
+                {"order": c.order, "mean_logprob": c.mean_logprob} for c in self.candidates
+            ],
+            "gauge": self.gauge.to_json(),
+            "prompt": self.prompt.text,
+            "prompt_tokens": len(self.prompt.ids),
+            **self.extra,
+        }
+
+
+# ---------------------------------------------------------------------------- assembler
+class ContextAssembler:
+    """Render, gauge and arrange RAG contexts with one causal LM.
+
+    Args:
+        engine: the causal-LM engine (or a model name/folder, loaded with `engine_options`).
+        template: a named template (qa, noise, kv, entropy), a custom string with `{documents}`
+            and `{question}`, or a `ContextTemplate`.
+        fields: values of the template's other named fields.
+        chat: wrap the prompt in the tokenizer's chat template (user turn, assistant opened).
+    """
+
+    def __init__(
+        self,
+        engine: CausalLMEngine | str,
+        template: str | ContextTemplate = "qa",
+        *,
+        fields: Mapping[str, str] | None = None,
+        document: str | None = None,
+        chat: bool = False,
+        **engine_options: Any,
+    ) -> None:
+        self.template = resolve_template(template, fields, document)
+        self.engine = (
+            engine
+            if isinstance(engine, CausalLMEngine)
+            else CausalLMEngine(engine, **engine_options)
+        )
+        self.chat = chat
+        if chat:  # fail at construction, not at the first prompt
+            chat_wrap(self.engine.tokenizer, "", "q", "")
+        self._memo: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, int]] = {}
+
+    # ------------------------------------------------------------------ prompts
+    def render(
+        self,
+        question: str,
+        passages: Sequence[Passage],
+        template: ContextTemplate | None = None,
+    ) -> Prompt:
+        """The prompt for `passages` in the given order (by this assembler's template, or
+        `template`), with the question span located."""
+        if not question.strip():
+            raise CisrankError("the question is empty")
+        before, q, after = (template or self.template).render(question, passages)
+        if self.chat:
+            before, q, after = chat_wrap(self.engine.tokenizer, before, q, after)
+        head = [self.engine.bos_id, *self.engine.encode(before)]
+        q_ids = self.engine.encode(q)
+        if not q_ids:
+            raise CisrankError(f"the question {question!r} has no tokens")
+        ids = [*head, *q_ids, *self.engine.encode(after)]
+        limit = self.engine.max_positions
+        if limit is not None and len(ids) > limit:
+            raise CisrankError(
+                f"{len(passages)} passages make a prompt of {len(ids)} tokens, more than the "
+                f"context of '{self.engine.model_name}' ({limit} tokens): pass fewer passages "
+                "(a smaller K or --noise) or shorter ones"
+            )
+        text = (self.engine.tokenizer.bos_token or "") if self.chat else ""
+        return Prompt(text + before + q + after, ids, (len(head), len(head) + len(q_ids)))
+
+    def question_logprobs(self, prompts: Sequence[Prompt]) -> list[tuple[float, int]]:
+        """(summed log p(question | prompt before it), question tokens) of each prompt, in one
+        engine call; prompts already scored by this assembler are not scored again."""
+        keys = [(tuple(p.context), tuple(p.question)) for p in prompts]
+        todo = list(dict.fromkeys(k for k in keys if k not in self._memo))
+        if todo:
+            got = self.engine.score_spans(todo)
+            for key, lp, n in zip(todo, got.logprobs, got.num_tokens, strict=True):
+                self._memo[key] = (lp, n)
+        return [self._memo[k] for k in keys]
+
+    def mean_logprobs(self, prompts: Sequence[Prompt]) -> list[float]:
+        """l(c) of each prompt: the mean per-token log p(question | prompt before it)."""
+        return [lp / n for lp, n in self.question_logprobs(prompts)]
+
+    def gauge(self, question: str, prompt: Prompt, pmi: bool = False) -> Gauge:
+        """The question likelihood of a final prompt, and on request its PMI against the same
+        template with no passages (seed 000 Eq. 3, per token)."""
+        todo = [prompt]
+        if pmi:
+            todo.append(self.render(question, []))
+        scored = self.question_logprobs(todo)
+        lp, n = scored[0]
+        if not pmi:
+            return Gauge(lp / n, lp, n)
+        lp0, n0 = scored[1]
+        return Gauge(lp / n, lp, n, lp / n - lp0 / n0, lp0 / n0)
+
+    def clear(self) -> None:
+        """Forget the scored prompts (the memo grows with every distinct prompt)."""
+        self._memo.clear()
+
+    # ------------------------------------------------------------------ arrangements
+    def arrange(
+        self,
+        question: str,
+        passages: Sequence[Passage],
+        method: str = "ranked",
+        *,
+        shuffles_n: int | None = None,
+        seed: int = 0,
+        noise: Sequence[Passage] = (),
+        pmi: bool = False,
+    ) -> AssembledContext:
+        """Arrange `passages` (best first) by `method`, put `noise` before them, render and gauge.
+
+        The scored methods search over orders of the retrieved passages alone; the noise
+        passages, if any, go first in the final prompt ([I, noise..., arranged..., Q]).
+        `shuffles_n` is the number of random shuffles of `likelihood_select` (default K - 1, so
+        K prompts as the paper's code), drawn with `seed`.
+        """
+        if method not in ARRANGEMENTS:
+            raise CisrankError(
+                f"unknown arrangement {method!r}: use one of {', '.join(ARRANGEMENTS)}"
+            )
+        passages = list(passages)
+        k = len(passages)
+        if k == 0:
+            raise CisrankError("no passages to arrange: give at least one")
+        scores: list[float] | None = None
+        candidates: list[Candidate] = []
+        if method == "ranked":
+            order = list(range(k))
+        elif method == "reverse":
+            order = list(range(k))[::-1]
+        elif method == "edges":
+            order = edges_order(k)
+        else:
+            orders = (
+                shuffles(k, k - 1 if shuffles_n is None else shuffles_n, seed)
+                if method == "likelihood_select"
+                else rotations(k)
+            )
+            prompts = [self.render(question, [passages[i] for i in o]) for o in orders]
+            ls = self.mean_logprobs(prompts)
+            candidates = [Candidate(o, s) for o, s in zip(orders, ls, strict=True)]
+            if method == "curvature":
+                scores = curvature_scores(ls)
+                order = sort_desc(scores)
+            else:
+                order = orders[sort_desc(ls)[0]]
+        final = pad_with_noise([passages[i] for i in order], noise)
+        prompt = self.render(question, final)
+        return AssembledContext(
+            method=method,
+            order=order,
+            scores=scores,
+            candidates=candidates,
+            passages=final,
+            noise=len(noise),
+            prompt=prompt,
+            gauge=self.gauge(question, prompt, pmi=pmi),
+        )
+
+    def curvature(self, question: str, passages: Sequence[Passage]) -> list[float]:
+        """The per-passage curvature score alone (K prefill passes): a position-aware listwise
+        relevance signal, higher = more likely the passage the question needs."""
+        if not passages:
+            raise CisrankError("no passages to score: give at least one")
+        prompts = [
+            self.render(question, [passages[i] for i in o]) for o in rotations(len(passages))
+        ]
+        return curvature_scores(self.mean_logprobs(prompts))

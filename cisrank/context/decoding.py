@@ -1,0 +1,222 @@
+"""Entropy-based document-parallel decoding (Qiu et al. 2025, "Entropy-Based Decoding for
+Retrieval-Augmented LLMs", seed 004), greedy, on the engine's lock-step decoder.
+
+The seed text lost every equation symbol; the formulas are those rebuilt in METHOD-NOTES §4.1
+from its prose and a public implementation (`ParallelDecoding.clehe_using_logits`). With x the
+question, d_1..d_K the passages and y_<t the tokens so far:
+
+- `naive` (Eq. 1): y_t from p(y_t | [d_1; ...; d_K; x; y_<t]), one prompt with every passage;
+- document-parallel modes run K+1 rows in lock-step, row 0 the prompt without passages and row j
+  the prompt with passage d_j alone, all sharing y_<t, and merge the K passage rows' next-token
+  distributions as a product of experts (Eq. 2):
+
+      log p(y_t) = sum_j w_{j,t} log p(y_t | d_j, x, y_<t)   (then renormalized)
+
+  `avg_ens`: w_j = 1/K; `replug`: w_j = softmax(s_j / T) of the reranker scores s_j, fixed over
+  time; `leens` (Eq. 3): w_{j,t} = softmax_j(-H_{j,t} / tau), with H_{j,t} the entropy of row j's
+  next-token distribution at step t, recomputed every step (tau -> inf gives `avg_ens`);
+- `clehe` (Eq. 4-7): contrast with the most uncertain early-exit distribution of the no-passage
+  row, q^(l) = softmax(phi(h_t^(l))) over candidate layers L, l* = argmax_{l in L} H(q^(l)),
+
+      log p(y_t) = (1 + beta) sum_j w_{j,t} log p(y_t | d_j, x, y_<t) - beta log q^(l*)(y_t)
+
+  (renormalized; beta = 0 gives `leens`).
+
+Every mode is greedy (argmax of the merged log-probabilities). Per generated token the passage
+of lowest entropy, argmin_j H_{j,t}, is returned as its attribution (the reference code's
+`token_document_idx`), with the weights. Defaults as the paper: tau 0.25, beta 0.25, candidate
+layers the even layers of the model's last half.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from cisrank.context.assemble import ContextAssembler
+from cisrank.data.types import Passage
+from cisrank.errors import CisrankError
+from cisrank.rerank.causal_lm import DecodeStep
+
+DECODINGS = ("naive", "avg_ens", "replug", "leens", "clehe")
+ENSEMBLES = ("avg_ens", "replug", "leens", "clehe")
+
+
+def default_layers(num_layers: int) -> list[int]:
+    """The even layers of the last half (seed 004 §4.2.3: "the last few layers, even only")."""
+    return [x for x in range((num_layers + 1) // 2, num_layers + 1) if x % 2 == 0]
+
+
+def entropy(logprobs: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row's distribution, from its log-probabilities `[R, V]`."""
+    return torch.special.entr(logprobs.exp()).sum(dim=-1)
+
+
+@dataclass
+class StepRecord:
+    """What one step decided: the token, the merged log-probabilities (with `trace`), the
+    passage weights w_{j,t}, the entropies H_{j,t}, the lowest-entropy passage and the layer l*."""
+
+    token: int
+    weights: list[float]
+    entropies: list[float]
+    passage: int | None
+    layer: int | None = None
+    merged: np.ndarray | None = None
+
+
+@dataclass
+class Generation:
+    """A decoded answer: its text, tokens, and per-token records (attribution)."""
+
+    decoding: str
+    text: str
+    tokens: list[int]
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def to_json(self, passages: Sequence[Passage] | None = None) -> dict[str, Any]:
+        def pid(j: int | None) -> Any:
+            return passages[j].docid if passages is not None and j is not None else j
+
+        return {
+            "decoding": self.decoding,
+            "answer": self.text,
+            "tokens": self.tokens,
+            "attribution": [pid(s.passage) for s in self.steps],
+            "weights": [s.weights for s in self.steps],
+            "layers": [s.layer for s in self.steps],
+        }
+
+
+class EnsembleDecoder:
+    """Greedy RAG decoding of one question over K passages by any of `DECODINGS`.
+
+    Args:
+        assembler: renders the prompts (its template and chat setting) and holds the engine.
+        tau: LeEns / CLeHe entropy temperature; beta: CLeHe contrast strength.
+        layers: CLeHe candidate layers (default `default_layers`).
+        replug_temperature: T of the RePlug weights softmax(s / T).
+    """
+
+    def __init__(
+        self,
+        assembler: ContextAssembler,
+        *,
+        tau: float = 0.25,
+        beta: float = 0.25,
+        layers: Sequence[int] | None = None,
+        replug_temperature: float = 1.0,
+    ) -> None:
+        if not tau > 0:
+            raise CisrankError(f"tau must be > 0, got {tau}")
+        if not beta >= 0:
+            raise CisrankError(f"beta must be >= 0, got {beta}")
+        if not replug_temperature > 0:
+            raise CisrankError(f"the RePlug temperature must be > 0, got {replug_temperature}")
+        self.assembler = assembler
+        self.engine = assembler.engine
+        self.tau = tau
+        self.beta = beta
+        n = self.engine.num_layers
+        self.layers = list(default_layers(n) if layers is None else layers)
+        if not self.layers or any(not 0 <= x <= n for x in self.layers):
+            raise CisrankError(f"candidate layers must be in 0..{n}, got {self.layers}")
+        self.replug_temperature = replug_temperature
+
+    def generate(
+        self,
+        question: str,
+        passages: Sequence[Passage],
+        decoding: str = "leens",
+        *,
+        max_new_tokens: int = 32,
+        scores: Sequence[float] | None = None,
+        stop_at_eos: bool = True,
+        trace: bool = False,
+    ) -> Generation:
+        """Decode an answer; `scores` (reranker scores, one per passage) are needed by `replug`.
+        With `trace`, every step's merged log-probabilities are kept (V floats a step)."""
+        if decoding not in DECODINGS:
+            raise CisrankError(f"unknown decoding {decoding!r}: use one of {', '.join(DECODINGS)}")
+        if max_new_tokens < 1:
+            raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        passages = list(passages)
+        if not passages:
+            raise CisrankError("no passages to decode with: give at least one")
+        fixed: torch.Tensor | None = None
+        if decoding == "replug":
+            if scores is None or len(scores) != len(passages):
+                raise CisrankError("replug needs one reranker score per passage")
+            fixed = torch.softmax(
+                torch.tensor([float(s) for s in scores], dtype=torch.float64)
+                / self.replug_temperature,
+                dim=0,
+            ).float()
+        asm = self.assembler
+        if decoding == "naive":
+            rows = [asm.render(question, passages).ids]
+        else:
+            single = asm.template.single()
+            rows = [asm.render(question, []).ids]
+            rows += [asm.render(question, [p], template=single).ids for p in passages]
+        eos = self.engine.tokenizer.eos_token_id
+        stops = [eos] if stop_at_eos and eos is not None else []
+        records: list[StepRecord] = []
+
+        def choose(step: DecodeStep) -> int:
+            merged, rec = self.merge(decoding, step, fixed)
+            token = int(torch.argmax(merged))
+            rec.token = token
+            if trace:
+                rec.merged = merged.cpu().numpy()
+            records.append(rec)
+            return token
+
+        layers = self.layers if decoding == "clehe" else ()
+        tokens = self.engine.decode_lockstep(
+            rows, choose, max_new_tokens, layers=layers, stop_ids=stops
+        )
+        text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Generation(decoding, text.strip(), tokens, records)
+
+    def merge(
+        self, decoding: str, step: DecodeStep, fixed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, StepRecord]:
+        """The merged next-token log-probabilities `[V]` of one step (seed 004 Eq. 1-7)."""
+        logp = torch.log_softmax(step.logits.double(), dim=-1)
+        if decoding == "naive":
+            return logp[0], StepRecord(-1, [1.0], entropy(logp[:1]).tolist(), None)
+        docs = logp[1:]
+        ent = entropy(docs)
+        k = docs.shape[0]
+        if decoding == "avg_ens":
+            w = torch.full((k,), 1.0 / k, dtype=torch.float64)
+        elif decoding == "replug":
+            assert fixed is not None
+            w = fixed.double().to(docs.device)
+        else:  # leens, clehe: w_{j,t} = softmax(-H_{j,t} / tau)
+            w = torch.softmax(-ent / self.tau, dim=0)
+        ens = (w.to(docs.device).unsqueeze(1) * docs).sum(dim=0)
+        layer = None
+        if decoding == "clehe":
+            cand = {
+                x: torch.log_softmax(
+                    self.engine.layer_logits(step.hidden[x][:1], x).double(), dim=-1
+                )[0]
+                for x in self.layers
+            }
+            layer = max(self.layers, key=lambda x: (float(entropy(cand[x][None])[0]), -x))
+            ens = (1 + self.beta) * ens - self.beta * cand[layer]
+        merged = torch.log_softmax(ens, dim=-1)
+        rec = StepRecord(
+            -1,
+            [float(x) for x in w],
+            [float(x) for x in ent],
+            int(torch.argmin(ent)),
+            layer,
+        )
+        return merged, rec

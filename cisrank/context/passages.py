@@ -1,0 +1,56 @@
+"""Reading the passages of one context: jsonl (`text`, optional `title`, `id`) or one per line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cisrank.data.types import Passage
+from cisrank.errors import CisrankError
+
+
+def read_passages(path: str | Path) -> list[Passage]:
+    """The passages of a file in file order (best first, as a reranker ranked them): jsonl
+    objects with a non-empty `text` and optional `title` and `id`, or plain lines of text."""
+    return read_scored_passages(path)[0]
+
+
+def read_scored_passages(path: str | Path) -> tuple[list[Passage], list[float] | None]:
+    """`read_passages` and the reranker scores of the jsonl field `score`, if every line has one
+    (None otherwise)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CisrankError(f"passages file '{path}' does not exist")
+    out: list[Passage] = []
+    scores: list[float | None] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+                text = obj["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CisrankError(
+                    f"{path}:{lineno}: expected a JSON object with a 'text' field"
+                ) from None
+            title = obj.get("title", "")
+            if not isinstance(text, str) or not text.strip():
+                raise CisrankError(f"{path}:{lineno}: 'text' must be a non-empty string")
+            if not isinstance(title, str):
+                raise CisrankError(f"{path}:{lineno}: 'title' must be a string")
+            score = obj.get("score")
+            if score is not None and (
+                isinstance(score, bool) or not isinstance(score, int | float)
+            ):
+                raise CisrankError(f"{path}:{lineno}: 'score' must be a number")
+            out.append(Passage(str(obj.get("id", len(out))), text, title))
+            scores.append(None if score is None else float(score))
+        else:
+            out.append(Passage(str(len(out)), line))
+            scores.append(None)
+    if not out:
+        raise CisrankError(f"passages file '{path}' holds no passages")
+    if any(s is None for s in scores):
+        return out, None
+    return out, [float(s) for s in scores if s is not None]
