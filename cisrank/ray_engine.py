@@ -155,9 +155,21 @@ def plan_resources(ray: Any, options: RayOptions) -> Resources:
     return Resources(actors, num_gpus, num_cpus)
 
 
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def describe_remote(ray: Any, job: ShardJob, res: Resources) -> dict[str, Any]:
-    """`job.describe()` computed where the actors run (a GPU decides the dtype, so the
-    fingerprint), not on the driver, which may have no GPU and no room for the model."""
+    """`job.describe()` as the actors will compute: GPU actors describe it in a task on a GPU
+    (the GPU decides the dtype, hence the fingerprint; the driver may have no GPU and no room
+    for the model). CPU actors compute what the driver computes on its CPU, so it is done here,
+    sparing a worker process its start (seconds: torch and transformers to import)."""
+    if not res.num_gpus and not _has_gpu():  # else "auto" would pick the driver's GPU
+        return _describe(job)
     task = ray.remote(num_gpus=res.num_gpus, num_cpus=res.num_cpus, max_retries=0)(_describe)
     return ray.get(task.remote(job))
 
