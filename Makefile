@@ -71,6 +71,7 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/load.py
 	$(PY) bench/body_admission.py
 	$(PY) bench/soak.py
+	$(PY) bench/ray_jobs.py
 
 clean:
 	rm -rf $(VENV) $(VENV_MIN) out .pytest_cache .ruff_cache .mypy_cache

@@ -112,8 +112,8 @@ def _query_columns(
         "passage": list(passages),
         "rank": list(ranks),
         "score": [float(v) for v in got.score],
-        "log_conditional": list(got.log_conditional or [None] * n),
-        "log_prior": list(got.log_prior or [None] * n),
+        "log_conditional": list(got.log_conditional) if got.log_conditional else [None] * n,
+        "log_prior": list(got.log_prior) if got.log_prior else [None] * n,
     }
 
 

@@ -146,7 +146,7 @@ def build_prior(
         )
     (out / TABLE_FILE).unlink(missing_ok=True)  # a Ray build's table, if the engine changed
     # The model first: a bad --model fails before any file of the index is written.
-    engine = CausalLMEngine(
+    lm = CausalLMEngine(
         config.model, device=device, dtype=config.dtype, batch_tokens=batch_tokens
     )
     store = PriorStore(out / PRIOR_FILE)
@@ -156,7 +156,7 @@ def build_prior(
             max_doc_tokens=config.max_doc_tokens,
             normalize="sum",
             prior_store=store,
-            engine=engine,
+            engine=lm,
         )
         fingerprint = reranker.store_fingerprint
         stored_before = store.count(fingerprint)
@@ -182,15 +182,15 @@ def build_prior(
         params={
             **config.model_dump(),
             "batch_size": batch_size,
-            "batch_tokens": engine.batch_tokens,
+            "batch_tokens": lm.batch_tokens,
         },
         libraries=library_versions("transformers", "torch", "tokenizers"),
         model={
             "name": config.model,
-            "fingerprint": engine.fingerprint(),
+            "fingerprint": lm.fingerprint(),
             "store_fingerprint": fingerprint,
-            "dtype": str(engine.dtype).removeprefix("torch."),
-            "device": str(engine.device),
+            "dtype": str(lm.dtype).removeprefix("torch."),
+            "device": str(lm.device),
         },
         extra={
             "passages": passages,
