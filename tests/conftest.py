@@ -79,8 +79,13 @@ def ray_cluster():
         import ray.data
     except ImportError:
         pytest.skip("Ray is not installed: pip install 'cisrank[ray]' to run the Ray engine tests")
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=256 * 1024**2,  # the tests ship kilobytes; keep /dev/shm free
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False

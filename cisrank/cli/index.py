@@ -309,7 +309,15 @@ def info(
             + (f", {m.model['dtype']}" if m.model.get("dtype") else "")
             + ")"
         )
-    if m.kind == "prior":
+    if m.kind == "prior" and m.build.get("engine") == "ray":
+        b = m.build
+        lines.append(
+            f"priors    {b.get('priors_stored')} in a Parquet prior table, by Ray "
+            f"({b.get('actors')} actors, {b.get('shards')} shards of {b.get('shard_size')}, "
+            f"{b.get('shards_reused')} reused), store fingerprint "
+            f"{str((m.model or {}).get('store_fingerprint'))[:16]}..."
+        )
+    elif m.kind == "prior":
         b = m.build
         lines.append(
             f"priors    {b.get('priors_stored')} stored ({b.get('priors_computed')} computed, "

@@ -88,6 +88,8 @@ def ray_prior(corpus, tiny_gpt2_dir, tmp_path_factory, ray_cluster) -> Path:
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "built prior index of 20 passages" in res.output
+    info = CliRunner().invoke(app, ["index", "info", str(out)])
+    assert "19 in a Parquet prior table, by Ray (1 actors, 5 shards of 4, 0 reused)" in info.output
     return out
 
 
