@@ -120,18 +120,23 @@ def write_prior_table(path: Path, table) -> int:
     return table.num_rows
 
 
-def _key_bytes(hex_keys, count: int) -> np.ndarray:
-    """Hex passage keys (a pyarrow string column) as a numpy array of 32-byte digests."""
-    keys = hex_keys.combine_chunks() if hasattr(hex_keys, "combine_chunks") else hex_keys
-    if count == 0:
-        return np.empty(0, dtype="S32")
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[
-        keys.offset : keys.offset + count + 1
-    ]
-    if not np.all(np.diff(offsets) == 64):
-        raise ValueError("passage keys are not 64 hex digits")
-    data = keys.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
-    return np.frombuffer(binascii.unhexlify(data), dtype="S32")
+def _key_bytes(hex_keys) -> np.ndarray:
+    """Hex passage keys (a pyarrow string column) as a numpy array of 32-byte digests, chunk by
+    chunk (one string array holds at most 2 GB: 33M keys)."""
+    parts = [np.empty(0, dtype="S32")]
+    chunks = hex_keys.chunks if hasattr(hex_keys, "chunks") else [hex_keys]
+    for chunk in chunks:
+        n = len(chunk)
+        if n == 0:
+            continue
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)[
+            chunk.offset : chunk.offset + n + 1
+        ]
+        if not np.all(np.diff(offsets) == 64):
+            raise ValueError("passage keys are not 64 hex digits")
+        data = chunk.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
+        parts.append(np.frombuffer(binascii.unhexlify(data), dtype="S32"))
+    return np.concatenate(parts)
 
 
 class PriorTable:
@@ -159,7 +164,7 @@ class PriorTable:
             self._by_fp: dict[str, tuple[np.ndarray, ...]] = {}
             for fp in fps:
                 part = table.filter(pc.equal(table.column("fingerprint"), fp))
-                keys = _key_bytes(part.column("passage_key"), part.num_rows)
+                keys = _key_bytes(part.column("passage_key"))
                 lps = part.column("logprob").to_numpy()
                 ns = part.column("num_tokens").to_numpy()
                 crcs = part.column("checksum").to_numpy()
