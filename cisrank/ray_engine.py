@@ -182,6 +182,21 @@ def _remote_args(options: RayOptions, res: Resources) -> dict[str, Any]:
     return args
 
 
+def _pool_args(ray: Any, size: int) -> dict[str, Any]:
+    """A fixed pool of `size` actors, said the way this Ray wants it: `concurrency=` from 2.9
+    to 2.50 (`compute=` warned as deprecated), `compute=ActorPoolStrategy` from 2.51 (where
+    `concurrency=` warns)."""
+    try:
+        major, minor = (int(x) for x in ray.__version__.split(".")[:2])
+    except ValueError:  # pragma: no cover - a dev build
+        major, minor = 99, 0
+    if (major, minor) >= (2, 51):
+        from ray.data import ActorPoolStrategy
+
+        return {"compute": ActorPoolStrategy(size=size)}
+    return {"concurrency": size}
+
+
 def run_shards(
     ray: Any,
     blocks: Iterable[Any],
@@ -196,7 +211,6 @@ def run_shards(
     as soon as its `expected[shard]` rows have all arrived. Returns the shards handed over."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from ray.data import ActorPoolStrategy
 
     refs = [ray.put(b) for b in blocks]
     if not refs:
@@ -211,7 +225,7 @@ def run_shards(
         batch_size=None,  # a whole block (one shard) per call: the job batches inside it
         batch_format="pyarrow",
         zero_copy_batch=True,
-        compute=ActorPoolStrategy(size=min(res.actors, len(refs))),
+        **_pool_args(ray, min(res.actors, len(refs))),
         **_remote_args(options, res),
     )
     pending: dict[int, list[Any]] = {}
