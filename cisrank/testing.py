@@ -167,3 +167,73 @@ SAMPLE_SENTENCES = [
     "Bluetooth and wifi are wireless technologies with different ranges.",
     "The United States entered World War I in 1917.",
 ]
+
+
+# ------------------------------------------------------------------ Ray jobs: faults and counts
+# Wrappers around the `ShardJob` of an `--engine ray` build (its `job_wrapper` option). They live
+# here, in an importable module, because Ray pickles the job to every actor by reference.
+
+
+class CountingJob:
+    """Appends the shard numbers of every block it scores to `log` (one line per shard), so a
+    test counts which shards a run scored. Lines are short single writes in append mode: the
+    actors of one pool can share the file."""
+
+    def __init__(self, job, log: str | Path) -> None:
+        self.job = job
+        self.log = str(log)
+
+    def load(self):
+        return self.job.load()
+
+    def describe(self, state):
+        return self.job.describe(state)
+
+    def score(self, state, batch):
+        out = self.job.score(state, batch)
+        import pyarrow.compute as pc
+
+        shards = pc.unique(batch.column("shard")).to_pylist()
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write("".join(f"{s}\n" for s in shards))
+        return out
+
+
+class ExitOnceJob(CountingJob):
+    """Kills its actor's process (os._exit, as a segfault or the OOM killer would) when it is
+    given shard `shard` while the file `marker` exists; the marker is removed first, so only the
+    first attempt dies. `delay` seconds of sleep per block let other shards finish first."""
+
+    def __init__(self, job, log: str | Path, marker: str | Path, shard: int, delay: float = 0.0):
+        super().__init__(job, log)
+        self.marker = str(marker)
+        self.shard = shard
+        self.delay = delay
+
+    def score(self, state, batch):
+        import os
+        import time
+
+        import pyarrow.compute as pc
+
+        if self.delay:
+            time.sleep(self.delay)
+        shards = pc.unique(batch.column("shard")).to_pylist()
+        if self.shard in shards and os.path.exists(self.marker):
+            os.unlink(self.marker)
+            os._exit(1)
+        return super().score(state, batch)
+
+
+class SlowJob(CountingJob):
+    """Sleeps `delay` seconds before each block: a driver can be killed while shards are done."""
+
+    def __init__(self, job, log: str | Path, delay: float) -> None:
+        super().__init__(job, log)
+        self.delay = delay
+
+    def score(self, state, batch):
+        import time
+
+        time.sleep(self.delay)
+        return super().score(state, batch)

@@ -67,3 +67,27 @@ def tiny_gpt2_bpe_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory, word_vocab) -> Path:
     return testing.build_bert(tmp_path_factory.mktemp("bert"), word_vocab)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for the `--engine ray` tests, started once per session (the
+    jobs find it initialized and use it) and shut down at the end. Skips, saying why, only where
+    Ray is not installed (`make test` installs the `ray` extra)."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        pytest.skip("Ray is not installed: pip install 'cisrank[ray]' to run the Ray engine tests")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=256 * 1024**2,  # the tests ship kilobytes; keep /dev/shm free
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    yield ray
+    ray.shutdown()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from cisrank.cli.defaults import field_help
+from cisrank.cli.options import ActorCpusOpt, ActorGpusOpt, ActorsOpt, EngineOpt, RayAddressOpt
 from cisrank.distill.config import RunPlan, TrainConfig
 
 distill_app = typer.Typer(
@@ -39,7 +40,12 @@ MaxDocOpt = Annotated[
     int | None, typer.Option("--max-doc-tokens", min=1, help="CIS teacher: passage tokens kept.")
 ]
 PriorOpt = Annotated[
-    Path | None, typer.Option("--prior-store", help="CIS teacher: SQLite store of log p(K).")
+    Path | None,
+    typer.Option(
+        "--prior-store",
+        help="CIS teacher: stored log p(K) (SQLite file, Parquet prior table, prior index "
+        "folder, or several comma-separated).",
+    ),
 ]
 BatchOpt = Annotated[
     int | None, typer.Option("--batch-size", min=1, help="Teacher passages per model batch.")
@@ -116,11 +122,20 @@ def generate_cmd(
         int, typer.Option("--shard-pairs", min=1, help="Pairs per shard (whole queries).")
     ] = 2048,
     overwrite: Annotated[bool, typer.Option("--overwrite")] = False,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_gpus: ActorGpusOpt = None,
+    actor_cpus: ActorCpusOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
+    from cisrank.cli.options import ray_options, reranker_options
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import load_source
+    from cisrank.distill.teachers import TeacherSpec
+
+    ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
 
     source = load_source(
         dataset=dataset,
@@ -130,10 +145,26 @@ def generate_cmd(
         triples=triples,
         depth=depth,
     )
-    t = _teacher(
-        teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
+    t: Any
+    if ray is None:
+        t = _teacher(
+            teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
+        )
+    else:  # each actor builds its own teacher from the spec
+        options = reranker_options(template, prior_store, max_doc_tokens, normalize=None)
+        t = TeacherSpec.of(
+            teacher, model, scores_file, batch_size=batch_size, device=device, **options
+        )
+    res = generate(
+        source,
+        t,
+        out,
+        shard_pairs=shard_pairs,
+        overwrite=overwrite,
+        progress=not quiet,
+        engine=engine,
+        ray=ray,
     )
-    res = generate(source, t, out, shard_pairs=shard_pairs, overwrite=overwrite, progress=not quiet)
     m = res.manifest
     typer.echo(
         f"{out}: {m['queries']} queries, {m['pairs']} pairs in {m['shards']} shards "

@@ -17,8 +17,16 @@ from typing import Annotated, Any
 import typer
 
 from cisrank.cli.defaults import field_help
+from cisrank.cli.options import (
+    ActorCpusOpt,
+    ActorGpusOpt,
+    ActorsOpt,
+    EngineOpt,
+    RayAddressOpt,
+    ray_options,
+)
 from cisrank.indexes.kinds import KINDS
-from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, PriorIndexConfig
+from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
 from cisrank.retrieval.bm25 import BM25IndexConfig
 from cisrank.retrieval.dense import DenseIndexConfig
 from cisrank.retrieval.lucene import LuceneIndexConfig
@@ -168,11 +176,17 @@ def build_dense(
     ivf_nprobe: Annotated[int | None, _flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
     dtype: Annotated[str | None, _flag(D, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_gpus: ActorGpusOpt = None,
+    actor_cpus: ActorCpusOpt = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
+    ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
     params = {
         "model": model,
         "index_type": index_type,
@@ -196,7 +210,7 @@ def build_dense(
         on_error,
         overwrite,
         quiet,
-        options={"device": device},
+        options={"device": device, "engine": engine, "ray": ray},
     )
 
 
@@ -219,11 +233,33 @@ def build_prior(
     ] = None,
     dtype: Annotated[str | None, _flag(PriorIndexConfig, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_gpus: ActorGpusOpt = None,
+    actor_cpus: ActorCpusOpt = None,
+    shard_size: Annotated[
+        int | None,
+        typer.Option(
+            "--shard-size",
+            min=1,
+            help=f"--engine ray: passages per shard, the unit an actor scores and a rerun "
+            f"keeps (default {DEFAULT_SHARD_SIZE}).",
+        ),
+    ] = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
+    """CIS priors: log p(K) of every passage. --engine local fills OUT/priors.sqlite (a prior
+    store); --engine ray writes the Parquet prior table OUT/priors.parquet. Either file, or the
+    folder, is what --prior-store takes."""
+    ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
+    if shard_size is not None and ray is None:
+        from cisrank.errors import CisrankError
+
+        raise CisrankError("--shard-size needs --engine ray")
     params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype}
     _run(
         "prior",
@@ -234,7 +270,13 @@ def build_prior(
         on_error,
         overwrite,
         quiet,
-        options={"device": device, "batch_size": batch_size},
+        options={
+            "device": device,
+            "batch_size": batch_size,
+            "engine": engine,
+            "ray": ray,
+            "shard_size": shard_size,
+        },
     )
 
 
@@ -267,7 +309,15 @@ def info(
             + (f", {m.model['dtype']}" if m.model.get("dtype") else "")
             + ")"
         )
-    if m.kind == "prior":
+    if m.kind == "prior" and m.build.get("engine") == "ray":
+        b = m.build
+        lines.append(
+            f"priors    {b.get('priors_stored')} in a Parquet prior table, by Ray "
+            f"({b.get('actors')} actors, {b.get('shards')} shards of {b.get('shard_size')}, "
+            f"{b.get('shards_reused')} reused), store fingerprint "
+            f"{str((m.model or {}).get('store_fingerprint'))[:16]}..."
+        )
+    elif m.kind == "prior":
         b = m.build
         lines.append(
             f"priors    {b.get('priors_stored')} stored ({b.get('priors_computed')} computed, "

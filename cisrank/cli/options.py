@@ -88,7 +88,12 @@ ReverseTemplateOpt = Annotated[
 ]
 PriorStoreOpt = Annotated[
     Path | None,
-    typer.Option("--prior-store", help="CIS: SQLite file of stored log p(K) (created if absent)."),
+    typer.Option(
+        "--prior-store",
+        help="CIS: stored log p(K): a SQLite file (created if absent), a Parquet prior table "
+        "or a prior index folder (read-only), or several comma-separated (tables first, one "
+        "SQLite file last to cache the passages they lack).",
+    ),
 ]
 MaxDocTokensOpt = Annotated[
     int | None,
@@ -150,3 +155,72 @@ def reranker_options(
         "fuse": fuse,
         "fusion": fusion,
     }
+
+
+# Options of the offline jobs' engine (`index build prior | dense`, `distill generate`).
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="local: this process; ray: a pool of Ray actors, each loading the model once (one "
+        "GPU each where the cluster has GPUs), scoring the missing shards (extra `ray`).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        envvar="RAY_ADDRESS",
+        help="--engine ray: the cluster to join (host:port, ray://host:10001 or auto); "
+        "default: a local cluster started for the job.",
+    ),
+]
+ActorsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--actors",
+        min=1,
+        help="--engine ray: actors in the pool (default: one per GPU, else one per CPU).",
+    ),
+]
+ActorGpusOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--actor-gpus",
+        min=0.0,
+        help="--engine ray: GPUs per actor (default 1 where the cluster has GPUs, else 0; "
+        "0.5 puts two actors on a GPU).",
+    ),
+]
+ActorCpusOpt = Annotated[
+    float | None,
+    typer.Option("--actor-cpus", min=0.0, help="--engine ray: CPUs per actor (default 1)."),
+]
+
+
+def ray_options(
+    engine: str,
+    address: str | None,
+    actors: int | None,
+    actor_gpus: float | None,
+    actor_cpus: float | None,
+):
+    """The Ray engine's options from the CLI flags (None for the local engine); a Ray flag
+    without `--engine ray` is an error rather than silently ignored."""
+    from cisrank.errors import CisrankError
+    from cisrank.ray_engine import RayOptions, check_engine
+
+    if check_engine(engine) == "local":
+        given = [
+            flag
+            for flag, value in (
+                ("--actors", actors),
+                ("--actor-gpus", actor_gpus),
+                ("--actor-cpus", actor_cpus),
+            )
+            if value is not None
+        ]
+        if given:
+            raise CisrankError(f"{', '.join(given)} need --engine ray")
+        return None
+    return RayOptions(address=address, actors=actors, num_gpus=actor_gpus, num_cpus=actor_cpus)

@@ -108,8 +108,9 @@ def server_config(
         check_index(name, index.path)
     for name, spec in cfg.rerankers.items():
         store = spec.options.get("prior_store")
-        if store and Path(str(store)).expanduser().is_file():
-            check_prior_store(name, Path(str(store)).expanduser())
+        parts = [Path(p.strip()).expanduser() for p in str(store or "").split(",") if p.strip()]
+        if any(p.exists() for p in parts):
+            check_prior_store(name, str(store))
     return cfg
 
 
@@ -132,12 +133,14 @@ def check_index(name: str, path: Path) -> None:
         raise CisrankError(f"index '{name}': {exc}") from None
 
 
-def check_prior_store(name: str, path: Path) -> None:
-    """A prior store that SQLite cannot open (damaged header, not a database) stops the start."""
-    from cisrank.rerank.prior_store import PriorStore
+def check_prior_store(name: str, spec: str | Path) -> None:
+    """A prior store that SQLite cannot open (damaged header, not a database), a Parquet prior
+    table that cannot be read, or a prior index folder whose files fail their manifest's
+    checksums stops the start."""
+    from cisrank.rerank.prior_table import open_prior_store
 
     try:
-        PriorStore(path).close()
+        open_prior_store(spec).close()
     except CisrankError as exc:
         raise CisrankError(f"reranker '{name}': {exc}") from None
 

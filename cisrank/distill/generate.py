@@ -3,6 +3,11 @@
 Safe to interrupt: shards are written whole, and a rerun with the same source and teacher skips
 the shards that exist. A rerun with a different source or teacher refuses to mix the two unless
 told to `overwrite`.
+
+`engine="ray"` scores the missing shards on a Ray actor pool (`cisrank.ray_engine`): each actor
+builds the teacher once from its `TeacherSpec` and scores whole shards through the same
+`_query_columns` as the local loop; the driver writes the shard files, the same ones, so a run
+interrupted on one engine resumes on the other.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +28,9 @@ from tqdm.auto import tqdm
 from cisrank import __version__
 from cisrank.distill import rows as R
 from cisrank.distill.sources import PairSource, QueryPairs
-from cisrank.distill.teachers import Teacher
-from cisrank.errors import DataError
+from cisrank.distill.teachers import Teacher, TeacherSpec
+from cisrank.errors import CisrankError, DataError
+from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +57,11 @@ def shard_plan(source: PairSource, shard_pairs: int) -> list[list[QueryPairs]]:
     return shards
 
 
-def _identity(source: PairSource, teacher: Teacher, shard_pairs: int) -> dict[str, Any]:
+def _identity(source: PairSource, teacher: dict[str, Any], shard_pairs: int) -> dict[str, Any]:
     identity = {
         "source": source.identity,
         "pairs_sha256": source.digest(),
-        "teacher": teacher.describe(),
+        "teacher": teacher,
         "shard_pairs": shard_pairs,
     }
     # As it will read back from JSON, so that a resumed run compares equal.
@@ -84,64 +92,182 @@ def _claim(out: Path, identity: dict[str, Any], overwrite: bool) -> dict[str, An
     return None
 
 
+def _query_columns(
+    teacher: Teacher,
+    qid: str,
+    query: str,
+    docids: Sequence[str],
+    passages: Sequence[str],
+    ranks: Sequence[int],
+) -> dict[str, list[Any]]:
+    """The teacher's rows of one query, as columns of `rows.SCHEMA` (both engines' one path)."""
+    got = teacher.score(qid, query, docids, passages)
+    n = len(docids)
+    if len(got.score) != n:
+        raise RuntimeError(f"teacher returned {len(got.score)} scores for {n} pairs")
+    return {
+        "qid": [qid] * n,
+        "docid": list(docids),
+        "query": [query] * n,
+        "passage": list(passages),
+        "rank": list(ranks),
+        "score": [float(v) for v in got.score],
+        "log_conditional": list(got.log_conditional) if got.log_conditional else [None] * n,
+        "log_prior": list(got.log_prior) if got.log_prior else [None] * n,
+    }
+
+
+class TeacherShardJob:
+    """Teacher scoring as Ray actors run it: the teacher built once per actor from its spec,
+    then each shard's queries through `_query_columns`, in order."""
+
+    def __init__(self, spec: TeacherSpec) -> None:
+        self.spec = spec
+
+    def load(self) -> Teacher:
+        return self.spec.load()
+
+    def describe(self, teacher: Teacher) -> dict[str, Any]:
+        return teacher.describe()
+
+    def score(self, teacher: Teacher, batch: Any) -> Any:
+        import pyarrow as pa
+
+        rows = batch.to_pydict()
+        out: dict[str, list[Any]] = {f.name: [] for f in R.SCHEMA}
+        out[SHARD], out[POS] = [], []
+        n = len(rows[POS])
+        start = 0
+        while start < n:  # runs of one query (`qpos`: its place in the shard)
+            end = start + 1
+            while end < n and rows["qpos"][end] == rows["qpos"][start]:
+                end += 1
+            cols = _query_columns(
+                teacher,
+                rows["qid"][start],
+                rows["query"][start],
+                rows["docid"][start:end],
+                rows["passage"][start:end],
+                rows["rank"][start:end],
+            )
+            for name, values in cols.items():
+                out[name] += values
+            out[SHARD] += rows[SHARD][start:end]
+            out[POS] += rows[POS][start:end]
+            start = end
+        schema = R.SCHEMA.append(pa.field(SHARD, pa.int64())).append(pa.field(POS, pa.int64()))
+        return pa.table(out, schema=schema)
+
+
+def _shard_block(index: int, chunk: list[QueryPairs]) -> Any:
+    import pyarrow as pa
+
+    cols: dict[str, list[Any]] = {
+        k: [] for k in (SHARD, POS, "qpos", "qid", "query", "docid", "passage", "rank")
+    }
+    for qpos, q in enumerate(chunk):
+        n = len(q.docids)
+        cols["qpos"] += [qpos] * n
+        cols["qid"] += [q.qid] * n
+        cols["query"] += [q.query] * n
+        cols["docid"] += q.docids
+        cols["passage"] += q.passages
+        cols["rank"] += q.ranks
+    cols[SHARD] = [index] * len(cols["qid"])
+    cols[POS] = list(range(len(cols["qid"])))
+    return pa.table(cols)
+
+
 def generate(
     source: PairSource,
-    teacher: Teacher,
+    teacher: Teacher | TeacherSpec,
     out: str | Path,
     *,
     shard_pairs: int = 2048,
     overwrite: bool = False,
     progress: bool = True,
+    engine: str | None = None,
+    ray: RayOptions | None = None,
+    job_wrapper: Callable[[Any], Any] | None = None,
 ) -> GenerateResult:
+    """Score every pair of `source` with `teacher` into Parquet shards under `out`.
+
+    `teacher` is a loaded teacher, or a `TeacherSpec` (loaded here for the local engine; the
+    Ray engine needs a spec: each actor loads its own). `job_wrapper` wraps the Ray actors' job
+    (tests use it to count or kill actors)."""
     if shard_pairs < 1:
         raise DataError(f"--shard-pairs must be >= 1, got {shard_pairs}")
+    engine = check_engine(engine)
     out = Path(out)
-    identity = _identity(source, teacher, shard_pairs)
-    done = _claim(out, identity, overwrite)
-    chunks = shard_plan(source, shard_pairs)
-    n_shards = len(chunks)
-    if done is not None:
-        log.info("%s: already complete (%d pairs)", out, done["pairs"])
-        return GenerateResult(out, done, 0, n_shards)
+    with ExitStack() as stack:
+        if engine == "ray":
+            from cisrank import ray_engine
 
-    started = time.perf_counter()
-    written = reused = 0
-    todo = []
-    for i, chunk in enumerate(chunks):
-        expected = sum(len(q.docids) for q in chunk)
-        if R.shard_rows(R.shard_path(out, i)) == expected:
-            reused += 1
+            if not isinstance(teacher, TeacherSpec):
+                raise CisrankError("--engine ray builds the teacher on every actor: pass its spec")
+            options = ray or RayOptions()
+            ray_mod = stack.enter_context(ray_engine.ray_session(options))
+            res = ray_engine.plan_resources(ray_mod, options)
+            job = TeacherShardJob(teacher)
+            described = ray_engine.describe_remote(ray_mod, job, res)
         else:
-            todo.append(i)
-    pending = set(todo)
-    done_queries = sum(len(chunks[i]) for i in range(n_shards) if i not in pending)
-    if reused:
-        log.info("%s: resuming, %d of %d shards already written", out, reused, n_shards)
-    with tqdm(
-        total=len(source.queries),
-        initial=done_queries,
-        desc=f"teacher {identity['teacher']['teacher']}",
-        unit="query",
-        disable=not progress,
-    ) as bar:
-        for i in todo:
-            cols: dict[str, list[Any]] = {f.name: [] for f in R.SCHEMA}
-            for q in chunks[i]:
-                got = teacher.score(q.qid, q.query, q.docids, q.passages)
-                n = len(q.docids)
-                if len(got.score) != n:
-                    raise RuntimeError(f"teacher returned {len(got.score)} scores for {n} pairs")
-                cols["qid"] += [q.qid] * n
-                cols["docid"] += q.docids
-                cols["query"] += [q.query] * n
-                cols["passage"] += q.passages
-                cols["rank"] += q.ranks
-                cols["score"] += [float(v) for v in got.score]
-                cols["log_conditional"] += got.log_conditional or [None] * n
-                cols["log_prior"] += got.log_prior or [None] * n
-                bar.update(1)
-            R.write_shard(R.shard_path(out, i), cols)
-            written += 1
+            if isinstance(teacher, TeacherSpec):
+                teacher = teacher.load()
+            described = teacher.describe()
+        identity = _identity(source, described, shard_pairs)
+        done = _claim(out, identity, overwrite)
+        chunks = shard_plan(source, shard_pairs)
+        n_shards = len(chunks)
+        if done is not None:
+            log.info("%s: already complete (%d pairs)", out, done["pairs"])
+            return GenerateResult(out, done, 0, n_shards)
+
+        started = time.perf_counter()
+        written = reused = 0
+        todo = []
+        for i, chunk in enumerate(chunks):
+            expected = sum(len(q.docids) for q in chunk)
+            if R.shard_rows(R.shard_path(out, i)) == expected:
+                reused += 1
+            else:
+                todo.append(i)
+        pending = set(todo)
+        done_queries = sum(len(chunks[i]) for i in range(n_shards) if i not in pending)
+        if reused:
+            log.info("%s: resuming, %d of %d shards already written", out, reused, n_shards)
+        with tqdm(
+            total=len(source.queries),
+            initial=done_queries,
+            desc=f"teacher {identity['teacher']['teacher']}"
+            + (" (ray)" if engine == "ray" else ""),
+            unit="query",
+            disable=not progress,
+        ) as bar:
+            if engine == "local":
+                assert not isinstance(teacher, TeacherSpec)
+                for i in todo:
+                    cols: dict[str, list[Any]] = {f.name: [] for f in R.SCHEMA}
+                    for q in chunks[i]:
+                        got = _query_columns(teacher, q.qid, q.query, q.docids, q.passages, q.ranks)
+                        for name, values in got.items():
+                            cols[name] += values
+                        bar.update(1)
+                    R.write_shard(R.shard_path(out, i), cols)
+                    written += 1
+            else:
+
+                def write(shard: int, table: Any) -> None:
+                    R.write_shard(
+                        R.shard_path(out, shard), table.select(R.SCHEMA.names).to_pydict()
+                    )
+                    bar.update(len(chunks[shard]))
+
+                blocks = [_shard_block(i, chunks[i]) for i in todo]
+                expected_rows = {i: sum(len(q.docids) for q in chunks[i]) for i in todo}
+                wrapped = job_wrapper(job) if job_wrapper is not None else job
+                written = ray_engine.run_shards(
+                    ray_mod, blocks, wrapped, options, res, expected_rows, write
+                )
 
     scores = R.read_rows_unchecked(out).column("score").to_numpy()
     manifest = {
@@ -157,6 +283,7 @@ def generate(
             "max": float(np.max(scores)),
         },
         "cisrank_version": __version__,
+        "engine": engine,
         "seconds_this_run": round(time.perf_counter() - started, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -127,6 +127,27 @@ class ScoresFileTeacher:
         return TeacherScores(values)
 
 
+@dataclass(frozen=True)
+class TeacherSpec:
+    """How to build a teacher (`load_teacher`'s arguments), not the teacher: what travels to
+    each Ray actor, which builds its own (`load()`) and keeps its model loaded."""
+
+    name: str
+    model: str | None = None
+    scores_file: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(
+        cls, name: str, model: str | None = None, scores_file: str | Path | None = None, **options
+    ) -> TeacherSpec:
+        kept = tuple(sorted((k, v) for k, v in options.items() if v is not None))
+        return cls(name, model, None if scores_file is None else str(scores_file), kept)
+
+    def load(self) -> Teacher:
+        return load_teacher(self.name, self.model, self.scores_file, **dict(self.options))
+
+
 def load_teacher(
     name: str, model: str | None = None, scores_file: str | Path | None = None, **options: Any
 ) -> Teacher:

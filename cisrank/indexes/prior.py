@@ -21,10 +21,13 @@ interrupted run committed and computes only the rest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import json
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
@@ -32,12 +35,27 @@ from tqdm.auto import tqdm
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
 from cisrank.errors import CisrankError
+from cisrank.ray_engine import (
+    POS,
+    SHARD,
+    RayOptions,
+    check_engine,
+    describe_remote,
+    plan_resources,
+    ray_session,
+    run_shards,
+)
+from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
 
 log = logging.getLogger(__name__)
 
 PRIOR_FILE = "priors.sqlite"
 DEFAULT_BATCH_SIZE = 256
+DEFAULT_SHARD_SIZE = 4096
+"""Passages per shard of a Ray build (a multiple of the batch size keeps the engine's batches
+those of a local build): the unit of work an actor takes and of what a rerun keeps."""
+SHARD_DIR = "shards"
 
 
 class PriorIndexConfig(IndexConfig):
@@ -89,8 +107,15 @@ def build_prior(
     device: str | None = None,
     batch_size: int | None = None,
     batch_tokens: int | None = None,
+    engine: str | None = None,
+    ray: RayOptions | None = None,
+    shard_size: int | None = None,
+    job_wrapper: Callable[[Any], Any] | None = None,
 ) -> BuildOutput:
     """Stream the corpus in batches and store log p(K) of every passage not stored yet.
+
+    `engine="ray"` scores the corpus on a Ray actor pool instead, into the Parquet prior table
+    `priors.parquet` (see `build_prior_ray`).
 
     A passage is its `contents` (title and text), the text retrievers return for reranking.
     `batch_size` passages are looked up, scored and committed together, so at most one batch of
@@ -105,8 +130,23 @@ def build_prior(
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
     if batch_size < 1:
         raise CisrankError(f"batch_size must be >= 1, got {batch_size}")
+    if check_engine(engine) == "ray":
+        return build_prior_ray(
+            reader,
+            out,
+            config,
+            resume=resume,
+            progress=progress,
+            device=device,
+            batch_size=batch_size,
+            batch_tokens=batch_tokens,
+            ray_options=ray or RayOptions(),
+            shard_size=shard_size,
+            job_wrapper=job_wrapper,
+        )
+    (out / TABLE_FILE).unlink(missing_ok=True)  # a Ray build's table, if the engine changed
     # The model first: a bad --model fails before any file of the index is written.
-    engine = CausalLMEngine(
+    lm = CausalLMEngine(
         config.model, device=device, dtype=config.dtype, batch_tokens=batch_tokens
     )
     store = PriorStore(out / PRIOR_FILE)
@@ -116,7 +156,7 @@ def build_prior(
             max_doc_tokens=config.max_doc_tokens,
             normalize="sum",
             prior_store=store,
-            engine=engine,
+            engine=lm,
         )
         fingerprint = reranker.store_fingerprint
         stored_before = store.count(fingerprint)
@@ -139,19 +179,225 @@ def build_prior(
     return BuildOutput(
         files=[PRIOR_FILE],
         mutable=[PRIOR_FILE],  # a CIS reranker with --prior-store adds the priors it computes
-        params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": engine.batch_tokens},
+        params={
+            **config.model_dump(),
+            "batch_size": batch_size,
+            "batch_tokens": lm.batch_tokens,
+        },
         libraries=library_versions("transformers", "torch", "tokenizers"),
         model={
             "name": config.model,
-            "fingerprint": engine.fingerprint(),
+            "fingerprint": lm.fingerprint(),
             "store_fingerprint": fingerprint,
-            "dtype": str(engine.dtype).removeprefix("torch."),
-            "device": str(engine.device),
+            "dtype": str(lm.dtype).removeprefix("torch."),
+            "device": str(lm.device),
         },
         extra={
             "passages": passages,
             "priors_computed": computed,
             "priors_reused": reused,
+            "priors_stored": stored,
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------- Ray engine
+
+
+@dataclass(frozen=True)
+class PriorShardJob:
+    """The prior job's scoring as Ray actors run it: the CIS reranker's own prior path
+    (`CISReranker.summed_log_priors`) over each shard, `batch_size` passages at a time, as the
+    local job does; the results are the prior table's rows."""
+
+    model: str
+    max_doc_tokens: int
+    dtype: str | None
+    batch_size: int
+    batch_tokens: int | None = None
+    device: str | None = None
+
+    def load(self) -> Any:
+        from cisrank.rerank.causal_lm import CausalLMEngine
+        from cisrank.rerank.cis import CISReranker
+
+        engine = CausalLMEngine(
+            self.model, device=self.device, dtype=self.dtype, batch_tokens=self.batch_tokens
+        )
+        # no prior store: the priors a shard repeats are kept in the reranker's memory
+        return CISReranker(
+            self.model, max_doc_tokens=self.max_doc_tokens, normalize="sum", engine=engine
+        )
+
+    def describe(self, reranker: Any) -> dict[str, Any]:
+        engine = reranker.engine
+        return {
+            "fingerprint": engine.fingerprint(),
+            "store_fingerprint": reranker.store_fingerprint,
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "device": str(engine.device),
+            "batch_tokens": engine.batch_tokens,
+        }
+
+    def score(self, reranker: Any, batch: Any) -> Any:
+        import pyarrow as pa
+
+        from cisrank.rerank.prior_store import passage_key
+        from cisrank.rerank.prior_table import prior_rows, table_schema
+
+        texts = batch.column("text").to_pylist()
+        items: list[tuple[str, float, int]] = []
+        for start in range(0, len(texts), self.batch_size):
+            docs = reranker.passage_ids(texts[start : start + self.batch_size])
+            logprobs = reranker.summed_log_priors(docs)
+            items += [(passage_key(d), lp, len(d)) for d, lp in zip(docs, logprobs, strict=True)]
+        table = pa.table(prior_rows(reranker.store_fingerprint, items), schema=table_schema())
+        return table.append_column(SHARD, batch.column(SHARD)).append_column(POS, batch.column(POS))
+
+
+def _shard_path(folder: Path, index: int) -> Path:
+    return folder / f"prior-{index:05d}.parquet"
+
+
+def _prior_shard_ok(path: Path, rows: int, fingerprint: str) -> bool:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=["fingerprint"])
+    except (OSError, ValueError):
+        return False
+    if table.num_rows != rows:
+        return False
+    return rows == 0 or pc.all(pc.equal(table.column(0), fingerprint)).as_py() is True
+
+
+def build_prior_ray(
+    reader: CorpusReader,
+    out: Path,
+    config: PriorIndexConfig,
+    *,
+    resume: bool,
+    progress: bool,
+    device: str | None,
+    batch_size: int,
+    batch_tokens: int | None,
+    ray_options: RayOptions,
+    shard_size: int | None = None,
+    job_wrapper: Callable[[Any], Any] | None = None,
+) -> BuildOutput:
+    """log p(K) of every passage on a Ray actor pool, into the Parquet prior table.
+
+    The corpus is cut into shards of `shard_size` passages; each shard missing from `shards/`
+    is one block for the actors, and its rows are written to `shards/prior-NNNNN.parquet`
+    (temp file and rename) once they are all back. A rerun keeps every shard file of the same
+    store fingerprint and shard size, so only the missing shards are scored. When all are
+    there, they are joined into `priors.parquet` (sorted by key, one row per distinct passage),
+    and the shards are removed; the driver writes the manifest after that.
+
+    `job_wrapper` wraps the actors' job (tests use it to count or kill actors).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cisrank.fileio import atomic_write_bytes, atomic_write_text
+    from cisrank.rerank.prior_table import write_prior_table
+
+    shard_size = DEFAULT_SHARD_SIZE if shard_size is None else int(shard_size)
+    if shard_size < 1:
+        raise CisrankError(f"shard_size must be >= 1, got {shard_size}")
+    base = PriorShardJob(
+        str(config.model), config.max_doc_tokens, config.dtype, batch_size, batch_tokens, device
+    )
+    job = job_wrapper(base) if job_wrapper is not None else base
+    shard_dir = out / SHARD_DIR
+    with ray_session(ray_options) as ray:
+        res = plan_resources(ray, ray_options)
+        info = describe_remote(ray, base, res)
+        fingerprint = info["store_fingerprint"]
+        meta = {"store_fingerprint": fingerprint, "shard_size": shard_size}
+        meta_path = shard_dir / "meta.json"
+        if shard_dir.exists():
+            same = resume and meta_path.is_file() and json.loads(meta_path.read_text()) == meta
+            if not same:
+                log.info("%s: discarding shards of a different build", shard_dir)
+                shutil.rmtree(shard_dir)
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(meta_path, json.dumps(meta, sort_keys=True))
+
+        blocks: list[Any] = []
+        expected: dict[int, int] = {}
+        counts: list[int] = []
+        passages = 0
+        for i, texts in enumerate(_batched((p.contents for p in reader), shard_size)):
+            counts.append(len(texts))
+            passages += len(texts)
+            if _prior_shard_ok(_shard_path(shard_dir, i), len(texts), fingerprint):
+                continue
+            expected[i] = len(texts)
+            blocks.append(
+                pa.table(
+                    {
+                        SHARD: pa.array([i] * len(texts), pa.int64()),
+                        POS: pa.array(range(len(texts)), pa.int64()),
+                        "text": pa.array(texts, pa.string()),
+                    }
+                )
+            )
+        reused = len(counts) - len(blocks)
+        if reused:
+            log.info("%s: resuming, %d of %d shards already scored", out, reused, len(counts))
+
+        with tqdm(
+            total=passages,
+            initial=passages - sum(expected.values()),
+            desc="prior (ray)",
+            unit="passage",
+            disable=not progress,
+        ) as bar:
+
+            def write(shard: int, table: Any) -> None:
+                sink = pa.BufferOutputStream()
+                pq.write_table(table.drop_columns([SHARD, POS]), sink, compression="zstd")
+                atomic_write_bytes(_shard_path(shard_dir, shard), sink.getvalue().to_pybytes())
+                bar.update(table.num_rows)
+
+            scored = run_shards(ray, blocks, job, ray_options, res, expected, write)
+
+    parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(len(counts))]
+    if parts:
+        joined = pa.concat_tables(parts)
+    else:
+        from cisrank.rerank.prior_table import table_schema
+
+        joined = table_schema().empty_table()
+    stored = write_prior_table(out / TABLE_FILE, joined)
+    (out / PRIOR_FILE).unlink(missing_ok=True)  # a local build's store, if the engine changed
+    shutil.rmtree(shard_dir)
+    log.info("%s: %d passages, %d priors in %s", out, passages, stored, TABLE_FILE)
+    return BuildOutput(
+        files=[TABLE_FILE],
+        params={
+            **config.model_dump(),
+            "batch_size": batch_size,
+            "batch_tokens": info["batch_tokens"],
+        },
+        libraries=library_versions("transformers", "torch", "tokenizers", "ray", "pyarrow"),
+        model={
+            "name": config.model,
+            "fingerprint": info["fingerprint"],
+            "store_fingerprint": fingerprint,
+            "dtype": info["dtype"],
+            "device": info["device"],
+        },
+        extra={
+            "engine": "ray",
+            "actors": res.actors,
+            "shard_size": shard_size,
+            "shards": len(counts),
+            "shards_scored": scored,
+            "shards_reused": reused,
+            "passages": passages,
             "priors_stored": stored,
         },
     )

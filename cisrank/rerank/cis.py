@@ -33,6 +33,7 @@ from cisrank.errors import CisrankError
 from cisrank.rerank.base import BaseReranker
 from cisrank.rerank.causal_lm import CausalLMEngine
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
+from cisrank.rerank.prior_table import Priors, open_prior_store
 from cisrank.rerank.templates import (
     CHAT,
     FORWARD_TEMPLATES,
@@ -71,7 +72,12 @@ class CISRerankerConfig(ComponentConfig):
     )
     device: str | None = None
     dtype: str | None = None
-    prior_store: str | None = Field(default=None, description="SQLite file of stored log p(K).")
+    prior_store: str | None = Field(
+        default=None,
+        description="Stored log p(K): a SQLite file (created if absent, caches new passages), a "
+        "Parquet prior table or a prior index folder (read-only), or several comma-separated "
+        "(tables first, one SQLite file last).",
+    )
     normalize: Literal["sum", "mean"] = "sum"
     padding_side: Literal["right", "left"] = "right"
 
@@ -105,14 +111,14 @@ class CISReranker(BaseReranker):
         max_doc_tokens: int | None = None,
         batch_size: int | None = None,
         device: str | None = None,
-        prior_store: PriorStore | str | Path | None = None,
+        prior_store: Priors | PriorStore | str | Path | None = None,
         normalize: str | None = None,
         *,
         config: CISRerankerConfig | None = None,
         engine: CausalLMEngine | None = None,
         **overrides,
     ) -> None:
-        store_obj = prior_store if isinstance(prior_store, PriorStore) else None
+        store_obj = None if isinstance(prior_store, (str, Path)) else prior_store
         changes = dict(
             model=model,
             template=template,
@@ -135,9 +141,9 @@ class CISReranker(BaseReranker):
         )
         self.model_name = self.config.model if engine is None else engine.model_name
         if store_obj is not None:
-            self.prior_store: PriorStore | None = store_obj
+            self.prior_store: Priors | None = store_obj
         elif self.config.prior_store:
-            self.prior_store = PriorStore(self.config.prior_store)
+            self.prior_store = open_prior_store(self.config.prior_store)
         else:
             self.prior_store = None
         self._memory_priors: dict[str, tuple[float, int]] = {}

@@ -22,9 +22,10 @@ import logging
 import math
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 from pydantic import Field
@@ -145,54 +146,100 @@ def build_dense(
     resume: bool,
     progress: bool,
     device: str | None = None,
+    engine: str | None = None,
+    ray: Any = None,
+    job_wrapper: Callable[[Any], Any] | None = None,
 ) -> BuildOutput:
-    """Encode in resumable shards, join, build FAISS, write the document store."""
+    """Encode in resumable shards, join, build FAISS, write the document store.
+
+    `engine="ray"` encodes the missing shards on a Ray actor pool (`ray`: the engine's
+    `RayOptions`; `job_wrapper` wraps the actors' job, for tests); the shards, the join, FAISS
+    and the document store are the same as a local build's, so a build interrupted on one
+    engine resumes on the other.
+    """
     from cisrank.devices import resolve_device, resolve_dtype
     from cisrank.models.encoders import dtype_name, load_sentence_transformer
 
+    engine = engine or "local"
+    if engine not in ("local", "ray"):
+        raise CisrankError(f"--engine must be one of local, ray, not '{engine}'")
     corpus = reader.load()
     faiss = _faiss()
     model_path = resolve_model(config.model)
     fingerprint = model_fingerprint(model_path)
-    # Resolved once, before any shard: the precision decides the embeddings, so shards encoded
-    # in another one (a rerun on another device) are not reused, and the manifest records it.
-    dtype = resolve_dtype(config.dtype, resolve_device(device))
-    shard_dir = out / SHARD_DIR
-    meta = {
-        "model_fingerprint": fingerprint,
-        "passages": len(corpus),
-        "params": config.model_dump(),
-        "dtype": dtype_name(dtype),
-    }
-    meta_path = shard_dir / "meta.json"
-    if shard_dir.exists():
-        same = resume and meta_path.is_file() and json.loads(meta_path.read_text()) == meta
-        if not same:
-            log.info("%s: discarding shards of a different build", shard_dir)
-            shutil.rmtree(shard_dir)
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(meta_path, json.dumps(meta, sort_keys=True))
+    with ExitStack() as stack:  # a Ray cluster started for the build stops after it
+        if engine == "ray":
+            # The actors' device decides the precision (a GPU: bf16), so it is resolved there.
+            from cisrank import ray_engine
 
-    shard_size = config.shard_size
-    n_shards = math.ceil(len(corpus) / shard_size)
-    spans = [(i, i * shard_size, min(len(corpus), (i + 1) * shard_size)) for i in range(n_shards)]
-    todo = [s for s in spans if not _shard_ok(shard_dir / f"emb-{s[0]:05d}.npy", s[2] - s[1])]
-    done_rows = len(corpus) - sum(end - start for _, start, end in todo)
-    reused = n_shards - len(todo)
-    if reused:
-        log.info("resuming: %d of %d shards already encoded", reused, n_shards)
-    encoder = None
-    with tqdm(
-        total=len(corpus), initial=done_rows, desc="encode", unit="passage", disable=not progress
-    ) as bar:
-        for i, start, end in todo:
-            if encoder is None:
-                encoder = load_sentence_transformer(
-                    model_path, device, config.max_seq_length, dtype
+            ray_options = ray or ray_engine.RayOptions()
+            ray_mod = stack.enter_context(ray_engine.ray_session(ray_options))
+            res = ray_engine.plan_resources(ray_mod, ray_options)
+            base_job = DenseShardJob(model_path, config, device)
+            dtype_label = ray_engine.describe_remote(ray_mod, base_job, res)["dtype"]
+        else:
+            # Resolved once, before any shard: the precision decides the embeddings, so shards
+            # encoded in another one (a rerun on another device) are not reused, and the manifest
+            # records it.
+            dtype_label = dtype_name(resolve_dtype(config.dtype, resolve_device(device)))
+        shard_dir = out / SHARD_DIR
+        meta = {
+            "model_fingerprint": fingerprint,
+            "passages": len(corpus),
+            "params": config.model_dump(),
+            "dtype": dtype_label,
+        }
+        meta_path = shard_dir / "meta.json"
+        if shard_dir.exists():
+            same = resume and meta_path.is_file() and json.loads(meta_path.read_text()) == meta
+            if not same:
+                log.info("%s: discarding shards of a different build", shard_dir)
+                shutil.rmtree(shard_dir)
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(meta_path, json.dumps(meta, sort_keys=True))
+
+        shard_size = config.shard_size
+        n_shards = math.ceil(len(corpus) / shard_size)
+        spans = [
+            (i, i * shard_size, min(len(corpus), (i + 1) * shard_size)) for i in range(n_shards)
+        ]
+        todo = [s for s in spans if not _shard_ok(shard_dir / f"emb-{s[0]:05d}.npy", s[2] - s[1])]
+        done_rows = len(corpus) - sum(end - start for _, start, end in todo)
+        reused = n_shards - len(todo)
+        if reused:
+            log.info("resuming: %d of %d shards already encoded", reused, n_shards)
+        encoder = None
+        scored = 0
+        with tqdm(
+            total=len(corpus),
+            initial=done_rows,
+            desc="encode" if engine == "local" else "encode (ray)",
+            unit="passage",
+            disable=not progress,
+        ) as bar:
+            if engine == "local":
+                for i, start, end in todo:
+                    if encoder is None:
+                        encoder = load_sentence_transformer(
+                            model_path, device, config.max_seq_length, config.dtype
+                        )
+                    emb = _encode(encoder, corpus.texts[start:end], config, config.passage_prefix)
+                    _save_npy(shard_dir / f"emb-{i:05d}.npy", emb)
+                    bar.update(end - start)
+                    scored += 1
+            else:
+                scored = _encode_ray(
+                    ray_engine,
+                    ray_mod,
+                    ray_options,
+                    res,
+                    base_job,
+                    job_wrapper,
+                    corpus.texts,
+                    todo,
+                    shard_dir,
+                    bar,
                 )
-            emb = _encode(encoder, corpus.texts[start:end], config, config.passage_prefix)
-            _save_npy(shard_dir / f"emb-{i:05d}.npy", emb)
-            bar.update(end - start)
 
     embeddings = np.concatenate([np.load(shard_dir / f"emb-{i:05d}.npy") for i, _, _ in spans])
     _save_npy(out / EMBEDDINGS_FILE, embeddings)
@@ -213,10 +260,80 @@ def build_dense(
             "path": model_path,
             "fingerprint": fingerprint,
             "dimension": int(embeddings.shape[1]),
-            "dtype": dtype_name(dtype),
+            "dtype": dtype_label,
         },
-        extra={"shards": n_shards, "shards_reused": reused},
+        extra={
+            "engine": engine,
+            "shards": n_shards,
+            "shards_reused": reused,
+            "shards_scored": scored,
+        },
     )
+
+
+class DenseShardJob:
+    """Dense encoding as Ray actors run it: the local build's encoder and `_encode` over each
+    shard; the result rows are the embeddings, one fixed-size list per passage."""
+
+    def __init__(self, model_path: str, config: DenseIndexConfig, device: str | None) -> None:
+        self.model_path = str(model_path)
+        self.config = config
+        self.device = device
+
+    def load(self) -> Any:
+        from cisrank.models.encoders import load_sentence_transformer
+
+        return load_sentence_transformer(
+            self.model_path, self.device, self.config.max_seq_length, self.config.dtype
+        )
+
+    def describe(self, encoder: Any) -> dict[str, Any]:
+        from cisrank.models.encoders import dtype_name
+
+        return {"dtype": dtype_name(next(encoder.parameters()).dtype)}
+
+    def score(self, encoder: Any, batch: Any) -> Any:
+        import pyarrow as pa
+
+        texts = batch.column("text").to_pylist()
+        emb = _encode(encoder, texts, self.config, self.config.passage_prefix)
+        values = pa.array(emb.reshape(-1), pa.float32())
+        return pa.table(
+            {
+                "shard": batch.column("shard"),
+                "pos": batch.column("pos"),
+                "embedding": pa.FixedSizeListArray.from_arrays(values, emb.shape[1]),
+            }
+        )
+
+
+def _encode_ray(
+    ray_engine, ray, options, res, base_job, job_wrapper, texts, todo, shard_dir, bar
+) -> int:
+    """The shards in `todo` encoded by the actor pool, each saved as the local build saves it."""
+    import pyarrow as pa
+
+    blocks = [
+        pa.table(
+            {
+                ray_engine.SHARD: pa.array([i] * (end - start), pa.int64()),
+                ray_engine.POS: pa.array(range(end - start), pa.int64()),
+                "text": pa.array(texts[start:end], pa.string()),
+            }
+        )
+        for i, start, end in todo
+    ]
+    expected = {i: end - start for i, start, end in todo}
+
+    def write(shard: int, table: Any) -> None:
+        column = table.column("embedding").combine_chunks()
+        dim = column.type.list_size
+        emb = column.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        _save_npy(shard_dir / f"emb-{shard:05d}.npy", np.ascontiguousarray(emb, np.float32))
+        bar.update(table.num_rows)
+
+    job = job_wrapper(base_job) if job_wrapper is not None else base_job
+    return ray_engine.run_shards(ray, blocks, job, options, res, expected, write)
 
 
 class DenseRetriever:

@@ -69,6 +69,23 @@ def test_compose_file():
     assert ServerConfig.load(ROOT / host_cfg).rerankers["dense"].kind == "dense"
 
 
+def test_compose_ray_services():
+    """A Ray head, workers that join it, and a job driver whose --engine ray joins the head."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    head, worker, job = services["ray-head"], services["ray-worker"], services["ray-job"]
+    assert head["entrypoint"] == worker["entrypoint"] == ["ray"]
+    assert head["command"][:2] == ["start", "--head"] and "--port=6379" in head["command"]
+    assert "--address=ray-head:6379" in worker["command"] and "--block" in worker["command"]
+    assert job["environment"]["RAY_ADDRESS"] == "ray-head:6379"
+    for svc in (head, worker, job):
+        assert svc["profiles"] == ["ray"] and svc["shm_size"]
+        assert "model-cache:/models" in svc["volumes"]
+        assert "ray" in svc["build"]["args"]["EXTRAS"]  # the image has Ray and its CLI
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG EXTRAS=" in dockerfile and '".[${EXTRAS}]"' in dockerfile
+
+
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="no docker-compose client")
 def test_compose_config_validates():  # pragma: no cover - only where the client exists
     proc = subprocess.run(
