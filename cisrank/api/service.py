@@ -27,6 +27,8 @@ from cisrank.api.batching import BatchScorer, QueueFullError, ScoringFailed, Sco
 from cisrank.api.config import RerankerSpec, ServerConfig
 from cisrank.api.metrics import Metrics
 from cisrank.api.schemas import (
+    ContextRequest,
+    ContextResponse,
     DocumentIn,
     IndexCard,
     ModelCard,
@@ -393,6 +395,13 @@ class RankingService:
             results=results,
             usage=Usage(documents=len(texts), truncated_documents=truncated),
         )
+
+    async def context(self, body: ContextRequest) -> ContextResponse:
+        """Arrange `documents` into a RAG prompt with a CIS reranker's causal LM, gauge it
+        (`cisrank.api.assembly`)."""
+        from cisrank.api.assembly import assemble_context
+
+        return await assemble_context(self, body)
 
     async def search(self, body: SearchRequest) -> SearchResponse:
         """First-stage search over a configured index, optionally reranked."""
