@@ -138,14 +138,15 @@ class EnsembleDecoder:
         stop_at_eos: bool = True,
         trace: bool = False,
     ) -> Generation:
-        """Decode an answer; `scores` (reranker scores, one per passage) are needed by `replug`.
+        """Decode an answer; `scores` (reranker scores, one per passage) are needed by `replug`;
+        `naive` with no passages answers closed-book (the template with no documents).
         With `trace`, every step's merged log-probabilities are kept (V floats a step)."""
         if decoding not in DECODINGS:
             raise CisrankError(f"unknown decoding {decoding!r}: use one of {', '.join(DECODINGS)}")
         if max_new_tokens < 1:
             raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         passages = list(passages)
-        if not passages:
+        if not passages and decoding != "naive":  # naive with none: the closed-book answer
             raise CisrankError("no passages to decode with: give at least one")
         fixed: torch.Tensor | None = None
         if decoding == "replug":
