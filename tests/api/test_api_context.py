@@ -271,3 +271,37 @@ def test_noise_from_a_served_index(make_client, cis):
     assert out["ids"] == [p.docid for p in want] + ["d1", "d0"]
     assert [n["text"] for n in out["noise"]] == [p.text for p in want]
     assert out["usage"]["noise"] == 3
+
+
+def test_reserve_admits_like_a_score_request():
+    from cisrank.api.batching import BatchScorer, QueueFullError
+
+    scorer = BatchScorer(OverlapReranker(), "m", BatchingConfig(max_queue=2, max_inflight_cost=100))
+
+    async def run():
+        async with scorer.reserve(60):
+            assert (scorer.depth, scorer.inflight_cost) == (1, 60)
+            with pytest.raises(QueueFullError, match="budget of 100"):
+                async with scorer.reserve(41):
+                    pass
+            async with scorer.reserve(40):  # fits the budget; now the queue is full
+                with pytest.raises(QueueFullError, match="2 requests are already waiting"):
+                    await scorer.score("q", ["p"])
+        assert (scorer.depth, scorer.inflight_cost) == (0, 0)
+        async with scorer.reserve(10_000):  # nothing in flight: always admitted
+            pass
+        await scorer.aclose()
+        with pytest.raises(QueueFullError, match="shutting down"):
+            async with scorer.reserve(1):
+                pass
+
+    asyncio.run(run())
+
+
+def test_a_request_past_its_timeout_is_503_with_retry_after(make_client, cis):
+    client = make_client({"cis": cis}, batching=BatchingConfig(request_timeout_s=0.001))
+    r = client.post(
+        "/v1/context", json={"query": QUESTION, "documents": _docs(5), "arrange": "curvature"}
+    )
+    assert r.status_code == 503 and r.json()["error"] == "timeout", r.text
+    assert r.headers["retry-after"] == "1"
