@@ -305,3 +305,37 @@ def test_a_request_past_its_timeout_is_503_with_retry_after(make_client, cis):
     )
     assert r.status_code == 503 and r.json()["error"] == "timeout", r.text
     assert r.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+def test_fuzzed_context_requests_never_get_a_5xx(cis, mode):
+    """Schemathesis cases for /v1/context alone, scored by the tiny CIS reranker for real."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.generation import GenerationMode
+
+    from cisrank.api.config import Limits
+
+    limits = Limits(max_documents=4, max_document_chars=120, max_query_chars=60)
+    app = create_app(config_for(["cis"], limits=limits), rerankers={"cis": cis}, api_keys=[])
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    (op,) = [r.ok() for r in schema.get_all_operations() if r.ok().path == "/v1/context"]
+    gen = GenerationMode.POSITIVE if mode == "positive" else GenerationMode.NEGATIVE
+    seen: dict[int, int] = {}
+
+    @given(case=op.as_strategy(generation_mode=gen))
+    @settings(
+        max_examples=20,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(case):
+        response = case.call()
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        assert response.status_code < 500, (case.body, response.text)
+
+    check()
+    # the fuzzing reached the model (positive) and the validators (negative)
+    assert 200 in seen if mode == "positive" else any(400 <= s < 500 for s in seen)
