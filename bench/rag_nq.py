@@ -69,18 +69,21 @@ DATA_FILE = "nq-open-lim/nq-open-oracle.first2000.jsonl.gz"
 
 
 # ---------------------------------------------------------------------------- answers
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
 def normalize_answer(text: str) -> str:
     """Lower case, no punctuation, no articles, single spaces (SQuAD's `normalize_answer`, as
     the lost-in-the-middle and Power-of-Noise code score NQ)."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = text.lower().translate(_NO_PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
 
-def has_answer(text: str, answers: Sequence[str]) -> bool:
-    """Whether any normalized answer is a substring of the normalized text."""
-    norm = normalize_answer(text)
+def has_answer(text: str, answers: Sequence[str], normalized: bool = False) -> bool:
+    """Whether any normalized answer is a substring of the normalized text (`normalized`: the
+    text is normalized already)."""
+    norm = text if normalized else normalize_answer(text)
     return any((a := normalize_answer(ans)) and a in norm for ans in answers)
 
 
@@ -128,6 +131,7 @@ class Pool:
             if q.gold.text not in seen:
                 seen[q.gold.text] = len(self.passages)
                 self.passages.append(q.gold)
+        self.normalized = [normalize_answer(p.contents) for p in self.passages]
         self.bm25 = MemoryBM25(
             [p.contents for p in self.passages], [p.docid for p in self.passages]
         )
@@ -138,7 +142,7 @@ class Pool:
         return [
             i
             for i, p in enumerate(self.passages)
-            if p.text not in banned and not has_answer(p.contents, q.answers)
+            if p.text not in banned and not has_answer(self.normalized[i], q.answers, True)
         ]
 
     def random(self, q: Question, n: int, rng: random.Random, exclude=()) -> list[Passage]:

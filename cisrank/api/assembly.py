@@ -1,5 +1,6 @@
-"""`POST /v1/context`: arrange a query's passages into a RAG prompt with a served CIS reranker's
-causal LM, apart from HTTP (no web framework here, like `cisrank.api.service`).
+"""`POST /v1/context` (and `/v1/generate`): arrange a query's passages into a RAG prompt with a
+served CIS reranker's causal LM (and answer over them), apart from HTTP (no web framework here,
+like `cisrank.api.service`).
 
 What a request means is `cisrank.context.ContextAssembler.arrange` (the library; this module
 adds nothing to its results): the same order, per-passage scores, scored candidates, gauge and
@@ -26,6 +27,7 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +45,9 @@ from cisrank.api.schemas import (
     ContextRequest,
     ContextResponse,
     ContextUsage,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateUsage,
     NoiseOut,
 )
 from cisrank.api.service import (
@@ -57,6 +62,7 @@ from cisrank.errors import CisrankError, DataError
 
 if TYPE_CHECKING:
     from cisrank.context import AssembledContext, ContextAssembler, ContextTemplate, Prompt
+    from cisrank.context.decoding import Generation
 
 T = TypeVar("T")
 
@@ -122,7 +128,7 @@ def _passages(
     return out
 
 
-def _template(body: ContextRequest, max_chars: int) -> ContextTemplate:
+def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> ContextTemplate:
     from cisrank.context import resolve_template
 
     if len(body.template) > max_chars:
@@ -247,7 +253,10 @@ async def _in_model(
 
 
 def _prepare(
-    engine: Any, template: ContextTemplate, body: ContextRequest, passages: list[Passage]
+    engine: Any,
+    template: ContextTemplate,
+    body: ContextRequest | GenerateRequest,
+    passages: list[Passage],
 ) -> tuple[ContextAssembler, list[Prompt]]:
     """In the model thread: the assembler (a fresh memo per request) and the search prompts."""
     from cisrank.context import ContextAssembler, search_orders
@@ -258,28 +267,34 @@ def _prepare(
         raise _FieldFault("chat", str(exc)) from None
     if not engine.encode(body.query):
         raise _FieldFault("query", "the query has no tokens for this model")
-    orders = search_orders(body.arrange, len(passages), body.shuffles, body.seed)
+    shuffles, seed = getattr(body, "shuffles", None), getattr(body, "seed", 0)
+    orders = search_orders(body.arrange, len(passages), shuffles, seed)
     return asm, asm.search_prompts(body.query, passages, orders)
 
 
 def _arrange(
-    asm: ContextAssembler, body: ContextRequest, passages: list[Passage], noise: list[Passage]
+    asm: ContextAssembler,
+    body: ContextRequest | GenerateRequest,
+    passages: list[Passage],
+    noise: list[Passage],
 ) -> AssembledContext:
     return asm.arrange(
         body.query,
         passages,
         body.arrange,
-        shuffles_n=body.shuffles,
-        seed=body.seed,
+        shuffles_n=getattr(body, "shuffles", None),
+        seed=getattr(body, "seed", 0),
         noise=noise,
-        pmi=body.pmi,
+        pmi=getattr(body, "pmi", False),
     )
 
 
-async def assemble_context(service: RankingService, body: ContextRequest) -> ContextResponse:
-    """Arrange, pad, render and gauge one request's passages (see the module docstring)."""
-    config = service.config
-    limits = config.limits
+def _common(
+    service: RankingService, body: ContextRequest | GenerateRequest, max_documents: int
+) -> tuple[str, BatchScorer, Any, list[Passage], ContextTemplate]:
+    """The checks both routes make before any model work: (reranker, its scorer, its engine,
+    the passages, the template)."""
+    limits = service.config.limits
     name = _context_reranker(service, body.model)
     scorer = service.scorer(name)
     engine = causal_engine(service.rerankers[name])
@@ -287,15 +302,21 @@ async def assemble_context(service: RankingService, body: ContextRequest) -> Con
         raise InvalidField(
             "query", f"{len(body.query)} characters, over the limit of {limits.max_query_chars}"
         )
-    if len(body.documents) > limits.max_documents:
+    if len(body.documents) > max_documents:
         raise InvalidField(
-            "documents",
-            f"{len(body.documents)} documents, over the limit of {limits.max_documents}",
+            "documents", f"{len(body.documents)} documents, over the limit of {max_documents}"
         )
+    passages = _passages(body.documents, "documents", limits.max_document_chars)
+    return name, scorer, engine, passages, _template(body, limits.max_query_chars)
+
+
+async def assemble_context(service: RankingService, body: ContextRequest) -> ContextResponse:
+    """Arrange, pad, render and gauge one request's passages (see the module docstring)."""
+    config = service.config
+    limits = config.limits
     if body.shuffles is not None and body.shuffles > limits.max_documents:
         raise InvalidField("shuffles", f"{body.shuffles} is over the limit {limits.max_documents}")
-    passages = _passages(body.documents, "documents", limits.max_document_chars)
-    template = _template(body, limits.max_query_chars)
+    name, scorer, engine, passages, template = _common(service, body, limits.max_documents)
     noise = await _noise(service, body, passages)
     prompts_n, cost = request_cost(body, template, passages, noise)
     if cost > limits.max_request_cost:
@@ -344,4 +365,113 @@ async def assemble_context(service: RankingService, body: ContextRequest) -> Con
             prompts_scored=asm.scored_prompts,
             prompt_tokens=len(result.prompt.ids),
         ),
+    )
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+def _generate(
+    asm: ContextAssembler,
+    body: GenerateRequest,
+    passages: list[Passage],
+    deadline: float,
+) -> tuple[list[int], Generation, int]:
+    """In the model thread: the order (naive), the generation, the longest row's prompt."""
+    from cisrank.context.decoding import EnsembleDecoder
+
+    try:
+        decoder = EnsembleDecoder(asm, tau=body.tau, beta=body.beta, layers=body.layers)
+    except CisrankError as exc:
+        raise _FieldFault("layers", str(exc)) from None
+    order = list(range(len(passages)))
+    if body.decoding == "naive" and body.arrange != "ranked":
+        order = _arrange(asm, body, passages, []).order
+    ordered = [passages[i] for i in order]
+    scores = [body.scores[i] for i in order] if body.scores is not None else None
+    if body.decoding == "naive":
+        longest = len(asm.render(body.query, ordered).ids)
+    else:
+        single = asm.template.single()
+        longest = max(len(asm.render(body.query, [p], template=single).ids) for p in ordered)
+    gen = decoder.generate(
+        body.query,
+        ordered,
+        body.decoding,
+        max_new_tokens=body.max_new_tokens,
+        scores=scores,
+        deadline=deadline,
+    )
+    return order, gen, longest
+
+
+async def generate_answer(service: RankingService, body: GenerateRequest) -> GenerateResponse:
+    """Greedy RAG generation over the request's passages, bounded in passages
+    (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
+    (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the model
+    thread, so a timed-out request holds the model for at most one more step)."""
+    from cisrank.context.assemble import SCORED
+    from cisrank.context.decoding import DecodingTimeout
+
+    config = service.config
+    limits = config.limits
+    if body.max_new_tokens > limits.max_new_tokens:
+        raise InvalidField(
+            "max_new_tokens", f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}"
+        )
+    name, scorer, engine, passages, template = _common(service, body, limits.max_generate_documents)
+    if body.decoding == "replug" and (body.scores is None or len(body.scores) != len(passages)):
+        raise InvalidField("scores", "replug needs one score per document")
+    if body.layers is not None and len(body.layers) > engine.num_layers + 1:
+        raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+    k = len(passages)
+    if body.decoding == "naive":
+        rows, prefill = 1, prompt_cost(template, body.query, passages)
+        if body.arrange in SCORED:  # K rotations (or K - 1 shuffles and the input order)
+            prefill *= 1 + k
+    else:
+        rows = k + 1
+        prefill = prompt_cost(template, body.query, [])
+        prefill += sum(prompt_cost(template, body.query, [p]) for p in passages)
+    cost = prefill + rows * body.max_new_tokens
+    if cost > limits.max_request_cost:
+        raise InvalidField(
+            "documents",
+            f"estimated cost {cost} (prompt tokens and rows x new tokens) is over the limit of "
+            f"{limits.max_request_cost}: send fewer or shorter documents, or fewer new tokens",
+        )
+    timeout = config.batching.request_timeout_s
+    deadline = time.monotonic() + timeout
+    try:
+        async with asyncio.timeout(timeout):
+            async with scorer.reserve(cost):
+                asm, prompts = await _in_model(
+                    service, scorer, _prepare, engine, template, body, passages
+                )
+                if body.decoding == "naive":
+                    for chunk in slices(prompts, config.batching.max_batch_tokens):
+                        await _in_model(service, scorer, asm.question_logprobs, chunk)
+                order, gen, longest = await _in_model(
+                    service, scorer, _generate, asm, body, passages, deadline
+                )
+    except QueueFullError as exc:
+        raise Overloaded(f"{exc}: retry later") from None
+    except (TimeoutError, DecodingTimeout):
+        raise TimedOut(f"not generated within {timeout:g} s: retry later") from None
+    doc_ids = [
+        d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
+        for i, d in enumerate(body.documents)
+    ]
+    ordered_ids = [doc_ids[i] for i in order]
+    return GenerateResponse(
+        id=str(uuid.uuid4()),
+        model=name,
+        decoding=body.decoding,
+        order=order,
+        answer=gen.text,
+        tokens=gen.tokens,
+        attribution=[ordered_ids[s.passage] if s.passage is not None else None for s in gen.steps],
+        weights=[s.weights for s in gen.steps],
+        layers=[s.layer for s in gen.steps],
+        usage=GenerateUsage(documents=k, prompt_tokens=longest, generated_tokens=len(gen.tokens)),
     )

@@ -28,6 +28,8 @@ from cisrank.api.errors import ApiError
 from cisrank.api.schemas import (
     ContextRequest,
     ContextResponse,
+    GenerateRequest,
+    GenerateResponse,
     Health,
     ModelList,
     RerankRequest,
@@ -225,3 +227,14 @@ async def context(body: ContextRequest, request: Request) -> ContextResponse:
     service = _service(request)
     with _answering(service):
         return await service.context(body)
+
+
+@router.post(
+    "/v1/generate", response_model=GenerateResponse, dependencies=protected, tags=["context"]
+)
+async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
+    """Answer a question over passages, greedy, with naive or entropy-based decoding (seed
+    004), bounded in passages, new tokens and time."""
+    service = _service(request)
+    with _answering(service):
+        return await service.generate(body)

@@ -250,6 +250,62 @@ class ContextResponse(BaseModel):
     usage: ContextUsage
 
 
+Decoding = Literal["naive", "avg_ens", "replug", "leens", "clehe"]
+
+
+class GenerateRequest(_Request):
+    query: str = Field(min_length=1, description="The question (not blank).")
+    documents: list[str | ContextDocumentIn] = Field(
+        min_length=1, description="The top-K passages, best first."
+    )
+    decoding: Decoding = Field(
+        default="naive",
+        description="naive (all passages in one prompt), or the document-parallel avg_ens, "
+        "replug (weights from `scores`), leens, clehe (entropy-based decoding, seed 004).",
+    )
+    arrange: Arrangement = Field(
+        default="ranked", description="naive: the passages' order in the prompt."
+    )
+    template: str = Field(default="entropy", description="As /v1/context; seed 004's prompts.")
+    fields: dict[str, str] = Field(default_factory=dict)
+    document_format: str | None = None
+    chat: bool = False
+    scores: list[float] | None = Field(
+        default=None, description="replug: one reranker score per document."
+    )
+    tau: float = Field(default=0.25, gt=0, description="LeEns/CLeHe entropy temperature.")
+    beta: float = Field(default=0.25, ge=0, description="CLeHe contrast strength.")
+    layers: list[int] | None = Field(
+        default=None, description="CLeHe candidate layers (default: even layers, last half)."
+    )
+    max_new_tokens: int = Field(default=32, ge=1, description="Most tokens to generate.")
+    model: str | None = Field(default=None, description="A configured cis reranker.")
+
+    _query_not_blank = field_validator("query")(_non_blank)
+
+
+class GenerateUsage(BaseModel):
+    documents: int
+    prompt_tokens: int = Field(description="Tokens of the longest decoded row's prompt.")
+    generated_tokens: int
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    model: str
+    decoding: str
+    order: list[int] = Field(description="naive: the documents' order in the prompt.")
+    answer: str
+    tokens: list[int]
+    attribution: list[str | int | None] = Field(
+        description="Per generated token, the id (or index) of the lowest-entropy document; "
+        "null for naive."
+    )
+    weights: list[list[float]] = Field(description="Per step, the documents' weights.")
+    layers: list[int | None] = Field(description="clehe: per step, the contrast layer l*.")
+    usage: GenerateUsage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

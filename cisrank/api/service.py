@@ -30,6 +30,8 @@ from cisrank.api.schemas import (
     ContextRequest,
     ContextResponse,
     DocumentIn,
+    GenerateRequest,
+    GenerateResponse,
     IndexCard,
     ModelCard,
     ModelList,
@@ -402,6 +404,13 @@ class RankingService:
         from cisrank.api.assembly import assemble_context
 
         return await assemble_context(self, body)
+
+    async def generate(self, body: GenerateRequest) -> GenerateResponse:
+        """Answer over `documents` with naive or entropy-based decoding, bounded in passages,
+        new tokens and time (`cisrank.api.assembly`)."""
+        from cisrank.api.assembly import generate_answer
+
+        return await generate_answer(self, body)
 
     async def search(self, body: SearchRequest) -> SearchResponse:
         """First-stage search over a configured index, optionally reranked."""
