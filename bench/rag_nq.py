@@ -322,38 +322,54 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     decoder = EnsembleDecoder(asm)
     out: dict[str, Any] = {}
     per_question: dict[str, Any] = {}
+    name = args.name or f"rag_nq_q{len(questions)}_k{'-'.join(map(str, args.ks))}"
     t0 = time.perf_counter()
+    done = 0
+
+    def record(complete: bool) -> dict[str, Any]:
+        total = time.perf_counter() - t0
+        return {
+            "command": "bench/rag_nq.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "complete": complete,
+            "model": args.model,
+            "chat": chat,
+            "template": args.template,
+            "modes": args.modes,
+            "noise": args.noise,
+            "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed,
+            "pool_passages": len(pool.passages),
+            "machine": machine(),
+            "device": str(engine.device),
+            "dtype": str(engine.dtype),
+            "model_load_s": load_s,
+            "seconds_total": total,
+            "seconds_per_question_context": total / max(done, 1),
+            "results": out,
+            "per_question": per_question,
+        }
+
     for kind in args.kinds:
         for k in args.ks:
+            key = f"{kind}_k{k}"
             tally = Tally(k)
             for q in questions:
                 asm.clear()
+                started = time.perf_counter()
                 run_question(asm, decoder, pool, q, k, kind, args, tally)
-            out[f"{kind}_k{k}"] = tally.summary()
-            per_question[f"{kind}_k{k}"] = tally.records
-            print(json.dumps({f"{kind}_k{k}": tally.summary()}, indent=1), flush=True)
-    total = time.perf_counter() - t0
-    n_runs = max(1, len(questions) * len(args.kinds) * len(args.ks))
-    payload = {
-        "command": "bench/rag_nq.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "model": args.model,
-        "chat": chat,
-        "template": args.template,
-        "modes": args.modes,
-        "noise": args.noise,
-        "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed,
-        "pool_passages": len(pool.passages),
-        "machine": machine(),
-        "device": str(engine.device),
-        "dtype": str(engine.dtype),
-        "model_load_s": load_s,
-        "seconds_total": total,
-        "seconds_per_question_context": total / n_runs,
-        "results": out,
-        "per_question": per_question,
-    }
-    name = args.name or f"rag_nq_q{len(questions)}_k{'-'.join(map(str, args.ks))}"
+                done += 1
+                # progress, and the figures so far (a long run can be read before it ends)
+                out[key], per_question[key] = tally.summary(), tally.records
+                write_result(name, record(False), args.results_dir)
+                print(
+                    f"{key} question {q.index}: {time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            print(json.dumps({key: tally.summary()}, indent=1), flush=True)
+    payload = record(True)
+    total = payload["seconds_total"]
+    n_runs = max(done, 1)
     path = write_result(name, payload, args.results_dir)
     print(f"wrote {path} ({total / n_runs:.1f} s per question and context)")
     return payload

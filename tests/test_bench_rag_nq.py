@@ -85,7 +85,7 @@ def test_smoke_run_writes_its_figures(rag_nq, nq_file, tiny_gpt2_dir, tmp_path):
         ]
     )  # fmt: skip
     record = json.loads((tmp_path / "rag_nq_smoke.json").read_text())
-    assert record["results"]["results"] == payload["results"]
+    assert record["results"]["results"] == payload["results"] and record["results"]["complete"]
     assert set(payload["results"]) == {"random_k3", "related_k3"}
     for key, res in payload["results"].items():
         assert res["questions"] == 2 and res["chance_gold_first"] == pytest.approx(1 / 3)
