@@ -66,6 +66,7 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/cis_engine.py
 	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
 	$(PY) bench/cis_engine.py --model smollm2-135m-instruct --queries 2 --passages 20 --memory-passages 0
+	$(PY) bench/context_speed.py
 	$(PY) bench/cross_encoder.py
 	$(PY) bench/retrieval.py
 	$(PY) bench/load.py

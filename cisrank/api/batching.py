@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -303,6 +303,40 @@ class BatchScorer:
         except BaseException:  # the client went away (CancelledError): stop working for it
             self._cancel(job)
             raise
+
+    @contextlib.asynccontextmanager
+    async def reserve(self, cost: int) -> AsyncIterator[None]:
+        """Admit work that runs in this model's thread through `call` instead of the batch
+        queue (RAG context assembly: prompts of their own shape, scored in slices), under the
+        rules of `score`: inside the block it counts as one request toward `max_queue` and as
+        `cost` estimated tokens toward `max_inflight_cost`; `QueueFullError` when either is
+        full or the scorer is shutting down. Its model calls go through the same one-thread
+        executor as the batches, so they never run concurrently with this reranker's scoring,
+        and a batch waiting behind it waits for at most the one call (slice) running."""
+        if self._closed:
+            raise QueueFullError(f"reranker '{self.name}' is shutting down")
+        self._ensure_started()
+        if self._unfinished >= self.config.max_queue:
+            raise QueueFullError(
+                f"{self._unfinished} requests are already waiting for reranker '{self.name}'"
+            )
+        budget = self.config.max_inflight_cost
+        if self._inflight_cost and self._inflight_cost + cost > budget:
+            raise QueueFullError(
+                f"reranker '{self.name}' has {self._inflight_cost} estimated tokens of work "
+                f"queued; this request's {cost} would exceed its budget of {budget}"
+            )
+        loop = self._loop
+        self._unfinished += 1
+        self._inflight_cost += cost
+        self._report_depth()
+        try:
+            yield
+        finally:
+            if self._loop is loop:  # a new loop restarted the counts
+                self._inflight_cost -= cost
+                self._unfinished -= 1
+                self._report_depth()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` in this model's thread (tokenizers share its state with the model)."""

@@ -73,6 +73,15 @@ class Limits(ComponentConfig):
         default=16 * 1024 * 1024, ge=1024, description="Request bodies over this get 413."
     )
     max_search_top_n: int = Field(default=1000, ge=1, description="Largest top_n/depth of search.")
+    max_new_tokens: int = Field(
+        default=256, ge=1, description="Most tokens one /v1/generate request may generate."
+    )
+    max_generate_documents: int = Field(
+        default=32,
+        ge=1,
+        description="Passages of one /v1/generate request (each is its own row of every "
+        "decoding step of the document-parallel modes).",
+    )
     max_inflight_body_bytes: int = Field(
         default=256 * 1024 * 1024,
         ge=1024,

@@ -124,7 +124,14 @@ def field_name(loc: Sequence[Any]) -> str:
     parts = [
         p
         for p in parts
-        if p not in {"str", "DocumentIn", "int", "function-after[_non_blank(), str]"}
+        if p
+        not in {
+            "str",
+            "DocumentIn",
+            "ContextDocumentIn",
+            "int",
+            "function-after[_non_blank(), str]",
+        }
     ]
     return ".".join(parts) or "body"
 

@@ -26,6 +26,10 @@ from cisrank.api.auth import KeyChecker
 from cisrank.api.body import BodyError, read_json_body
 from cisrank.api.errors import ApiError
 from cisrank.api.schemas import (
+    ContextRequest,
+    ContextResponse,
+    GenerateRequest,
+    GenerateResponse,
     Health,
     ModelList,
     RerankRequest,
@@ -209,3 +213,28 @@ async def search(body: SearchRequest, request: Request) -> SearchResponse:
     service = _service(request)
     with _answering(service):
         return await service.search(body)
+
+
+# ---- RAG context assembly
+
+
+@router.post(
+    "/v1/context", response_model=ContextResponse, dependencies=protected, tags=["context"]
+)
+async def context(body: ContextRequest, request: Request) -> ContextResponse:
+    """Arrange passages into a RAG prompt with a CIS reranker's causal LM: the order, the
+    per-passage scores (curvature), the question-likelihood gauge and the prompt."""
+    service = _service(request)
+    with _answering(service):
+        return await service.context(body)
+
+
+@router.post(
+    "/v1/generate", response_model=GenerateResponse, dependencies=protected, tags=["context"]
+)
+async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
+    """Answer a question over passages, greedy, with naive or entropy-based decoding (seed
+    004), bounded in passages, new tokens and time."""
+    service = _service(request)
+    with _answering(service):
+        return await service.generate(body)

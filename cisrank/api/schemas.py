@@ -131,6 +131,181 @@ class SearchResponse(BaseModel):
     usage: Usage
 
 
+# ---- RAG context assembly (POST /v1/context)
+
+Arrangement = Literal[
+    "ranked", "reverse", "edges", "pmi_rotation", "likelihood_select", "curvature"
+]
+
+
+class ContextDocumentIn(BaseModel):
+    """A passage of a context: `text`, an optional `title` (rendered as `(Title: t)`) and `id`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str = Field(description="The passage text.")
+    title: str = Field(default="", description="Its title, shown in the prompt.")
+    id: str | int | None = Field(default=None, description="Your id, echoed in the result.")
+
+
+class NoiseIn(_Request):
+    """Random passages put before the arranged ones (seed 003's [I, random..., retrieved, Q]),
+    drawn with `seed` from `documents` (a pool sent in the request) or from a served `index`."""
+
+    n: int = Field(ge=0, description="How many noise passages.")
+    seed: int = Field(default=0, description="Seed of the draw (the same seed, the same noise).")
+    documents: list[str | ContextDocumentIn] | None = Field(
+        default=None, description="The pool to draw from, as strings or {text, title?, id?}."
+    )
+    index: str | None = Field(
+        default=None, description="A served index (GET /v1/models) to draw from instead."
+    )
+
+
+class ContextRequest(_Request):
+    query: str = Field(min_length=1, description="The question (not blank).")
+    documents: list[str | ContextDocumentIn] = Field(
+        min_length=1, description="The top-K passages, best first (as a reranker ranked them)."
+    )
+    arrange: Arrangement = Field(
+        default="ranked",
+        description="ranked, reverse (best next to the question), edges, pmi_rotation, "
+        "likelihood_select or curvature (per-passage scores).",
+    )
+    template: str = Field(
+        default="qa",
+        description="qa, noise, kv, entropy, or a custom string holding {documents} and "
+        "{question} (other {names} take their values from `fields`).",
+    )
+    fields: dict[str, str] = Field(default_factory=dict, description="A template's other fields.")
+    document_format: str | None = Field(
+        default=None,
+        description="Passage format with {index}, {title}, {text}, {id} (default the "
+        "template's: 'Document [{index}](Title: {title}) {text}').",
+    )
+    chat: bool = Field(default=False, description="Wrap the prompt in the model's chat template.")
+    noise: NoiseIn | None = Field(default=None, description="Noise padding (seed 003).")
+    shuffles: int | None = Field(
+        default=None, ge=0, description="likelihood_select: random shuffles (default K - 1)."
+    )
+    seed: int = Field(default=0, description="Seed of likelihood_select's shuffles.")
+    pmi: bool = Field(default=False, description="Also gauge PMI against no passages.")
+    model: str | None = Field(
+        default=None, description="A configured cis reranker (its causal LM); default if unset."
+    )
+
+    _query_not_blank = field_validator("query")(_non_blank)
+
+
+class ContextCandidate(BaseModel):
+    order: list[int]
+    mean_logprob: float
+
+
+class ContextGauge(BaseModel):
+    """The question likelihood of the final prompt (seeds 000/001): an answer-free confidence."""
+
+    mean_logprob: float = Field(description="Mean log p(question tokens | prompt before them).")
+    logprob: float = Field(description="Summed over the question's tokens.")
+    num_tokens: int
+    pmi: float | None = Field(default=None, description="mean_logprob - mean with no passages.")
+    mean_logprob_no_context: float | None = None
+
+
+class NoiseOut(BaseModel):
+    id: str
+    title: str
+    text: str
+
+
+class ContextUsage(BaseModel):
+    documents: int = Field(description="Passages arranged.")
+    noise: int = Field(default=0, description="Noise passages in the prompt.")
+    prompts_scored: int = Field(description="Prompts whose question likelihood was computed.")
+    prompt_tokens: int = Field(description="Tokens of the final prompt (BOS included).")
+
+
+class ContextResponse(BaseModel):
+    id: str
+    model: str = Field(description="The reranker whose language model scored the prompts.")
+    arrange: str
+    template: str
+    order: list[int] = Field(
+        description="Indexes of the request's documents in prompt order (after the noise)."
+    )
+    ids: list[str | int | None] = Field(
+        description="Ids of the prompt's passages in prompt order, noise first (the documents' "
+        "own ids, or null for a document without one)."
+    )
+    scores: list[float] | None = Field(
+        description="curvature: per request document, l(rotation where it is first) + "
+        "l(rotation where it is last); null for the other arrangements."
+    )
+    candidates: list[ContextCandidate] = Field(
+        description="The scored rotations or shuffles (orders of the request's documents)."
+    )
+    noise: list[NoiseOut] = Field(description="The noise passages, in prompt order.")
+    gauge: ContextGauge
+    prompt: str = Field(description="The prompt text, ending where the answer begins.")
+    usage: ContextUsage
+
+
+Decoding = Literal["naive", "avg_ens", "replug", "leens", "clehe"]
+
+
+class GenerateRequest(_Request):
+    query: str = Field(min_length=1, description="The question (not blank).")
+    documents: list[str | ContextDocumentIn] = Field(
+        min_length=1, description="The top-K passages, best first."
+    )
+    decoding: Decoding = Field(
+        default="naive",
+        description="naive (all passages in one prompt), or the document-parallel avg_ens, "
+        "replug (weights from `scores`), leens, clehe (entropy-based decoding, seed 004).",
+    )
+    arrange: Arrangement = Field(
+        default="ranked", description="naive: the passages' order in the prompt."
+    )
+    template: str = Field(default="entropy", description="As /v1/context; seed 004's prompts.")
+    fields: dict[str, str] = Field(default_factory=dict)
+    document_format: str | None = None
+    chat: bool = False
+    scores: list[float] | None = Field(
+        default=None, description="replug: one reranker score per document."
+    )
+    tau: float = Field(default=0.25, gt=0, description="LeEns/CLeHe entropy temperature.")
+    beta: float = Field(default=0.25, ge=0, description="CLeHe contrast strength.")
+    layers: list[int] | None = Field(
+        default=None, description="CLeHe candidate layers (default: even layers, last half)."
+    )
+    max_new_tokens: int = Field(default=32, ge=1, description="Most tokens to generate.")
+    model: str | None = Field(default=None, description="A configured cis reranker.")
+
+    _query_not_blank = field_validator("query")(_non_blank)
+
+
+class GenerateUsage(BaseModel):
+    documents: int
+    prompt_tokens: int = Field(description="Tokens of the longest decoded row's prompt.")
+    generated_tokens: int
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    model: str
+    decoding: str
+    order: list[int] = Field(description="naive: the documents' order in the prompt.")
+    answer: str
+    tokens: list[int]
+    attribution: list[str | int | None] = Field(
+        description="Per generated token, the id (or index) of the lowest-entropy document; "
+        "null for naive."
+    )
+    weights: list[list[float]] = Field(description="Per step, the documents' weights.")
+    layers: list[int | None] = Field(description="clehe: per step, the contrast layer l*.")
+    usage: GenerateUsage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -27,7 +27,11 @@ from cisrank.api.batching import BatchScorer, QueueFullError, ScoringFailed, Sco
 from cisrank.api.config import RerankerSpec, ServerConfig
 from cisrank.api.metrics import Metrics
 from cisrank.api.schemas import (
+    ContextRequest,
+    ContextResponse,
     DocumentIn,
+    GenerateRequest,
+    GenerateResponse,
     IndexCard,
     ModelCard,
     ModelList,
@@ -393,6 +397,20 @@ class RankingService:
             results=results,
             usage=Usage(documents=len(texts), truncated_documents=truncated),
         )
+
+    async def context(self, body: ContextRequest) -> ContextResponse:
+        """Arrange `documents` into a RAG prompt with a CIS reranker's causal LM, gauge it
+        (`cisrank.api.assembly`)."""
+        from cisrank.api.assembly import assemble_context
+
+        return await assemble_context(self, body)
+
+    async def generate(self, body: GenerateRequest) -> GenerateResponse:
+        """Answer over `documents` with naive or entropy-based decoding, bounded in passages,
+        new tokens and time (`cisrank.api.assembly`)."""
+        from cisrank.api.assembly import generate_answer
+
+        return await generate_answer(self, body)
 
     async def search(self, body: SearchRequest) -> SearchResponse:
         """First-stage search over a configured index, optionally reranked."""

@@ -15,9 +15,15 @@ from cisrank.context.assemble import (
     curvature_scores,
     edges_order,
     rotations,
+    search_orders,
     shuffles,
 )
-from cisrank.context.noise import pad_with_noise, random_word_passages, sample_noise
+from cisrank.context.noise import (
+    pad_with_noise,
+    random_word_passages,
+    sample_noise,
+    sample_store_noise,
+)
 from cisrank.context.passages import read_passages
 from cisrank.context.templates import TEMPLATES, ContextTemplate, resolve_template
 
@@ -38,5 +44,7 @@ __all__ = [
     "resolve_template",
     "rotations",
     "sample_noise",
+    "sample_store_noise",
+    "search_orders",
     "shuffles",
 ]

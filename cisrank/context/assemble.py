@@ -86,6 +86,21 @@ def curvature_scores(rotation_scores: Sequence[float]) -> list[float]:
     return [float(rotation_scores[j]) + float(rotation_scores[(j + 1) % k]) for j in range(k)]
 
 
+def search_orders(
+    method: str, k: int, shuffles_n: int | None = None, seed: int = 0
+) -> list[list[int]]:
+    """The orders a scored arrangement evaluates, one prompt each: the K rotations
+    (`pmi_rotation`, `curvature`) or the input order and `shuffles_n` shuffles
+    (`likelihood_select`, default K - 1); none for the fixed arrangements."""
+    if method not in ARRANGEMENTS:
+        raise CisrankError(f"unknown arrangement {method!r}: use one of {', '.join(ARRANGEMENTS)}")
+    if method not in SCORED:
+        return []
+    if method == "likelihood_select":
+        return shuffles(k, k - 1 if shuffles_n is None else shuffles_n, seed)
+    return rotations(k)
+
+
 def sort_desc(scores: Sequence[float]) -> list[int]:
     """Indices by score, highest first; ties keep input order."""
     return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
@@ -265,6 +280,11 @@ class ContextAssembler:
         lp0, n0 = scored[1]
         return Gauge(lp / n, lp, n, lp / n - lp0 / n0, lp0 / n0)
 
+    @property
+    def scored_prompts(self) -> int:
+        """Distinct prompts this assembler has scored (since `clear`)."""
+        return len(self._memo)
+
     def clear(self) -> None:
         """Forget the scored prompts (the memo grows with every distinct prompt)."""
         self._memo.clear()
@@ -305,12 +325,8 @@ class ContextAssembler:
         elif method == "edges":
             order = edges_order(k)
         else:
-            orders = (
-                shuffles(k, k - 1 if shuffles_n is None else shuffles_n, seed)
-                if method == "likelihood_select"
-                else rotations(k)
-            )
-            prompts = [self.render(question, [passages[i] for i in o]) for o in orders]
+            orders = search_orders(method, k, shuffles_n, seed)
+            prompts = self.search_prompts(question, passages, orders)
             ls = self.mean_logprobs(prompts)
             candidates = [Candidate(o, s) for o, s in zip(orders, ls, strict=True)]
             if method == "curvature":
@@ -330,6 +346,14 @@ class ContextAssembler:
             prompt=prompt,
             gauge=self.gauge(question, prompt, pmi=pmi),
         )
+
+    def search_prompts(
+        self, question: str, passages: Sequence[Passage], orders: Sequence[Sequence[int]]
+    ) -> list[Prompt]:
+        """The prompt of each order of `passages` (see `search_orders`). Scoring them first
+        (`question_logprobs`, in slices if wanted) leaves `arrange` only the final prompt to
+        score: its search finds them in this assembler's memo."""
+        return [self.render(question, [passages[i] for i in o]) for o in orders]
 
     def curvature(self, question: str, passages: Sequence[Passage]) -> list[float]:
         """The per-passage curvature score alone (K prefill passes): a position-aware listwise

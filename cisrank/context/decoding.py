@@ -30,6 +30,7 @@ layers the even layers of the model's last half.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,11 @@ from cisrank.context.assemble import ContextAssembler
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
 from cisrank.rerank.causal_lm import DecodeStep
+
+
+class DecodingTimeout(CisrankError):
+    """Decoding passed the deadline it was given."""
+
 
 DECODINGS = ("naive", "avg_ens", "replug", "leens", "clehe")
 ENSEMBLES = ("avg_ens", "replug", "leens", "clehe")
@@ -137,15 +143,19 @@ class EnsembleDecoder:
         scores: Sequence[float] | None = None,
         stop_at_eos: bool = True,
         trace: bool = False,
+        deadline: float | None = None,
     ) -> Generation:
-        """Decode an answer; `scores` (reranker scores, one per passage) are needed by `replug`.
-        With `trace`, every step's merged log-probabilities are kept (V floats a step)."""
+        """Decode an answer; `scores` (reranker scores, one per passage) are needed by `replug`;
+        `naive` with no passages answers closed-book (the template with no documents).
+        With `trace`, every step's merged log-probabilities are kept (V floats a step). Past
+        `deadline` (a `time.monotonic()` value), checked at every step, it stops with
+        `DecodingTimeout` (a server's bound on one request's model time)."""
         if decoding not in DECODINGS:
             raise CisrankError(f"unknown decoding {decoding!r}: use one of {', '.join(DECODINGS)}")
         if max_new_tokens < 1:
             raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         passages = list(passages)
-        if not passages:
+        if not passages and decoding != "naive":  # naive with none: the closed-book answer
             raise CisrankError("no passages to decode with: give at least one")
         fixed: torch.Tensor | None = None
         if decoding == "replug":
@@ -168,6 +178,8 @@ class EnsembleDecoder:
         records: list[StepRecord] = []
 
         def choose(step: DecodeStep) -> int:
+            if deadline is not None and time.monotonic() > deadline:
+                raise DecodingTimeout(f"decoding stopped at its deadline after {step.step} tokens")
             merged, rec = self.merge(decoding, step, fixed)
             token = int(torch.argmax(merged))
             rec.token = token

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
@@ -53,6 +53,57 @@ def sample_noise(
             "distinct passages not among the retrieved ones: lower --noise or give a bigger pool"
         )
     return random.Random(seed).sample(distinct, n)
+
+
+class PassageStore(Protocol):
+    """What noise needs of an index's document store (`cisrank.retrieval.docstore.DocStore`):
+    its size and (docid, text) by row number."""
+
+    def __len__(self) -> int: ...
+
+    def get(self, indices: Sequence[int]) -> list[tuple[str, str]]: ...
+
+
+def sample_store_noise(
+    store: PassageStore, n: int, seed: int, exclude: Sequence[Passage] = ()
+) -> list[Passage]:
+    """`n` distinct passages drawn uniformly without replacement from the rows of an index's
+    document store, none with the text of a passage in `exclude`; reproducible by `seed`.
+
+    Rows are drawn in one seeded sample a little larger than `n` (duplicates and excluded texts
+    are skipped), then, if that was not enough, from the rest of the store in the same seeded
+    order: an index of millions of passages is never read whole for a few noise passages."""
+    if n < 0:
+        raise CisrankError(f"the number of noise passages must be >= 0, got {n}")
+    size = len(store)
+    rng = random.Random(seed)
+    first = min(size, 2 * n + len(exclude) + 8)
+    rows = rng.sample(range(size), first)
+    seen = {text_key(p.text) for p in exclude}
+    out: list[Passage] = []
+    start = 0
+    while len(out) < n and start < len(rows):
+        batch = rows[start : start + max(first, 1)]
+        start += len(batch)
+        for docid, text in store.get(batch):
+            key = text_key(text)
+            if key in seen or not text.strip():
+                continue
+            seen.add(key)
+            out.append(Passage(str(docid), text))
+            if len(out) == n:
+                break
+        if len(out) < n and start == len(rows) and len(rows) < size:
+            drawn = set(rows)
+            rest = [i for i in range(size) if i not in drawn]
+            rng.shuffle(rest)
+            rows += rest
+    if len(out) < n:
+        raise CisrankError(
+            f"noise: {n} random passages asked for, but the index holds only {len(out)} "
+            "distinct passages not among the retrieved ones: ask for fewer"
+        )
+    return out
 
 
 def vocabulary_words(tokenizer: Any, min_chars: int = 3) -> list[str]:

@@ -78,15 +78,8 @@ def build_bm25(
     reader: CorpusReader, out: Path, config: BM25IndexConfig, *, resume: bool, progress: bool
 ) -> BuildOutput:
     """Analyze, index with bm25s, save; write the document store. Cheap enough to never resume."""
-    bm25s = _bm25s()
     corpus = reader.load()
-    analyzer = config.analyzer()
-    vocab: dict[str, int] = {}
-    ids: list[list[int]] = []
-    for text in tqdm(corpus.texts, desc="bm25 analyze", unit="passage", disable=not progress):
-        ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.analyze(text)])
-    model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene", backend="numpy")
-    model.index((ids, vocab), show_progress=progress)
+    model, vocab = _index(corpus.texts, config, progress)
     model.save(str(out / BM25_DIR), show_progress=False)
     write_docstore(out / DOCSTORE_FILE, zip(corpus.docids, corpus.texts, strict=True))
     return BuildOutput(
@@ -95,6 +88,19 @@ def build_bm25(
         libraries=library_versions("bm25s", "PyStemmer", "numba", "numpy"),
         extra={"vocabulary": len(vocab)},
     )
+
+
+def _index(texts: Sequence[str], config: BM25IndexConfig, progress: bool):
+    """Analyze `texts` and index them with bm25s (Lucene's BM25): (model, vocabulary)."""
+    bm25s = _bm25s()
+    analyzer = config.analyzer()
+    vocab: dict[str, int] = {}
+    ids: list[list[int]] = []
+    for text in tqdm(texts, desc="bm25 analyze", unit="passage", disable=not progress):
+        ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.analyze(text)])
+    model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene", backend="numpy")
+    model.index((ids, vocab), show_progress=progress)
+    return model, vocab
 
 
 def top_k(scores: np.ndarray, indices: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -178,3 +184,47 @@ class BM25Retriever:
             return []
         rows = self.docs.get([i for i, _ in ranked])
         return [SearchHit(d, s, t) for (d, t), (_, s) in zip(rows, ranked, strict=True)]
+
+
+class MemoryBM25:
+    """BM25 over passages held in memory, with no index folder: the analysis, weights and tie
+    rule of a built index (`build_bm25`, `BM25Retriever`), for experiments over a small corpus
+    (the RAG benchmark's "related" distractors). Scores every passage per query (exact)."""
+
+    name = "bm25"
+
+    def __init__(
+        self,
+        texts: Sequence[str],
+        docids: Sequence[str] | None = None,
+        config: BM25IndexConfig | None = None,
+    ) -> None:
+        if not texts:
+            raise CisrankError("an in-memory BM25 index needs at least one passage")
+        self.config = config or BM25IndexConfig()
+        self.analyzer = self.config.analyzer()
+        self.texts = list(texts)
+        self.docids = [str(d) for d in docids] if docids is not None else None
+        if self.docids is not None and len(self.docids) != len(self.texts):
+            raise CisrankError(f"{len(self.docids)} docids for {len(self.texts)} passages")
+        self.model, _ = _index(self.texts, self.config, progress=False)
+
+    def scores(self, query: str) -> np.ndarray:
+        """The BM25 score of every passage for `query` (0 where nothing matches)."""
+        ids = self.model.get_tokens_ids(self.analyzer.analyze(query))
+        if not ids:
+            return np.zeros(len(self.texts), dtype=np.float32)
+        return np.asarray(self.model.get_scores_from_ids(ids))
+
+    def search(self, query: str, k: int = 10) -> list[SearchHit]:
+        if k < 1:
+            raise CisrankError(f"k must be >= 1, got {k}")
+        scores = self.scores(query)
+        ranked = top_k(scores, np.arange(len(scores)), k)
+        return [
+            SearchHit(self.docids[i] if self.docids is not None else str(i), s, self.texts[i])
+            for i, s in ranked
+        ]
+
+    def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[SearchHit]]:
+        return [self.search(q, k) for q in queries]

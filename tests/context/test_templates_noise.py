@@ -125,3 +125,36 @@ def test_bpe_prompt_ids_are_the_whole_text_and_the_span_is_the_question(tiny_gpt
             lp = torch.log_softmax(ref(torch.tensor([p.ids])).logits[0], dim=-1)
         want = float(sum(lp[i - 1, p.ids[i]] for i in range(*p.span))) / len(p.question)
         assert abs(asm.gauge(question, p).mean_logprob - want) <= 1e-4, name
+
+
+class _Store:
+    """An index's document store: (docid, text) by row; records the rows read."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def get(self, indices):
+        self.read += list(indices)
+        return [(f"r{i}", self.texts[i]) for i in indices]
+
+
+def test_index_noise_is_seeded_distinct_and_reads_few_rows():
+    from cisrank.context import sample_store_noise
+
+    texts = [f"passage number {i}" for i in range(1000)] + ["passage number 7"] * 50
+    retrieved = [Passage("x", "passage number 3")]
+    store = _Store(texts)
+    got = sample_store_noise(store, 5, seed=1, exclude=retrieved)
+    assert got == sample_store_noise(_Store(texts), 5, seed=1, exclude=retrieved)
+    assert got != sample_store_noise(_Store(texts), 5, seed=2, exclude=retrieved)
+    assert len({p.text for p in got}) == 5 and "passage number 3" not in {p.text for p in got}
+    assert len(store.read) < 30  # a sample, not the whole store
+    # a small store whose rows are mostly duplicates: drawn until done, then an error
+    dup = _Store(["a b"] * 20 + ["c d", "e f"])
+    assert {p.text for p in sample_store_noise(dup, 3, seed=0)} == {"a b", "c d", "e f"}
+    with pytest.raises(CisrankError, match="holds only 3 distinct"):
+        sample_store_noise(dup, 4, seed=0)

@@ -125,3 +125,23 @@ def test_ties_at_the_cut_go_to_the_lowest_document_number(tmp_path):
     build_index("bm25", tmp_path / "ties.jsonl", tmp_path / "idx", progress=False)
     hits = open_index(tmp_path / "idx").search("apple", k=5)
     assert [h.docid for h in hits] == ["best", "t00", "t01", "t02", "t03"]
+
+
+def test_memory_bm25_ranks_like_a_built_index(tmp_path):
+    from cisrank.retrieval.bm25 import BM25IndexConfig, MemoryBM25
+
+    rng = random.Random(5)
+    words = [f"w{i}" for i in range(25)]
+    rows = [(f"doc{i}", " ".join(rng.choices(words, k=rng.randint(1, 10)))) for i in range(50)]
+    rows += [(f"tie{i}", "w1 w2") for i in range(4)]
+    _write_jsonl(tmp_path / "m.jsonl", rows)
+    build_index("bm25", tmp_path / "m.jsonl", tmp_path / "idx", {"k1": 1.2}, progress=False)
+    built = open_index(tmp_path / "idx")
+    memory = MemoryBM25([t for _, t in rows], [d for d, _ in rows], BM25IndexConfig(k1=1.2, b=0.4))
+    for q in ["w1 w2", "w3", "w7 w9 w1", "nothing here"]:
+        want = [(h.docid, h.score) for h in built.search(q, k=12)]
+        got = [(h.docid, h.score) for h in memory.search(q, k=12)]
+        assert [d for d, _ in got] == [d for d, _ in want], q
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-6)
+    with pytest.raises(CisrankError, match="at least one passage"):
+        MemoryBM25([])

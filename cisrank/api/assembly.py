@@ -1,0 +1,477 @@
+"""`POST /v1/context` (and `/v1/generate`): arrange a query's passages into a RAG prompt with a
+served CIS reranker's causal LM (and answer over them), apart from HTTP (no web framework here,
+like `cisrank.api.service`).
+
+What a request means is `cisrank.context.ContextAssembler.arrange` (the library; this module
+adds nothing to its results): the same order, per-passage scores, scored candidates, gauge and
+prompt as `cisrank context` gives for the same inputs. What the API adds are the rules of
+`/v1/rerank`:
+
+- validation and limits before any model work: the query, the documents (count and characters,
+  `Limits`), the template and its fields, the noise, and the request's estimated cost (the tokens
+  of every prompt it will score, characters / 4, against `limits.max_request_cost`; 422 naming
+  `documents`);
+- the model thread: the CIS reranker's engine is not thread-safe and is busy with rerank batches,
+  so every step that touches the tokenizer or the model runs in that reranker's one model thread
+  (`BatchScorer.call`), admitted like a rerank request (`BatchScorer.reserve`: `max_queue`,
+  `batching.max_inflight_cost`; 503 + Retry-After), never concurrently with its scoring;
+- bounded slices: the search prompts (K rotations, or the shuffles) are scored in slices of at
+  most `batching.max_batch_tokens` prompt tokens, one model-thread call each, so a rerank batch
+  arriving meanwhile waits for one slice, not for the whole search (the assembler's memo then
+  holds every search score, and `arrange` scores only the final prompt);
+- `batching.request_timeout_s` bounds the whole request (503; the slices left are dropped);
+- errors name the field: a prompt longer than the model's context is 422 on `documents`, a
+  template with an unknown `{field}` on `template`, a noise pool too small on `noise.n`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from cisrank.api.batching import (
+    BatchScorer,
+    QueueFullError,
+    estimate_tokens,
+    is_input_error,
+)
+from cisrank.api.schemas import (
+    ContextCandidate,
+    ContextDocumentIn,
+    ContextGauge,
+    ContextRequest,
+    ContextResponse,
+    ContextUsage,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateUsage,
+    NoiseOut,
+)
+from cisrank.api.service import (
+    BackendFailed,
+    InvalidField,
+    Overloaded,
+    RankingService,
+    TimedOut,
+)
+from cisrank.data.types import Passage
+from cisrank.errors import CisrankError, DataError
+
+if TYPE_CHECKING:
+    from cisrank.context import AssembledContext, ContextAssembler, ContextTemplate, Prompt
+    from cisrank.context.decoding import Generation
+
+T = TypeVar("T")
+
+# Characters a rendered passage adds besides its title and text ("Document [12](Title: ) " and
+# the separator), for the cost estimate.
+DOCUMENT_OVERHEAD_CHARS = 32
+
+
+class _FieldFault(CisrankError):
+    """An error in the model thread that names the request field to blame."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def causal_engine(reranker: object) -> Any | None:
+    """The reranker's causal-LM engine (a CIS reranker's), or None."""
+    from cisrank.rerank.causal_lm import CausalLMEngine
+
+    engine = getattr(reranker, "engine", None)
+    return engine if isinstance(engine, CausalLMEngine) else None
+
+
+def _context_reranker(service: RankingService, requested: str | None) -> str:
+    """The reranker whose LM assembles: the one named, else the default if it is a CIS
+    reranker, else the first CIS reranker served."""
+    cis = [n for n in service.config.rerankers if causal_engine(service.rerankers.get(n))]
+    if requested is None:
+        default = service.config.default_reranker_name
+        name = default if default in cis or not cis else cis[0]
+    else:
+        name = service.resolve_reranker(requested)
+    service.scorer(name)  # NotReady / LoadFailed before the kind check
+    if name not in cis:
+        raise InvalidField(
+            "model",
+            f"reranker '{name}' has no causal language model: context assembly needs a cis "
+            f"reranker (served here: {', '.join(cis) or 'none'})",
+        )
+    return name
+
+
+def _passages(
+    docs: Sequence[str | ContextDocumentIn], field: str, max_chars: int, id_prefix: str = ""
+) -> list[Passage]:
+    """The request's passages; one without an id is known by `id_prefix` + its position."""
+    out = []
+    for i, doc in enumerate(docs):
+        if isinstance(doc, ContextDocumentIn):
+            text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
+        else:
+            text, title, doc_id, where = doc, "", None, f"{field}.{i}"
+        if not text.strip():
+            raise InvalidField(where, "must not be empty or whitespace only")
+        if len(text) + len(title) > max_chars:
+            raise InvalidField(
+                where,
+                f"{len(text) + len(title)} characters (title and text), over the limit of "
+                f"{max_chars}: split the document",
+            )
+        out.append(Passage(str(doc_id) if doc_id is not None else f"{id_prefix}{i}", text, title))
+    return out
+
+
+def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> ContextTemplate:
+    from cisrank.context import resolve_template
+
+    if len(body.template) > max_chars:
+        raise InvalidField("template", f"{len(body.template)} characters, over {max_chars}")
+    try:
+        template = resolve_template(body.template, body.fields)
+    except CisrankError as exc:
+        raise InvalidField("template", str(exc)) from None
+    if body.document_format is None:
+        return template
+    if len(body.document_format) > max_chars:
+        raise InvalidField("document_format", f"over the limit of {max_chars} characters")
+    try:
+        return resolve_template(body.template, body.fields, body.document_format)
+    except CisrankError as exc:
+        raise InvalidField("document_format", str(exc)) from None
+
+
+def prompt_cost(template: ContextTemplate, query: str, passages: Sequence[Passage]) -> int:
+    """Estimated tokens of one rendered prompt (characters / 4, as the batcher estimates)."""
+    chars = len(template.text) + sum(len(v) for v in template.fields.values()) + len(query)
+    chars += sum(len(p.text) + len(p.title) + DOCUMENT_OVERHEAD_CHARS for p in passages)
+    return estimate_tokens(chars)
+
+
+def request_cost(
+    body: ContextRequest,
+    template: ContextTemplate,
+    passages: Sequence[Passage],
+    noise: Sequence[Passage],
+) -> tuple[int, int]:
+    """(prompts to score, their estimated tokens): the search prompts, the final prompt (with
+    the noise), and with `pmi` the prompt without passages."""
+    from cisrank.context import search_orders
+
+    searched = len(search_orders(body.arrange, len(passages), body.shuffles, body.seed))
+    cost = searched * prompt_cost(template, body.query, passages)
+    cost += prompt_cost(template, body.query, [*noise, *passages])
+    if body.pmi:
+        cost += prompt_cost(template, body.query, [])
+    return searched + 1 + int(body.pmi), cost
+
+
+async def _noise(
+    service: RankingService, body: ContextRequest, passages: list[Passage]
+) -> list[Passage]:
+    from cisrank.context import sample_noise, sample_store_noise
+
+    spec = body.noise
+    if spec is None or spec.n == 0:
+        return []
+    limits = service.config.limits
+    if spec.n > limits.max_documents:
+        raise InvalidField("noise.n", f"{spec.n} is over the limit of {limits.max_documents}")
+    if (spec.documents is None) == (spec.index is None):
+        raise InvalidField(
+            "noise", "give the pool to draw from: either 'documents' or 'index', not both"
+        )
+    try:
+        if spec.documents is not None:
+            if len(spec.documents) > limits.max_documents:
+                raise InvalidField(
+                    "noise.documents",
+                    f"{len(spec.documents)} documents, over the limit of {limits.max_documents}",
+                )
+            pool = _passages(spec.documents, "noise.documents", limits.max_document_chars, "noise-")
+            return sample_noise(pool, spec.n, spec.seed, exclude=passages)
+        assert spec.index is not None
+        retriever = service.retrievers.get(spec.index)
+        if retriever is None:
+            served = ", ".join(service.retrievers) or "none"
+            raise InvalidField(
+                "noise.index", f"'{spec.index[:100]}' is not served here: choose one of {served}"
+            )
+        store = getattr(retriever, "docs", None)
+        if store is None:
+            raise InvalidField(
+                "noise.index", f"index '{spec.index}' has no document store to draw noise from"
+            )
+        return await asyncio.to_thread(sample_store_noise, store, spec.n, spec.seed, passages)
+    except DataError as exc:
+        raise BackendFailed(
+            f"index '{spec.index}' failed to answer; details are in the server log"
+        ) from exc
+    except CisrankError as exc:
+        raise InvalidField("noise.n", str(exc)) from None
+
+
+def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
+    """Consecutive groups of prompts of at most `max_tokens` tokens in all (a longer prompt
+    alone): one model-thread call each."""
+    out: list[list[Prompt]] = []
+    used = 0
+    for prompt in prompts:
+        if out and used + len(prompt.ids) <= max_tokens:
+            out[-1].append(prompt)
+            used += len(prompt.ids)
+        else:
+            out.append([prompt])
+            used = len(prompt.ids)
+    return out
+
+
+async def _in_model(
+    service: RankingService, scorer: BatchScorer, fn: Callable[..., T], *args: Any
+) -> T:
+    """`fn(*args)` in the model thread; its input errors name the field to blame."""
+    try:
+        return await scorer.call(fn, *args)
+    except _FieldFault as exc:
+        raise InvalidField(exc.field, service.redact(str(exc))) from None
+    except DataError:
+        raise
+    except CisrankError as exc:
+        raise InvalidField("documents", service.redact(str(exc))) from None
+    except Exception as exc:
+        if is_input_error(exc):
+            raise InvalidField(
+                "documents", f"the model cannot read this request's text: {str(exc)[:200]}"
+            ) from None
+        raise
+
+
+def _prepare(
+    engine: Any,
+    template: ContextTemplate,
+    body: ContextRequest | GenerateRequest,
+    passages: list[Passage],
+) -> tuple[ContextAssembler, list[Prompt]]:
+    """In the model thread: the assembler (a fresh memo per request) and the search prompts."""
+    from cisrank.context import ContextAssembler, search_orders
+
+    try:
+        asm = ContextAssembler(engine, template, chat=body.chat)
+    except CisrankError as exc:
+        raise _FieldFault("chat", str(exc)) from None
+    if not engine.encode(body.query):
+        raise _FieldFault("query", "the query has no tokens for this model")
+    shuffles, seed = getattr(body, "shuffles", None), getattr(body, "seed", 0)
+    orders = search_orders(body.arrange, len(passages), shuffles, seed)
+    return asm, asm.search_prompts(body.query, passages, orders)
+
+
+def _arrange(
+    asm: ContextAssembler,
+    body: ContextRequest | GenerateRequest,
+    passages: list[Passage],
+    noise: list[Passage],
+) -> AssembledContext:
+    return asm.arrange(
+        body.query,
+        passages,
+        body.arrange,
+        shuffles_n=getattr(body, "shuffles", None),
+        seed=getattr(body, "seed", 0),
+        noise=noise,
+        pmi=getattr(body, "pmi", False),
+    )
+
+
+def _common(
+    service: RankingService, body: ContextRequest | GenerateRequest, max_documents: int
+) -> tuple[str, BatchScorer, Any, list[Passage], ContextTemplate]:
+    """The checks both routes make before any model work: (reranker, its scorer, its engine,
+    the passages, the template)."""
+    limits = service.config.limits
+    name = _context_reranker(service, body.model)
+    scorer = service.scorer(name)
+    engine = causal_engine(service.rerankers[name])
+    if len(body.query) > limits.max_query_chars:
+        raise InvalidField(
+            "query", f"{len(body.query)} characters, over the limit of {limits.max_query_chars}"
+        )
+    if len(body.documents) > max_documents:
+        raise InvalidField(
+            "documents", f"{len(body.documents)} documents, over the limit of {max_documents}"
+        )
+    passages = _passages(body.documents, "documents", limits.max_document_chars)
+    return name, scorer, engine, passages, _template(body, limits.max_query_chars)
+
+
+async def assemble_context(service: RankingService, body: ContextRequest) -> ContextResponse:
+    """Arrange, pad, render and gauge one request's passages (see the module docstring)."""
+    config = service.config
+    limits = config.limits
+    if body.shuffles is not None and body.shuffles > limits.max_documents:
+        raise InvalidField("shuffles", f"{body.shuffles} is over the limit {limits.max_documents}")
+    name, scorer, engine, passages, template = _common(service, body, limits.max_documents)
+    noise = await _noise(service, body, passages)
+    prompts_n, cost = request_cost(body, template, passages, noise)
+    if cost > limits.max_request_cost:
+        raise InvalidField(
+            "documents",
+            f"estimated cost {cost} (tokens of the {prompts_n} prompts this arrangement scores, "
+            f"tokens ~ characters / 4) is over the limit of {limits.max_request_cost}: send "
+            "fewer or shorter documents, or a cheaper arrangement",
+        )
+    try:
+        async with asyncio.timeout(config.batching.request_timeout_s):
+            async with scorer.reserve(cost):
+                asm, prompts = await _in_model(
+                    service, scorer, _prepare, engine, template, body, passages
+                )
+                for chunk in slices(prompts, config.batching.max_batch_tokens):
+                    await _in_model(service, scorer, asm.question_logprobs, chunk)
+                result = await _in_model(service, scorer, _arrange, asm, body, passages, noise)
+    except QueueFullError as exc:
+        raise Overloaded(f"{exc}: retry later") from None
+    except TimeoutError:
+        raise TimedOut(
+            f"not assembled within {config.batching.request_timeout_s:g} s: the server is "
+            "overloaded, retry later"
+        ) from None
+    doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
+    ids: list[str | int | None] = [p.docid for p in noise]
+    ids += [doc_ids[i] for i in result.order]
+    return ContextResponse(
+        id=str(uuid.uuid4()),
+        model=name,
+        arrange=result.method,
+        template=template.name,
+        order=result.order,
+        ids=ids,
+        scores=result.scores,
+        candidates=[
+            ContextCandidate(order=c.order, mean_logprob=c.mean_logprob) for c in result.candidates
+        ],
+        noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in noise],
+        gauge=ContextGauge(**result.gauge.to_json()),
+        prompt=result.prompt.text,
+        usage=ContextUsage(
+            documents=len(passages),
+            noise=len(noise),
+            prompts_scored=asm.scored_prompts,
+            prompt_tokens=len(result.prompt.ids),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+def _generate(
+    asm: ContextAssembler,
+    body: GenerateRequest,
+    passages: list[Passage],
+    deadline: float,
+) -> tuple[list[int], Generation, int]:
+    """In the model thread: the order (naive), the generation, the longest row's prompt."""
+    from cisrank.context.decoding import EnsembleDecoder
+
+    try:
+        decoder = EnsembleDecoder(asm, tau=body.tau, beta=body.beta, layers=body.layers)
+    except CisrankError as exc:
+        raise _FieldFault("layers", str(exc)) from None
+    order = list(range(len(passages)))
+    if body.decoding == "naive" and body.arrange != "ranked":
+        order = _arrange(asm, body, passages, []).order
+    ordered = [passages[i] for i in order]
+    scores = [body.scores[i] for i in order] if body.scores is not None else None
+    if body.decoding == "naive":
+        longest = len(asm.render(body.query, ordered).ids)
+    else:
+        single = asm.template.single()
+        longest = max(len(asm.render(body.query, [p], template=single).ids) for p in ordered)
+    gen = decoder.generate(
+        body.query,
+        ordered,
+        body.decoding,
+        max_new_tokens=body.max_new_tokens,
+        scores=scores,
+        deadline=deadline,
+    )
+    return order, gen, longest
+
+
+async def generate_answer(service: RankingService, body: GenerateRequest) -> GenerateResponse:
+    """Greedy RAG generation over the request's passages, bounded in passages
+    (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
+    (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the model
+    thread, so a timed-out request holds the model for at most one more step)."""
+    from cisrank.context.assemble import SCORED
+    from cisrank.context.decoding import DecodingTimeout
+
+    config = service.config
+    limits = config.limits
+    if body.max_new_tokens > limits.max_new_tokens:
+        raise InvalidField(
+            "max_new_tokens", f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}"
+        )
+    name, scorer, engine, passages, template = _common(service, body, limits.max_generate_documents)
+    if body.decoding == "replug" and (body.scores is None or len(body.scores) != len(passages)):
+        raise InvalidField("scores", "replug needs one score per document")
+    if body.layers is not None and len(body.layers) > engine.num_layers + 1:
+        raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+    k = len(passages)
+    if body.decoding == "naive":
+        rows, prefill = 1, prompt_cost(template, body.query, passages)
+        if body.arrange in SCORED:  # K rotations (or K - 1 shuffles and the input order)
+            prefill *= 1 + k
+    else:
+        rows = k + 1
+        prefill = prompt_cost(template, body.query, [])
+        prefill += sum(prompt_cost(template, body.query, [p]) for p in passages)
+    cost = prefill + rows * body.max_new_tokens
+    if cost > limits.max_request_cost:
+        raise InvalidField(
+            "documents",
+            f"estimated cost {cost} (prompt tokens and rows x new tokens) is over the limit of "
+            f"{limits.max_request_cost}: send fewer or shorter documents, or fewer new tokens",
+        )
+    timeout = config.batching.request_timeout_s
+    deadline = time.monotonic() + timeout
+    try:
+        async with asyncio.timeout(timeout):
+            async with scorer.reserve(cost):
+                asm, prompts = await _in_model(
+                    service, scorer, _prepare, engine, template, body, passages
+                )
+                if body.decoding == "naive":
+                    for chunk in slices(prompts, config.batching.max_batch_tokens):
+                        await _in_model(service, scorer, asm.question_logprobs, chunk)
+                order, gen, longest = await _in_model(
+                    service, scorer, _generate, asm, body, passages, deadline
+                )
+    except QueueFullError as exc:
+        raise Overloaded(f"{exc}: retry later") from None
+    except (TimeoutError, DecodingTimeout):
+        raise TimedOut(f"not generated within {timeout:g} s: retry later") from None
+    doc_ids = [
+        d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
+        for i, d in enumerate(body.documents)
+    ]
+    ordered_ids = [doc_ids[i] for i in order]
+    return GenerateResponse(
+        id=str(uuid.uuid4()),
+        model=name,
+        decoding=body.decoding,
+        order=order,
+        answer=gen.text,
+        tokens=gen.tokens,
+        attribution=[ordered_ids[s.passage] if s.passage is not None else None for s in gen.steps],
+        weights=[s.weights for s in gen.steps],
+        layers=[s.layer for s in gen.steps],
+        usage=GenerateUsage(documents=k, prompt_tokens=longest, generated_tokens=len(gen.tokens)),
+    )

@@ -1,0 +1,104 @@
+"""bench/rag_nq.py on a tiny model and a made-up NQ file: contexts, figures and the record."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cisrank.testing import SAMPLE_SENTENCES
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+# question, answers, gold passage (title, text): the words of the tiny tokenizer
+ROWS = [
+    ("who wrote hamlet ?", ["Shakespeare"], ("Hamlet", SAMPLE_SENTENCES[0])),
+    ("when was shakespeare born ?", ["1564"], ("Shakespeare", SAMPLE_SENTENCES[1])),
+    ("where is hamlet set ?", ["Denmark"], ("Denmark", SAMPLE_SENTENCES[2])),
+    ("what is the capital of france ?", ["Paris"], ("Paris", SAMPLE_SENTENCES[5])),
+    ("how long can fleas live ?", ["a year"], ("Fleas", SAMPLE_SENTENCES[6])),
+    ("what grows to the size of their tank ?", ["Goldfish"], ("Goldfish", SAMPLE_SENTENCES[7])),
+    ("what are wireless technologies ?", ["Bluetooth"], ("Bluetooth", SAMPLE_SENTENCES[8])),
+    ("when did the united states enter world war i ?", ["1917"], ("War", SAMPLE_SENTENCES[9])),
+]
+
+
+@pytest.fixture(scope="module")
+def rag_nq():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_rag_nq", BENCH / "rag_nq.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_rag_nq"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("bench_rag_nq", None)
+    sys.path.remove(str(BENCH))
+
+
+@pytest.fixture
+def nq_file(tmp_path) -> Path:
+    path = tmp_path / "nq.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        for question, answers, (title, text) in ROWS:
+            ctx = {"title": title, "text": text, "hasanswer": True, "isgold": True}
+            fh.write(json.dumps({"question": question, "answers": answers, "ctxs": [ctx]}) + "\n")
+    return path
+
+
+def test_answers_are_normalized_as_the_papers(rag_nq):
+    assert rag_nq.normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert rag_nq.has_answer("It was William SHAKESPEARE, of course.", ["Shakespeare"])
+    assert rag_nq.has_answer("an answer: the year 1564", ["1564"])
+    assert not rag_nq.has_answer("Marlowe", ["Shakespeare", "the"])  # "the" normalizes to ""
+
+
+def test_contexts_hold_the_gold_once_and_no_answer_elsewhere(rag_nq, nq_file):
+    qs = rag_nq.load_questions(nq_file)
+    pool = rag_nq.Pool(qs)
+    for q in qs:
+        for kind in ("random", "related"):
+            docs, scores, gold = rag_nq.build_context(pool, q, 4, kind, seed=0)
+            assert docs[gold] == q.gold and len({d.text for d in docs}) == 4
+            assert not any(
+                rag_nq.has_answer(d.contents, q.answers) for i, d in enumerate(docs) if i != gold
+            )
+            assert scores == sorted(scores, reverse=True)  # BM25 order
+            assert (docs, scores, gold) == rag_nq.build_context(pool, q, 4, kind, seed=0)
+        # related = the BM25 top 3 of the eligible passages
+        related = rag_nq.build_context(pool, q, 4, "related", seed=0)[0]
+        ok = pool.eligible(q)
+        all_scores = pool.bm25.scores(q.question)
+        top = sorted(ok, key=lambda i: (-float(all_scores[i]), i))[:3]
+        assert {d.text for d in related} - {q.gold.text} == {pool.passages[i].text for i in top}
+
+
+def test_smoke_run_writes_its_figures(rag_nq, nq_file, tiny_gpt2_dir, tmp_path):
+    payload = rag_nq.main(
+        [
+            "--data", str(nq_file), "--questions", "2", "--k", "3", "--model", str(tiny_gpt2_dir),
+            "--max-new-tokens", "2", "--noise", "1", "--results-dir", str(tmp_path),
+            "--name", "rag_nq_smoke",
+        ]
+    )  # fmt: skip
+    record = json.loads((tmp_path / "rag_nq_smoke.json").read_text())
+    assert record["results"]["results"] == payload["results"] and record["results"]["complete"]
+    assert set(payload["results"]) == {"random_k3", "related_k3"}
+    for key, res in payload["results"].items():
+        assert res["questions"] == 2 and res["chance_gold_first"] == pytest.approx(1 / 3)
+        assert set(res["accuracy"]) == set(rag_nq.MODES)
+        assert all(0 <= v <= 1 for v in res["accuracy"].values())
+        # (a) is the mean over questions of the rotation scores, by gold position
+        recs = payload["per_question"][key]
+        want = [0.0] * 3
+        for rec in recs:
+            for r, lr in enumerate(rec["rotation_loglik"]):
+                want[(rec["gold_input_position"] - r) % 3] += lr / 2
+        assert res["loglik_by_gold_position"] == pytest.approx(want)
+        # (b) curvature's first passage is the gold where the record says so
+        firsts = [rec["curvature_order"][0] == rec["gold_input_position"] for rec in recs]
+        assert res["curvature_gold_first"] == sum(firsts) / 2
+        assert all(set(rec["answers"]) == set(rag_nq.MODES) for rec in recs)
