@@ -67,12 +67,14 @@ def _path_free(answers, base: str) -> None:
 
 
 def test_a_damaged_docstore_row_is_a_500_naming_the_index_not_the_file(tmp_path, base, caplog):
+    """Damage after the index was opened and checked (a file changed under a running server):
+    found at query time, a server fault, never the client's, and no path in the answer."""
     index = _bm25(tmp_path)
-    with sqlite3.connect(index / DOCSTORE_FILE) as con:  # every passage's row is gone
-        con.execute("DELETE FROM docs")
     cfg = ServerConfig(rerankers={"ov": _fake()}, indexes={"books": IndexSpec(path=index)})
     with TestClient(create_app(cfg, api_keys=["k"])) as client:
         assert client.app.state.serving.wait_ready(30), client.app.state.serving.error
+        with sqlite3.connect(index / DOCSTORE_FILE) as con:  # every passage's row is gone
+            con.execute("DELETE FROM docs")
         with caplog.at_level(logging.ERROR, logger="cisrank.api.service"):
             answers = _answers(client)
         search = answers[5]
