@@ -30,32 +30,12 @@ from cisrank.errors import CisrankError
 
 
 def _read_passages(path: Path) -> tuple[list[str], list[str]]:
-    """jsonl with `text` (and optional `id`), or one passage per line."""
-    if not path.is_file():
-        raise CisrankError(f"passages file '{path}' does not exist")
-    texts: list[str] = []
-    ids: list[str] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-                text = obj["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise CisrankError(
-                    f"{path}:{lineno}: expected a JSON object with a 'text' field"
-                ) from None
-            if not isinstance(text, str) or not text.strip():
-                raise CisrankError(f"{path}:{lineno}: 'text' must be a non-empty string")
-            texts.append(text)
-            ids.append(str(obj.get("id", len(ids))))
-        else:
-            texts.append(line)
-            ids.append(str(len(ids)))
-    if not texts:
-        raise CisrankError(f"passages file '{path}' holds no passages")
-    return texts, ids
+    """jsonl with `text` (and optional `id`, `title`, `score`), or one passage per line: the one
+    reader `cisrank context` uses too."""
+    from cisrank.context.passages import read_passages
+
+    passages = read_passages(path)
+    return [p.text for p in passages], [p.docid for p in passages]
 
 
 def rerank(
