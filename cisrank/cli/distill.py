@@ -9,7 +9,15 @@ from typing import Annotated, Any
 import typer
 
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import ActorCpusOpt, ActorGpusOpt, ActorsOpt, EngineOpt, RayAddressOpt
+from cisrank.cli.options import (
+    ActorCpusOpt,
+    ActorGpusOpt,
+    ActorsOpt,
+    EngineOpt,
+    EstimatorOpt,
+    RayAddressOpt,
+    ReverseTemplateOpt,
+)
 from cisrank.distill.config import RunPlan, TrainConfig
 
 distill_app = typer.Typer(
@@ -74,14 +82,30 @@ SeedOpt = Annotated[int | None, typer.Option("--seed", help=field_help(T, "seed"
 
 
 def _teacher(
-    teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
+    teacher,
+    model,
+    scores_file,
+    template,
+    max_doc_tokens,
+    prior_store,
+    batch_size,
+    device,
+    estimator=None,
+    reverse_template=None,
 ):
     """Every teacher flag goes to the teacher; the reranker registry rejects the flags of
     another reranker by name (`--template` with `--teacher dense`)."""
     from cisrank.cli.options import reranker_options
     from cisrank.distill.teachers import load_teacher
 
-    options = reranker_options(template, prior_store, max_doc_tokens, normalize=None)
+    options = reranker_options(
+        template,
+        prior_store,
+        max_doc_tokens,
+        normalize=None,
+        estimator=estimator,
+        reverse_template=reverse_template,
+    )
     return load_teacher(
         teacher, model, scores_file, batch_size=batch_size, device=device, **options
     )
@@ -115,6 +139,8 @@ def generate_cmd(
     template: TemplateOpt = None,
     max_doc_tokens: MaxDocOpt = None,
     prior_store: PriorOpt = None,
+    estimator: EstimatorOpt = None,
+    reverse_template: ReverseTemplateOpt = None,
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     depth: DepthOpt = 100,
@@ -148,10 +174,26 @@ def generate_cmd(
     t: Any
     if ray is None:
         t = _teacher(
-            teacher, model, scores_file, template, max_doc_tokens, prior_store, batch_size, device
+            teacher,
+            model,
+            scores_file,
+            template,
+            max_doc_tokens,
+            prior_store,
+            batch_size,
+            device,
+            estimator,
+            reverse_template,
         )
     else:  # each actor builds its own teacher from the spec
-        options = reranker_options(template, prior_store, max_doc_tokens, normalize=None)
+        options = reranker_options(
+            template,
+            prior_store,
+            max_doc_tokens,
+            normalize=None,
+            estimator=estimator,
+            reverse_template=reverse_template,
+        )
         t = TeacherSpec.of(
             teacher, model, scores_file, batch_size=batch_size, device=device, **options
         )
@@ -235,6 +277,8 @@ def run_cmd(
     template: TemplateOpt = None,
     max_doc_tokens: MaxDocOpt = None,
     prior_store: PriorOpt = None,
+    estimator: EstimatorOpt = None,
+    reverse_template: ReverseTemplateOpt = None,
     batch_size: BatchOpt = None,
     depth: RunDepthOpt = None,
     base_model: BaseModelOpt = None,
@@ -260,7 +304,18 @@ def run_cmd(
         eval_dataset=eval_dataset,
         depth=depth,
     )
-    t = _teacher(teacher, model, None, template, max_doc_tokens, prior_store, batch_size, device)
+    t = _teacher(
+        teacher,
+        model,
+        None,
+        template,
+        max_doc_tokens,
+        prior_store,
+        batch_size,
+        device,
+        estimator,
+        reverse_template,
+    )
     cfg = _config(locals())
     summary = distill_run(plan, t, cfg, out, device=device, progress=not quiet)
     typer.echo(json.dumps(summary, indent=2))

@@ -39,6 +39,37 @@ def test_generate_command_writes_rows_and_resumes(data_sets, tiny_gpt2_dir, tmp_
     assert bad.exit_code != 0
 
 
+def test_generate_command_takes_the_reverse_estimator(data_sets, tiny_gpt2_dir, tmp_path):
+    """`--estimator reverse` reaches the teacher: its rows are log p(Q|K) under the chosen
+    passage-first template, equal to the reverse reranker's scores, and carry no prior terms."""
+    from cisrank.data.datasets import load_named
+    from cisrank.rerank.cis import CISReranker
+
+    out = tmp_path / "rows"
+    res = invoke(
+        "distill", "generate", "--dataset", "trec-dl22", "--data-dir", str(data_sets / "trec-dl22"),
+        "--teacher", "cis", "--model", str(tiny_gpt2_dir), "--estimator", "reverse",
+        "--reverse-template", "upr", "--depth", "3", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = R.read_rows(out).to_pydict()
+    assert set(rows["log_prior"]) == {None} and set(rows["log_conditional"]) == {None}
+    ds = load_named("trec-dl22", data_sets / "trec-dl22", require_qrels=False)
+    direct = CISReranker(model=str(tiny_gpt2_dir), estimator="reverse", reverse_template="upr")
+    got = dict(zip(zip(rows["qid"], rows["docid"], strict=True), rows["score"], strict=True))
+    for qid in ds.qids:
+        hits = ds.candidates[qid][:3]
+        want = direct.score(ds.topics[qid], [h.text for h in hits])
+        assert [got[(qid, h.docid)] for h in hits] == pytest.approx(want, abs=1e-4)
+    forward = invoke(
+        "distill", "generate", "--dataset", "trec-dl22", "--data-dir", str(data_sets / "trec-dl22"),
+        "--teacher", "cis", "--model", str(tiny_gpt2_dir), "--depth", "3",
+        "--out", str(tmp_path / "fwd"), "--quiet",
+    )  # fmt: skip
+    assert forward.exit_code == 0, forward.output
+    assert R.read_rows(tmp_path / "fwd").to_pydict()["score"] != rows["score"]
+
+
 def test_generate_command_rejects_bad_input(data_sets, tmp_path):
     res = invoke("distill", "generate", "--out", str(tmp_path / "o"), "--teacher", "scores",
                  "--dataset", "trec-dl22", "--data-dir", str(data_sets / "trec-dl22"))  # fmt: skip
