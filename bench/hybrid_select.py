@@ -1,7 +1,8 @@
 """Choose the hybrid's fusion on DL21, then report it on DL19 untouched by the choice.
 
 Inputs are the run files `cisrank eval` wrote (the reranked top 100 with raw scores, and the
-first stage): fusing them with `cisrank.data.fusion.fuse_runs` ranks exactly as
+first stage, which enters as its rank, `cisrank.data.fusion.input_order`): fusing them with
+`cisrank.data.fusion.fuse_runs` ranks exactly as
 `cisrank eval --reranker hybrid --fuse ... --fusion ...` does (tests/rerank/test_hybrid.py), so
 the grid costs seconds instead of a model pass per point. The grid: linear fusion of min-max or
 z-scored scores and weighted RRF, over CIS with dense, with the first stage, and with both;
@@ -23,7 +24,7 @@ from typing import Any
 from common import dl19_dir, write_result
 
 from cisrank.data.datasets import load_folder
-from cisrank.data.fusion import fuse_runs
+from cisrank.data.fusion import fuse_runs, input_order
 from cisrank.data.runs import Run
 from cisrank.env import data_dir
 from cisrank.eval import metrics as M
@@ -46,7 +47,8 @@ def simplex(n: int, step: float) -> list[tuple[float, ...]]:
 
 def load_runs(specs: list[str], dataset_dir: Path) -> tuple[dict[str, Run], Any]:
     dataset = load_folder(dataset_dir)
-    runs = {FIRST_STAGE: first_stage_run(dataset)}
+    # the first stage as the served hybrid sees it, its rank (same ranking, same figures)
+    runs = {FIRST_STAGE: input_order(first_stage_run(dataset))}
     for spec in specs:
         name, _, path = spec.partition("=")
         runs[name] = Run.read_trec(Path(path), name=name)

@@ -270,7 +270,7 @@ def eval_fuse(
     from rich.console import Console
 
     from cisrank.data import datasets
-    from cisrank.data.fusion import fuse_runs, parse_weights
+    from cisrank.data.fusion import fuse_runs, input_order, parse_weights
     from cisrank.data.runs import Run
     from cisrank.eval import metrics as M
     from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
@@ -297,9 +297,8 @@ def eval_fuse(
     if unknown:
         raise CisrankError(f"--fuse names {', '.join(unknown)}: not among {', '.join(runs)}")
     try:
-        fused = fuse_runs(
-            [runs[n] for n in weights], list(weights.values()), fusion, normalize, rrf_k, depth
-        )
+        parts = [input_order(runs[n]) if n == FIRST_STAGE else runs[n] for n in weights]
+        fused = fuse_runs(parts, list(weights.values()), fusion, normalize, rrf_k, depth)
     except ValueError as exc:
         raise CisrankError(str(exc)) from None
     runs["hybrid"] = fused

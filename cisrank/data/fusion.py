@@ -10,7 +10,8 @@ list, so the fused order never depends on other queries.
 
 The functions work on aligned score lists (`fuse`), as a reranker sees them, and on whole runs
 (`fuse_runs`), as `bench/hybrid_select.py` chooses weights from saved runs; both go through
-`fuse`, so weights chosen on runs give exactly the ranking the `hybrid` reranker serves.
+`fuse`, so weights chosen on runs give exactly the ranking the `hybrid` reranker serves, provided
+the first stage enters as its rank (`input_order`), as the reranker sees it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,24 @@ def fuse(
         for i, part in enumerate(parts):
             fused[i] += weight * part
     return fused
+
+
+def input_order(run: Run) -> Run:
+    """A run as the `hybrid` reranker's `first-stage` component scores it: `n - i` for the passage
+    at rank i of n, the raw scores dropped.
+
+    The reranker knows the first stage only as the order of the passages it is given (a
+    `/v1/rerank` request carries no first-stage scores; `IdentityReranker` scores them `n - i`).
+    Min-max or z-scores of BM25 scores are not those of ranks, so saved runs fused with raw
+    first-stage scores would rank differently from the hybrid that serves the chosen weights.
+    The offset n is immaterial: both normalizations and RRF ignore a constant shift."""
+    return Run.from_scores(
+        run.name,
+        {
+            qid: [(d, float(len(r) - i)) for i, (d, _) in enumerate(r)]
+            for qid, r in run.rankings.items()
+        },
+    )
 
 
 def fuse_runs(

@@ -6,8 +6,7 @@ import pytest
 from builders import hit, write_folder
 
 from cisrank.data.datasets import load_folder
-from cisrank.data.fusion import fuse, fuse_runs, normalize, parse_weights, ranks
-from cisrank.data.runs import Run as RunFile
+from cisrank.data.fusion import fuse, fuse_runs, input_order, normalize, parse_weights, ranks
 from cisrank.errors import CisrankError
 from cisrank.eval.pipeline import RERANKED, first_stage_run, run_eval
 from cisrank.rerank import load_reranker
@@ -125,8 +124,9 @@ def test_options_reach_the_component_that_takes_them(tiny_bert_dir, tiny_gpt2_di
 
 
 def _two_queries(tmp_path):
-    """A TREC DL-shaped folder: the four passages in BM25 order for q1, reversed for q2."""
-    hits = [hit(p, i, 10.0 - i, p) for i, p in enumerate(P, 1)]
+    """A TREC DL-shaped folder: the four passages in BM25 order for q1, reversed for q2. BM25
+    scores are not linear in rank, so fusing raw scores and fusing ranks differ."""
+    hits = [hit(p, i, 12.0 / i, p) for i, p in enumerate(P, 1)]
     return write_folder(
         tmp_path / "mini",
         {("q1", "one"): hits, ("q2", "two"): hits[::-1]},
@@ -146,7 +146,7 @@ def test_fusing_saved_runs_equals_the_hybrid_reranker_in_eval(tmp_path, fusion):
         run_eval(dataset, TableReranker(n, t), depth=depth, progress=False).runs[RERANKED]
         for n, t in [("cis", A), ("dense", B)]
     ]
-    runs.append(first_stage_run(dataset))
+    runs.append(input_order(first_stage_run(dataset)))
     weights = [0.5, 0.3, 0.2]
     want = fuse_runs(runs, weights, fusion, depth=depth)
     comps = {"cis": TableReranker("cis", A), "dense": TableReranker("dense", B)}
@@ -171,8 +171,9 @@ def test_fuse_runs_needs_the_same_candidates(tmp_path):
         fuse_runs([a, b], [1.0, 1.0])
 
 
-def test_cli_eval_fuse_equals_fuse_runs(tmp_path):
-    """`cisrank eval fuse` prints and writes the fusion of saved runs; bad specs are exit 2."""
+def test_cli_eval_fuse_equals_the_hybrid_reranker(tmp_path):
+    """`cisrank eval fuse` of saved runs gives the figures of the in-process hybrid (linear, so
+    the first stage's raw BM25 scores would differ from its ranks); bad specs are exit 2."""
     import json
     import subprocess
     import sys
@@ -185,8 +186,10 @@ def test_cli_eval_fuse_equals_fuse_runs(tmp_path):
     for name, table in [("cis", A), ("dense", B)]:
         run = run_eval(dataset, TableReranker(name, table), progress=False).runs[RERANKED]
         paths[name] = run.write_trec(tmp_path / f"{name}.trec")
-    runs = [RunFile.read_trec(paths["cis"]), first_stage_run(dataset)]
-    want = evaluate(fuse_runs(runs, [0.7, 0.3], "rrf"), dataset.qrels)
+    hybrid = HybridReranker(
+        components={"cis": TableReranker("cis", A)}, fuse="cis:0.7,first-stage:0.3"
+    )
+    want = evaluate(run_eval(dataset, hybrid, progress=False).runs[RERANKED], dataset.qrels)
 
     def cli(*args):
         return subprocess.run(
@@ -202,7 +205,7 @@ def test_cli_eval_fuse_equals_fuse_runs(tmp_path):
         "--fuse",
         "cis:0.7,first-stage:0.3",
         "--fusion",
-        "rrf",
+        "linear",
         "--json",
         "--output",
         str(tmp_path / "out"),
