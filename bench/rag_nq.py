@@ -30,7 +30,7 @@ Reported, per distractor kind and K (`bench/results/rag_nq_*.json`, figures and 
     decodings `avg_ens`, `replug`, `leens`, `clehe` (seed 004, over the input order), and the
     baselines `closed_book` (no passage) and `gold_only`.
 
-Everything is seeded (`--seed`): the questions are the file's first N, the random distractors
+Everything is seeded (`--seed`): the questions are N from the file (from `--first`, default 0), the random distractors
 and the noise come from `random.Random` seeded by (seed, question, K). Greedy decoding, at most
 `--max-new-tokens`; with a chat model (default: when the tokenizer has a chat template) the
 prompt is the user's turn, as the papers prompt instruct models.
@@ -274,6 +274,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--data", type=Path, default=Path(root) / DATA_FILE)
     ap.add_argument("--questions", type=int, default=200)
+    ap.add_argument(
+        "--first",
+        type=int,
+        default=0,
+        help="index of the first question (split a long run over processes; the pool is all)",
+    )
     ap.add_argument("--k", default="10,20", help="context sizes, comma-separated")
     ap.add_argument("--distractors", default="random,related")
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -311,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"no NQ file at {args.data}: set CISRANK_DATA_DIR or pass --data")
     everything = load_questions(args.data)
     pool = Pool(everything)
-    questions = everything[: args.questions]
+    questions = everything[args.first : args.first + args.questions]
     started = time.perf_counter()
     engine = CausalLMEngine(args.model, device=args.device, dtype=args.dtype)
     load_s = time.perf_counter() - started
@@ -322,7 +328,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     decoder = EnsembleDecoder(asm)
     out: dict[str, Any] = {}
     per_question: dict[str, Any] = {}
-    name = args.name or f"rag_nq_q{len(questions)}_k{'-'.join(map(str, args.ks))}"
+    name = args.name or (
+        f"rag_nq_q{args.first}-{args.first + len(questions)}_k{'-'.join(map(str, args.ks))}"
+    )
     t0 = time.perf_counter()
     done = 0
 
