@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--prior-store", default="out/priors-smollm2.sqlite")
     ap.add_argument("--max-doc-tokens", type=int, default=512)
     ap.add_argument("--pairs-out", type=Path, default=None, help="per-pair TSV (default out/)")
+    ap.add_argument(
+        "--name", default=None, help="result name (default cis_variants_{dataset}_d{depth})"
+    )
     args = ap.parse_args()
 
     ds = load_named(args.dataset)
@@ -126,6 +129,8 @@ def main() -> None:
     variants: dict[str, dict[tuple[str, str], float]] = {}
     commands: dict[str, str] = {}
     cmd = f"cisrank eval {args.dataset} --reranker cis --model {args.model} --depth {args.depth}"
+    if args.max_doc_tokens != 512:
+        cmd += f" --max-doc-tokens {args.max_doc_tokens}"
     if "prior" in columns:
         variants["prior alone, log p(K)"] = columns["prior"]
     for t in forward_templates:
@@ -188,7 +193,7 @@ def main() -> None:
         for k in keys:
             w.writerow([qid_of[k[0]], n[k], grade[k], *(f"{columns[c][k]:.6f}" for c in columns)])
     write_result(
-        f"cis_variants_{args.dataset.replace('-', '_')}_d{args.depth}",
+        args.name or f"cis_variants_{args.dataset.replace('-', '_')}_d{args.depth}",
         {
             "dataset": args.dataset,
             "depth": args.depth,
