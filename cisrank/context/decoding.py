@@ -41,7 +41,7 @@ import torch
 from cisrank.context.assemble import ContextAssembler
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
-from cisrank.rerank.causal_lm import DecodeStep
+from cisrank.rerank.causal_lm import DecodeStep, LockstepPrefill
 
 
 class DecodingTimeout(CisrankError):
@@ -150,15 +150,51 @@ class EnsembleDecoder:
         With `trace`, every step's merged log-probabilities are kept (V floats a step). Past
         `deadline` (a `time.monotonic()` value), checked at every step, it stops with
         `DecodingTimeout` (a server's bound on one request's model time)."""
-        if decoding not in DECODINGS:
-            raise CisrankError(f"unknown decoding {decoding!r}: use one of {', '.join(DECODINGS)}")
+        return self.generate_many(
+            question,
+            passages,
+            [decoding],
+            max_new_tokens=max_new_tokens,
+            scores=scores,
+            stop_at_eos=stop_at_eos,
+            trace=trace,
+            deadline=deadline,
+        )[decoding]
+
+    def generate_many(
+        self,
+        question: str,
+        passages: Sequence[Passage],
+        decodings: Sequence[str],
+        *,
+        max_new_tokens: int = 32,
+        scores: Sequence[float] | None = None,
+        stop_at_eos: bool = True,
+        trace: bool = False,
+        deadline: float | None = None,
+    ) -> dict[str, Generation]:
+        """Several decodings of one question over the same passages, each as `generate` gives it.
+
+        The document-parallel decodings read the same K + 1 prompts and differ only in how they
+        merge the rows' next-token distributions, so they share one prefill of those prompts
+        (`CausalLMEngine.prefill_lockstep`) and each decodes on from it: asking for all four
+        costs one prefill, not four. On a CPU the prefill is most of a short answer's cost."""
+        decodings = list(dict.fromkeys(decodings))
+        if not decodings:
+            raise CisrankError("no decoding asked for: give at least one")
+        for decoding in decodings:
+            if decoding not in DECODINGS:
+                raise CisrankError(
+                    f"unknown decoding {decoding!r}: use one of {', '.join(DECODINGS)}"
+                )
         if max_new_tokens < 1:
             raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         passages = list(passages)
-        if not passages and decoding != "naive":  # naive with none: the closed-book answer
+        ensembles = [d for d in decodings if d in ENSEMBLES]
+        if not passages and ensembles:  # naive with none: the closed-book answer
             raise CisrankError("no passages to decode with: give at least one")
         fixed: torch.Tensor | None = None
-        if decoding == "replug":
+        if "replug" in ensembles:
             if scores is None or len(scores) != len(passages):
                 raise CisrankError("replug needs one reranker score per passage")
             fixed = torch.softmax(
@@ -167,14 +203,39 @@ class EnsembleDecoder:
                 dim=0,
             ).float()
         asm = self.assembler
-        if decoding == "naive":
-            rows = [asm.render(question, passages).ids]
-        else:
+        eos = self.engine.tokenizer.eos_token_id
+        stops = [eos] if stop_at_eos and eos is not None else []
+        out: dict[str, Generation] = {}
+        if "naive" in decodings:
+            state = self.engine.prefill_lockstep(
+                [asm.render(question, passages).ids], max_new_tokens=max_new_tokens
+            )
+            out["naive"] = self._decode(
+                state, "naive", None, max_new_tokens, stops, trace, deadline
+            )
+        if ensembles:
             single = asm.template.single()
             rows = [asm.render(question, []).ids]
             rows += [asm.render(question, [p], template=single).ids for p in passages]
-        eos = self.engine.tokenizer.eos_token_id
-        stops = [eos] if stop_at_eos and eos is not None else []
+            layers = self.layers if "clehe" in ensembles else ()
+            state = self.engine.prefill_lockstep(rows, layers=layers, max_new_tokens=max_new_tokens)
+            for decoding in ensembles:
+                out[decoding] = self._decode(
+                    state, decoding, fixed, max_new_tokens, stops, trace, deadline
+                )
+        return {d: out[d] for d in decodings}
+
+    def _decode(
+        self,
+        state: LockstepPrefill,
+        decoding: str,
+        fixed: torch.Tensor | None,
+        max_new_tokens: int,
+        stops: list[int],
+        trace: bool,
+        deadline: float | None,
+    ) -> Generation:
+        """One greedy decoding from a prefill (left unchanged for the next one)."""
         records: list[StepRecord] = []
 
         def choose(step: DecodeStep) -> int:
@@ -189,8 +250,8 @@ class EnsembleDecoder:
             return token
 
         layers = self.layers if decoding == "clehe" else ()
-        tokens = self.engine.decode_lockstep(
-            rows, choose, max_new_tokens, layers=layers, stop_ids=stops
+        tokens = self.engine.decode_from(
+            state, choose, max_new_tokens, layers=layers, stop_ids=stops
         )
         text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
         return Generation(decoding, text.strip(), tokens, records)

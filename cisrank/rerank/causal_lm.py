@@ -58,6 +58,22 @@ class DecodeStep:
 
 
 @dataclass(frozen=True, slots=True)
+class LockstepPrefill:
+    """Prompts prefilled for lock-step decoding (`CausalLMEngine.prefill_lockstep`).
+
+    `kv`: per model layer, the rows' keys and values `[R, heads, W, head_dim]`, each row
+    right-aligned behind masked left padding (`mask`, `[R, W]`); `lengths`: each row's tokens;
+    `layers`: the layers whose hidden states `first` holds; `first`: step 0 (the last
+    position's logits and hidden states)."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
+    lengths: tuple[int, ...]
+    layers: tuple[int, ...]
+    first: DecodeStep
+
+
+@dataclass(frozen=True, slots=True)
 class ContinuationScores:
     """Summed log-probabilities (and optionally per-token ones) of continuations, in input order."""
 
@@ -481,42 +497,187 @@ class CausalLMEngine:
     ) -> list[int]:
         """Greedy-style decoding of several prompts in lock-step, one shared generated suffix.
 
-        Row r reads `rows[r] + generated`. The rows are prefilled once (left-padded, explicit
-        position ids, so each row computes what it would alone), then each step feeds the one
-        chosen token to every row through the key/value cache. At each step `choose` gets the
-        float32 next-token logits of every row (`[R, V]`) and, for each of `layers`, the rows'
-        hidden states at the last position (`{layer: [R, H]}`, raw: see `layer_logits`) and
-        returns the token appended to all rows. Stops after `max_new_tokens` or a token in
-        `stop_ids` (which is kept). Each step's memory is R x V logits; never `[R, L, V]`.
+        Row r reads `rows[r] + generated`. At each step `choose` gets the float32 next-token
+        logits of every row (`[R, V]`) and, for each of `layers`, the rows' hidden states at the
+        last position (`{layer: [R, H]}`, raw: see `layer_logits`) and returns the token appended
+        to all rows. Stops after `max_new_tokens` or a token in `stop_ids` (which is kept). Each
+        step's memory is R x V logits; never `[R, L, V]`. `prefill_lockstep` + `decode_from`.
+        """
+        state = self.prefill_lockstep(rows, layers=layers, max_new_tokens=max_new_tokens)
+        return self.decode_from(state, choose, max_new_tokens, layers=layers, stop_ids=stop_ids)
+
+    def prefill_lockstep(
+        self,
+        rows: Sequence[Sequence[int]],
+        *,
+        layers: Sequence[int] = (),
+        max_new_tokens: int = 1,
+    ) -> LockstepPrefill:
+        """Run the prompts of a lock-step decoding once; `decode_from` continues from the result
+        as often as asked (several decodings of the same rows pay for one prefill).
+
+        The rows are prefilled in the engine's length batches (near-equal lengths, explicit
+        position ids, so each row computes what it would alone), not as one batch padded to the
+        longest: the K + 1 prompts of document-parallel decoding differ in length by up to 5x,
+        and on a CPU padding is pure loss. Their key/value tensors are then laid side by side,
+        right-aligned, with the left padding masked out, as one left-padded batch would hold
+        them. `layers`: the hidden states (at each row's last position) that steps may ask for;
+        `max_new_tokens`: the most any decoding from it will add (checked against the model's
+        context before any work is done).
         """
         rows = [[int(t) for t in r] for r in rows]
         if not rows or any(not r for r in rows):
             raise CisrankError("every decoded row needs at least one token (BOS)")
-        longest = max(len(r) for r in rows)
+        wanted = tuple(sorted(set(int(x) for x in layers)))
+        if any(not 0 <= x <= self.num_layers for x in wanted):
+            raise CisrankError(f"layers must be in 0..{self.num_layers}, got {list(layers)}")
+        lengths = [len(r) for r in rows]
+        self._check_fits(max(lengths), max_new_tokens)
+        batches = self.batcher().plan(lengths)
+        with torch.inference_mode():
+            if len(batches) == 1:  # one batch is already the layout decoding reads
+                return self._prefilled(*self._left_padded(rows), wanted, lengths)
+            parts = [
+                self._prefill_part(*self._left_padded([rows[i] for i in batch]), wanted)
+                for batch in batches
+            ]
+            if not all(p is not None for p in parts):
+                # a cache that is not plain key/value tensors (sliding windows, recurrent
+                # state): prefill every row in one left-padded batch, the layout it reads
+                ids, mask, positions = self._left_padded(rows)
+                return self._prefilled(ids, mask, positions, wanted, lengths)
+            return self._merged_prefill(batches, parts, wanted, lengths)
+
+    def _check_fits(self, longest: int, max_new_tokens: int) -> None:
         if self.max_positions is not None and longest + max_new_tokens > self.max_positions:
             raise CisrankError(
                 f"a prompt of {longest} tokens plus {max_new_tokens} new tokens exceeds the "
                 f"context of '{self.model_name}' ({self.max_positions} tokens): pass fewer or "
                 "shorter passages, or lower --max-new-tokens"
             )
-        from transformers import DynamicCache
 
+    def _left_padded(
+        self, rows: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pad_id = self.tokenizer.pad_token_id
         pad_id = self.bos_id if pad_id is None else int(pad_id)
         np_ids, np_mask, offsets = pad_batch(rows, pad_id, left=True)
         ids = torch.from_numpy(np_ids).to(self.device)
         mask = torch.from_numpy(np_mask).to(self.device)
-        width = ids.shape[1]
         off = torch.tensor(offsets, device=self.device).unsqueeze(1)
-        positions = (torch.arange(width, device=self.device).unsqueeze(0) - off).clamp_min(0)
+        positions = (torch.arange(ids.shape[1], device=self.device).unsqueeze(0) - off).clamp_min(0)
+        return ids, mask, positions
+
+    def _run_prefill(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        wanted: tuple[int, ...],
+    ):
+        from transformers import DynamicCache
+
+        out = self.base(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=DynamicCache(config=self.model.config),
+            use_cache=True,
+            output_hidden_states=bool(wanted),
+        )
+        hidden = {x: out.hidden_states[x][:, -1] for x in wanted}
+        return out.past_key_values, out.last_hidden_state[:, -1], hidden
+
+    def _prefilled(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        wanted: tuple[int, ...],
+        lengths: list[int],
+    ) -> LockstepPrefill:
+        cache, last, hidden = self._run_prefill(ids, mask, positions, wanted)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        first = DecodeStep(0, self.head_logits(last), hidden)
+        return LockstepPrefill(kv, mask, tuple(lengths), wanted, first)
+
+    def _prefill_part(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        wanted: tuple[int, ...],
+    ):
+        from transformers.cache_utils import DynamicLayer
+
+        cache, last, hidden = self._run_prefill(ids, mask, positions, wanted)
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return None
+        return [(layer.keys, layer.values) for layer in cache.layers], last, hidden
+
+    def _merged_prefill(self, batches, parts, wanted, lengths) -> LockstepPrefill:
+        """One left-padded layout from per-batch prefills: row r's keys and values end at the
+        right edge, its padding (masked) before them, as `_left_padded` would place its tokens."""
+        n, width = len(lengths), max(lengths)
+        mask = torch.zeros((n, width), dtype=torch.long, device=self.device)
+        kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        layers0 = parts[0][0]
+        for li in range(len(layers0)):
+            k0, v0 = layers0[li]
+            keys = k0.new_zeros((n, k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((n, v0.shape[1], width, v0.shape[3]))
+            for batch, (part_kv, _, _) in zip(batches, parts, strict=True):
+                k, v = part_kv[li]
+                for b, r in enumerate(batch):
+                    keys[r, :, width - lengths[r] :] = k[b, :, k.shape[2] - lengths[r] :]
+                    values[r, :, width - lengths[r] :] = v[b, :, v.shape[2] - lengths[r] :]
+            kv.append((keys, values))
+        last = torch.empty((n, parts[0][1].shape[-1]), dtype=parts[0][1].dtype, device=self.device)
+        hidden = {x: torch.empty_like(last) for x in wanted}
+        for batch, (_, part_last, part_hidden) in zip(batches, parts, strict=True):
+            idx = torch.tensor(batch, device=self.device)
+            last[idx] = part_last
+            for x in wanted:
+                hidden[x][idx] = part_hidden[x]
+            for r in batch:
+                mask[r, width - lengths[r] :] = 1
+        first = DecodeStep(0, self.head_logits(last), hidden)
+        return LockstepPrefill(kv, mask, tuple(lengths), wanted, first)
+
+    def decode_from(
+        self,
+        state: LockstepPrefill,
+        choose: Callable[[DecodeStep], int],
+        max_new_tokens: int,
+        *,
+        layers: Sequence[int] = (),
+        stop_ids: Sequence[int] = (),
+    ) -> list[int]:
+        """Decode from a prefill (`prefill_lockstep`), leaving it unchanged for the next call:
+        the step-0 logits are the prefill's, then each chosen token is fed to every row through
+        a key/value cache that starts from the prefill's tensors (a cache appends by
+        concatenation, so they are never written). `layers` must be among the prefill's."""
+        self._check_fits(max(state.lengths), max_new_tokens)
         wanted = sorted(set(int(x) for x in layers))
-        if any(not 0 <= x <= self.num_layers for x in wanted):
-            raise CisrankError(f"layers must be in 0..{self.num_layers}, got {list(layers)}")
-        cache = DynamicCache(config=self.model.config)
+        if any(x not in state.layers for x in wanted):
+            raise CisrankError(f"layers {wanted} were not all prefilled ({list(state.layers)})")
+        from transformers import DynamicCache
+
+        n = len(state.lengths)
         out_tokens: list[int] = []
         stops = {int(t) for t in stop_ids}
+        mask = state.mask
+        positions = torch.tensor(state.lengths, device=self.device).unsqueeze(1)
+        cache = DynamicCache(ddp_cache_data=state.kv, config=self.model.config)
+        current = DecodeStep(0, state.first.logits, {x: state.first.hidden[x] for x in wanted})
         with torch.inference_mode():
             for step in range(max_new_tokens):
+                token = int(choose(current))
+                out_tokens.append(token)
+                if token in stops or step + 1 == max_new_tokens:
+                    break
+                ids = torch.full((n, 1), token, dtype=torch.long, device=self.device)
+                mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
                 out = self.base(
                     input_ids=ids,
                     attention_mask=mask,
@@ -526,13 +687,8 @@ class CausalLMEngine:
                     output_hidden_states=bool(wanted),
                 )
                 cache = out.past_key_values
+                positions = positions + 1
                 last = out.last_hidden_state[:, -1]
                 hidden = {x: out.hidden_states[x][:, -1] for x in wanted}
-                token = int(choose(DecodeStep(step, self.head_logits(last), hidden)))
-                out_tokens.append(token)
-                if token in stops:
-                    break
-                ids = torch.full((len(rows), 1), token, dtype=torch.long, device=self.device)
-                mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
-                positions = positions[:, -1:] + 1
+                current = DecodeStep(step + 1, self.head_logits(last), hidden)
         return out_tokens

@@ -129,3 +129,58 @@ def test_defaults_and_bad_input(tiny):
         EnsembleDecoder(asm, layers=[3])
     with pytest.raises(CisrankError, match="exceeds the context"):
         dec.generate(QUESTION, passages(2), "naive", max_new_tokens=5000)
+
+
+def test_decodings_sharing_one_prefill_equal_each_alone(tiny):
+    """generate_many prefills the K + 1 rows once and decodes every mode from it: each result
+    must equal a decoding that prefilled on its own (the shared prefill is never written)."""
+    asm = ContextAssembler(tiny.engine, "entropy")
+    docs = passages(4)
+    scores = [1.0, -0.5, 0.25, 2.0]
+    dec = EnsembleDecoder(asm, tau=0.5, beta=0.7, layers=[1, 2])
+    modes = ["clehe", "naive", "avg_ens", "replug", "leens"]
+    kw = dict(max_new_tokens=4, scores=scores, stop_at_eos=False, trace=True)
+    together = dec.generate_many(QUESTION, docs, modes, **kw)
+    assert list(together) == modes
+    for mode in modes:
+        alone = dec.generate(QUESTION, docs, mode, **kw)
+        got = together[mode]
+        assert got.decoding == mode and got.tokens == alone.tokens and got.text == alone.text
+        for a, b in zip(got.steps, alone.steps, strict=True):
+            assert np.array_equal(a.merged, b.merged), mode
+            assert a.weights == b.weights and a.layer == b.layer
+    with pytest.raises(CisrankError, match="no decoding"):
+        dec.generate_many(QUESTION, docs, [])
+
+
+def test_prefill_in_length_batches_equals_one_padded_batch(tiny):
+    """Rows prefilled in separate batches and laid side by side decode as one left-padded batch
+    of all rows does: same logits at every step (float32 noise only), same tokens."""
+    eng = tiny.engine
+    asm = ContextAssembler(eng, "entropy")
+    single = asm.template.single()
+    rows = [asm.render(QUESTION, []).ids]
+    rows += [asm.render(QUESTION, [d], template=single).ids for d in passages(5)]
+    assert len({len(r) for r in rows}) > 2  # lengths differ: padding matters
+    seen: dict[str, list[np.ndarray]] = {}
+    saved = eng.batch_size, eng.max_padding
+    try:
+        for name, (size, padding) in {"one batch": (None, 0.99), "one row each": (1, 0.0)}.items():
+            eng.batch_size, eng.max_padding = size, padding
+            assert len(eng.batcher().plan([len(r) for r in rows])) == (
+                1 if name == "one batch" else len(rows)
+            )
+            logits: list[np.ndarray] = []
+
+            def choose(step, logits=logits):
+                logits.append(step.logits.numpy().copy())
+                assert set(step.hidden) == {1}
+                logits.append(step.hidden[1].numpy().copy())
+                return int(step.logits[0].argmax())
+
+            eng.decode_lockstep(rows, choose, 3, layers=[1])
+            seen[name] = logits
+    finally:
+        eng.batch_size, eng.max_padding = saved
+    for a, b in zip(seen["one batch"], seen["one row each"], strict=True):
+        assert np.abs(a - b).max() <= 1e-4
