@@ -10,7 +10,9 @@ Two ratios, each measured in one run on the same model, prompts and machine:
    whole `arrange(..., "curvature")` (the K rotations, then the final prompt's gauge).
 2. Each decoding mode (`naive`, `avg_ens`, `replug`, `leens`, `clehe`: `EnsembleDecoder`, K + 1
    rows in lock-step for the ensembles) generating N tokens, against `model.generate` greedy
-   decoding of the naive prompt (all K passages) for the same N tokens.
+   decoding of the naive prompt (all K passages) for the same N tokens; and the
+   document-parallel modes together through `generate_many` (one prefill of the K + 1 rows
+   shared by all of them) against the sum of their separate runs.
 
 Default model: GPT-2 124M-shaped with random weights (`bench/common.py` `gpt2_124m`, a
 word-level tokenizer over the passages; random weights cost the same arithmetic), passages cut to
@@ -36,7 +38,7 @@ import torch
 from common import gpt2_124m, machine, time_calls, write_result
 
 from cisrank.context import ContextAssembler, rotations
-from cisrank.context.decoding import DECODINGS, EnsembleDecoder
+from cisrank.context.decoding import DECODINGS, ENSEMBLES, EnsembleDecoder
 from cisrank.data.types import Passage
 from cisrank.rerank.causal_lm import CausalLMEngine
 
@@ -172,6 +174,30 @@ def main(argv: list[str] | None = None) -> dict:
 
         t = statistics.median(time_calls(run, args.repeats))
         decoding[mode] = {"seconds": t, "vs_hf_generate_naive": t / t_hf}
+    shared: dict[str, float] | None = None
+    ensembles = [m for m in decoding if m in ENSEMBLES]
+    if len(ensembles) > 1:  # the same modes from one shared prefill (`generate_many`)
+
+        def run_many():
+            gens = decoder.generate_many(
+                question,
+                docs,
+                ensembles,
+                max_new_tokens=args.new_tokens,
+                scores=scores,
+                stop_at_eos=False,
+            )
+            assert all(len(g.tokens) == args.new_tokens for g in gens.values())
+
+        t = statistics.median(time_calls(run_many, args.repeats))
+        alone = sum(decoding[m]["seconds"] for m in ensembles)
+        shared = {
+            "modes": "+".join(ensembles),
+            "seconds": t,
+            "each_alone_s": alone,
+            "vs_each_alone": t / alone,
+            "vs_hf_generate_naive": t / t_hf,
+        }
     result = {
         "model": model_desc,
         "machine": machine(),
@@ -184,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
             "naive_prompt_tokens": int(naive_ids.shape[1]),
             "hf_generate_naive_s": t_hf,
             "modes": decoding,
+            "shared_prefill": shared,
         },
     }
     print(json.dumps({"decoding": result["decoding"]}, indent=1), flush=True)

@@ -37,6 +37,14 @@ prompt is the user's turn, as the papers prompt instruct models.
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/rag_nq.py --questions 200 \\
         --k 10,20 --distractors random,related --model smollm2-135m-instruct
+
+Cost, per question and context on one CPU core at K = 10 (SmolLM2-135M): the K rotation
+prefills of (a) and (b) about 66 s, each naive generation 6-10 s, the four document-parallel
+decodings together about 25 s (`EnsembleDecoder.generate_many`: one prefill of the K + 1 rows
+serves all four). A long run splits over processes with `--first`/`--questions`; a later run
+can add modes to the same questions with `--reuse EARLIER.json` (it reads the rotation scores,
+after re-scoring one question per block to check them), and `--merge A.json B.json ...` joins
+the per-question records into one result with the figures of all the questions.
 """
 
 from __future__ import annotations
@@ -212,7 +220,29 @@ class Tally:
         }
 
 
-def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally) -> None:
+def reused_scores(paths: Sequence[Path], args: argparse.Namespace) -> dict[tuple[str, int], dict]:
+    """Rotation scores of earlier runs, by (kind_kK, question): the K rotation prefills are a
+    question's costliest step and deterministic, so a later run that adds modes (the accuracy
+    of other arrangements) reads them instead of paying again. Only runs with the same model,
+    prompt and seed qualify; `main` re-scores one question per block and compares."""
+    out: dict[tuple[str, int], dict] = {}
+    for path in paths:
+        res = json.loads(Path(path).read_text())["results"]
+        same = (res["model"], res["template"], res["seed"]) == (
+            args.model,
+            args.template,
+            args.seed,
+        )
+        if not same:
+            raise SystemExit(f"{path}: another model, template or seed; cannot reuse its scores")
+        for key, recs in res["per_question"].items():
+            for rec in recs:
+                if "rotation_loglik" in rec:
+                    out[(key, int(rec["question"]))] = rec
+    return out
+
+
+def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally, reuse=None) -> None:
     from cisrank.context import rotations
 
     docs, bm25, gold = build_context(pool, q, k, kind, args.seed)
@@ -221,50 +251,127 @@ def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally) -> None:
     orders: dict[str, list[int]] = {"ranked": list(range(k)), "reverse": list(range(k))[::-1]}
     t = time.perf_counter()
     if {"pmi_rotation", "curvature", "positions"} & set(modes):
-        res = asm.arrange(q.question, docs, "curvature")
-        ls = [c.mean_logprob for c in res.candidates]
+        if reuse is not None:
+            if reuse["gold_input_position"] != gold or len(reuse["rotation_loglik"]) != k:
+                raise SystemExit(f"question {q.index}: the reused record has another context")
+            ls, order = list(reuse["rotation_loglik"]), list(reuse["curvature_order"])
+            rec.update(curvature_scores=reuse["curvature_scores"], reused_scores=True)
+        else:
+            res = asm.arrange(q.question, docs, "curvature")
+            ls, order = [c.mean_logprob for c in res.candidates], res.order
+            rec.update(curvature_scores=res.scores)
         for r, lr in enumerate(ls):  # rotation r puts the gold at (gold - r) mod K
             tally.by_position[(gold - r) % k] += lr
-        orders["curvature"] = res.order
+        orders["curvature"] = order
         orders["pmi_rotation"] = rotations(k)[int(np.argmax(ls))]
-        tally.curvature_first += res.order[0] == gold
+        tally.curvature_first += order[0] == gold
         tally.pmi_rotation_first += orders["pmi_rotation"][0] == gold
-        rec.update(rotation_loglik=ls, curvature_scores=res.scores, curvature_order=res.order)
+        rec.update(rotation_loglik=ls, curvature_order=order)
     tally.seconds["scoring"] = tally.seconds.get("scoring", 0.0) + time.perf_counter() - t
     tally.input_first += gold == 0
+    answers: dict[str, Any] = {}
+    decoded = [m for m in modes if m in DECODED]
+    if decoded:  # one prefill of the K + 1 rows serves every document-parallel mode
+        t = time.perf_counter()
+        answers.update(
+            decoder.generate_many(
+                q.question, docs, decoded, max_new_tokens=args.max_new_tokens, scores=bm25
+            )
+        )
+        spent = time.perf_counter() - t
+        tally.seconds["document_parallel"] = tally.seconds.get("document_parallel", 0.0) + spent
     for mode in modes:
-        if mode == "positions":
+        if mode == "positions" or mode in DECODED:
             continue
         t = time.perf_counter()
         if mode in orders:
-            gen = decoder.generate(
-                q.question,
-                [docs[i] for i in orders[mode]],
-                "naive",
-                max_new_tokens=args.max_new_tokens,
-            )
+            passages = [docs[i] for i in orders[mode]]
         elif mode == "noise":
             rng = random.Random(f"{args.seed}:{q.index}:{k}:{kind}:noise")
-            noise = pool.random(q, args.noise, rng, exclude=docs)
-            gen = decoder.generate(
-                q.question, [*noise, *docs[::-1]], "naive", max_new_tokens=args.max_new_tokens
-            )
-        elif mode in DECODED:
-            gen = decoder.generate(
-                q.question, docs, mode, max_new_tokens=args.max_new_tokens, scores=bm25
-            )
+            passages = [*pool.random(q, args.noise, rng, exclude=docs), *docs[::-1]]
         elif mode == "closed_book":
-            gen = decoder.generate(q.question, [], "naive", max_new_tokens=args.max_new_tokens)
+            passages = []
         else:  # gold_only
-            gen = decoder.generate(
-                q.question, [q.gold], "naive", max_new_tokens=args.max_new_tokens
-            )
-        ok = has_answer(gen.text, q.answers)
-        tally.correct[mode] = tally.correct.get(mode, 0) + int(ok)
+            passages = [q.gold]
+        answers[mode] = decoder.generate(
+            q.question, passages, "naive", max_new_tokens=args.max_new_tokens
+        )
         tally.seconds[mode] = tally.seconds.get(mode, 0.0) + time.perf_counter() - t
-        rec["answers"][mode] = {"text": gen.text, "correct": ok}
+    for mode in modes:
+        if mode in answers:
+            ok = has_answer(answers[mode].text, q.answers)
+            tally.correct[mode] = tally.correct.get(mode, 0) + int(ok)
+            rec["answers"][mode] = {"text": answers[mode].text, "correct": ok}
     tally.questions += 1
     tally.records.append(rec)
+
+
+def merge(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One summary per block from the per-question records of several runs (a long run split
+    over processes with `--first`, or a later run that added modes to the same questions): the
+    figures one run over all of them would give. Records of one question are joined (their
+    contexts must agree; a mode answered twice keeps the later file's answer); each accuracy
+    is over the questions that ran the mode, each time per question over the runs that
+    measured it (scoring time not from runs that reused the scores)."""
+    from cisrank.context import rotations
+
+    blocks: dict[str, dict[int, dict]] = {}
+    spent: dict[str, dict[str, list[float]]] = {}
+    for path in paths:
+        res = json.loads(Path(path).read_text())["results"]
+        for key, summary in res["results"].items():
+            recs = res["per_question"][key]
+            reused = any(r.get("reused_scores") for r in recs)
+            acc = spent.setdefault(key, {})
+            for m, v in summary["seconds_per_question"].items():
+                if not (m == "scoring" and reused):
+                    total = acc.setdefault(m, [0.0, 0])
+                    total[0] += v * summary["questions"]
+                    total[1] += summary["questions"]
+            for rec in recs:
+                have = blocks.setdefault(key, {}).get(int(rec["question"]))
+                if have is None:
+                    blocks[key][int(rec["question"])] = json.loads(json.dumps(rec))
+                    continue
+                if have["gold_input_position"] != rec["gold_input_position"]:
+                    raise SystemExit(f"{path}: question {rec['question']} has another context")
+                have["answers"].update(rec["answers"])
+                for f in ("rotation_loglik", "curvature_order", "curvature_scores"):
+                    have.setdefault(f, rec.get(f))
+    out: dict[str, Any] = {}
+    per_question: dict[str, Any] = {}
+    for key, recs in blocks.items():
+        k = int(key.rsplit("_k", 1)[1])
+        tally = Tally(k)
+        scored = 0
+        for _, rec in sorted(recs.items()):
+            gold = rec["gold_input_position"]
+            if rec.get("rotation_loglik") is not None:
+                scored += 1
+                for r, lr in enumerate(rec["rotation_loglik"]):
+                    tally.by_position[(gold - r) % k] += lr
+                tally.curvature_first += rec["curvature_order"][0] == gold
+                best = rotations(k)[int(np.argmax(rec["rotation_loglik"]))]
+                tally.pmi_rotation_first += best[0] == gold
+            tally.input_first += gold == 0
+            for mode, ans in rec["answers"].items():
+                tally.correct[mode] = tally.correct.get(mode, 0) + int(ans["correct"])
+            tally.questions += 1
+            tally.records.append(rec)
+        summary = tally.summary()
+        n = max(scored, 1)
+        summary["questions_scored"] = scored
+        summary["loglik_by_gold_position"] = [v / n for v in tally.by_position]
+        summary["curvature_gold_first"] = tally.curvature_first / n
+        summary["pmi_rotation_gold_first"] = tally.pmi_rotation_first / n
+        summary["questions_per_mode"] = {}
+        for mode in summary["accuracy"]:
+            ran = sum(mode in r["answers"] for r in tally.records)
+            summary["accuracy"][mode] = tally.correct[mode] / ran
+            summary["questions_per_mode"][mode] = ran
+        summary["seconds_per_question"] = {m: t / c for m, (t, c) in spent[key].items() if c}
+        out[key], per_question[key] = summary, tally.records
+    return out, per_question
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -297,6 +404,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--name", default=None, help="result name (default rag_nq_q{N}_k{K...})")
     ap.add_argument("--results-dir", type=Path, default=None)
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier result file whose rotation scores to read instead of recomputing "
+        "(same model, template and seed; one question per block is re-scored as a check)",
+    )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="no model run: combine these result files' per-question records into --name",
+    )
     args = ap.parse_args(argv)
     args.ks = [int(x) for x in args.k.split(",") if x.strip()]
     args.kinds = [x for x in args.distractors.split(",") if x.strip()]
@@ -309,6 +431,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.merge:
+        return merge_files(args)
     from cisrank.context import ContextAssembler
     from cisrank.context.decoding import EnsembleDecoder
     from cisrank.rerank.causal_lm import CausalLMEngine
@@ -357,14 +481,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "per_question": per_question,
         }
 
+    reuse = reused_scores(args.reuse, args)
     for kind in args.kinds:
         for k in args.ks:
             key = f"{kind}_k{k}"
             tally = Tally(k)
+            checked = False
             for q in questions:
                 asm.clear()
                 started = time.perf_counter()
-                run_question(asm, decoder, pool, q, k, kind, args, tally)
+                old = reuse.get((key, q.index))
+                if old is not None and not checked:  # the reused scores are what we compute
+                    fresh = Tally(k)
+                    run_question(asm, decoder, pool, q, k, kind, args_for(args, []), fresh)
+                    gap = np.abs(
+                        np.subtract(fresh.records[0]["rotation_loglik"], old["rotation_loglik"])
+                    ).max()
+                    if gap > 1e-4:
+                        raise SystemExit(f"{key} question {q.index}: reused scores differ by {gap}")
+                    print(f"{key}: reused rotation scores checked ({gap:.1e})", file=sys.stderr)
+                    checked = True
+                run_question(asm, decoder, pool, q, k, kind, args, tally, old)
                 done += 1
                 # progress, and the figures so far (a long run can be read before it ends)
                 out[key], per_question[key] = tally.summary(), tally.records
@@ -380,6 +517,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     n_runs = max(done, 1)
     path = write_result(name, payload, args.results_dir)
     print(f"wrote {path} ({total / n_runs:.1f} s per question and context)")
+    return payload
+
+
+def args_for(args: argparse.Namespace, modes: list[str]) -> argparse.Namespace:
+    """`args` with only the rotation scores and the given modes asked for."""
+    return argparse.Namespace(**{**vars(args), "modes": ["positions", *modes]})
+
+
+def merge_files(args: argparse.Namespace) -> dict[str, Any]:
+    """`--merge`: the figures of several runs' questions together, as one result file."""
+    runs = [json.loads(Path(p).read_text())["results"] for p in args.merge]
+    same = ("model", "chat", "template", "noise", "max_new_tokens", "seed")
+    for path, run in zip(args.merge, runs, strict=True):
+        if any(run[f] != runs[0][f] for f in same):
+            raise SystemExit(f"{path}: other settings than {args.merge[0]} ({', '.join(same)})")
+    out, per_question = merge(args.merge)
+    payload = {
+        "command": "bench/rag_nq.py --merge " + " ".join(str(p) for p in args.merge),
+        "merged": [run["command"] for run in runs],
+        "complete": all(run["complete"] for run in runs),
+        **{f: runs[0][f] for f in (*same, "machine", "device", "dtype")},
+        "results": out,
+        "per_question": per_question,
+    }
+    name = args.name or "rag_nq_merged"
+    path = write_result(name, payload, args.results_dir)
+    print(json.dumps(out, indent=1, default=str)[:4000])
+    print(f"wrote {path}")
     return payload
 
 

@@ -35,4 +35,6 @@ def test_context_speed_runs_on_a_tiny_model(tiny_gpt2_dir, tmp_path):
     assert out["curvature"]["k"] == 3 and out["curvature"]["max_abs_diff_engine_vs_plain"] < 1e-3
     assert out["curvature"]["engine_vs_plain_ratio"] > 0
     assert set(out["decoding"]["modes"]) == {"naive", "avg_ens", "replug", "leens", "clehe"}
+    shared = out["decoding"]["shared_prefill"]
+    assert shared["modes"] == "avg_ens+replug+leens+clehe" and shared["seconds"] > 0
     assert json.loads((tmp_path / "speed.json").read_text())["results"] == out

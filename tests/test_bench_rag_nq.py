@@ -102,3 +102,62 @@ def test_smoke_run_writes_its_figures(rag_nq, nq_file, tiny_gpt2_dir, tmp_path):
         firsts = [rec["curvature_order"][0] == rec["gold_input_position"] for rec in recs]
         assert res["curvature_gold_first"] == sum(firsts) / 2
         assert all(set(rec["answers"]) == set(rag_nq.MODES) for rec in recs)
+
+
+def test_a_later_run_reuses_the_scores_and_merges_with_the_first(
+    rag_nq, nq_file, tiny_gpt2_dir, tmp_path
+):
+    """Split a run as the real one is split: rotation scores and two baselines first, then the
+    other modes reading those scores (checked by re-scoring one question), then --merge."""
+    common = [
+        "--data", str(nq_file), "--questions", "3", "--k", "3", "--model", str(tiny_gpt2_dir),
+        "--max-new-tokens", "2", "--noise", "1", "--results-dir", str(tmp_path),
+        "--distractors", "random",
+    ]  # fmt: skip
+    first = rag_nq.main([*common, "--modes", "positions,closed_book", "--name", "first"])
+    later_modes = "ranked,curvature,pmi_rotation,avg_ens,leens"
+    later = rag_nq.main(
+        [
+            *common,
+            "--modes",
+            later_modes,
+            "--reuse",
+            str(tmp_path / "first.json"),
+            "--name",
+            "later",
+        ]
+    )
+    a, b = first["per_question"]["random_k3"], later["per_question"]["random_k3"]
+    for x, y in zip(a, b, strict=True):
+        assert y["reused_scores"] and y["rotation_loglik"] == x["rotation_loglik"]
+        assert y["curvature_order"] == x["curvature_order"]
+        assert set(y["answers"]) == set(later_modes.split(","))
+    # the same answers as a run that scores for itself
+    fresh = rag_nq.main([*common, "--modes", later_modes, "--name", "fresh"])
+    for x, y in zip(fresh["per_question"]["random_k3"], b, strict=True):
+        assert x["answers"] == y["answers"]
+        assert x["rotation_loglik"] == pytest.approx(y["rotation_loglik"], abs=1e-4)
+    merged = rag_nq.main(
+        ["--merge", str(tmp_path / "first.json"), str(tmp_path / "later.json"),
+         "--results-dir", str(tmp_path), "--name", "merged"]
+    )["results"]["random_k3"]  # fmt: skip
+    assert merged["questions"] == merged["questions_scored"] == 3
+    assert (
+        merged["loglik_by_gold_position"]
+        == first["results"]["random_k3"]["loglik_by_gold_position"]
+    )
+    assert set(merged["accuracy"]) == {"closed_book", *later_modes.split(",")}
+    for mode, acc in later["results"]["random_k3"]["accuracy"].items():
+        assert merged["accuracy"][mode] == acc
+    assert (
+        merged["accuracy"]["closed_book"]
+        == first["results"]["random_k3"]["accuracy"]["closed_book"]
+    )
+    assert "scoring" in merged["seconds_per_question"]  # from the run that scored
+    # a reused file whose scores are not what this model computes is refused
+    tampered = json.loads((tmp_path / "first.json").read_text())
+    for rec in tampered["results"]["per_question"]["random_k3"]:
+        rec["rotation_loglik"] = [v + 0.01 for v in rec["rotation_loglik"]]
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    with pytest.raises(SystemExit, match="reused scores differ"):
+        rag_nq.main([*common, "--modes", "ranked", "--reuse", str(tmp_path / "tampered.json")])
