@@ -28,6 +28,7 @@ scale with the number of continuation tokens, which is what this engine minimise
 from __future__ import annotations
 
 import hashlib
+import inspect
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -211,6 +212,17 @@ class CausalLMEngine:
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._logit_scale = getattr(cfg, "logit_scale", None)
         self._fingerprint: str | None = None
+        # transformers 5.2x renamed the forward's `past_key_values` to `cache` (the old name
+        # warns, and goes in 5.40); older releases know only the old name.
+        params = inspect.signature(self.base.forward).parameters
+        self._cache_name = "cache" if "cache" in params else "past_key_values"
+
+    def _cache_arg(self, cache: Any) -> dict[str, Any]:
+        """The key/value cache as the installed transformers' forward takes it."""
+        return {self._cache_name: cache}
+
+    def _out_cache(self, out: Any) -> Any:
+        return getattr(out, self._cache_name)
 
     # ------------------------------------------------------------------ tokenization
     def encode(self, text: str) -> list[int]:
@@ -363,10 +375,10 @@ class CausalLMEngine:
             out = self.base(
                 input_ids=ids,
                 attention_mask=mask,
-                past_key_values=DynamicCache(config=self.model.config),
+                **self._cache_arg(DynamicCache(config=self.model.config)),
                 use_cache=True,
             )
-            cache = out.past_key_values
+            cache = self._out_cache(out)
             layers = [(layer.keys, layer.values) for layer in cache.layers]
             if not layers or any(k is None or k.shape[-2] != len(prefix) for k, _ in layers):
                 raise ValueError("cache does not hold the prefix")
@@ -418,7 +430,7 @@ class CausalLMEngine:
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),
-            past_key_values=past,
+            **self._cache_arg(past),
             use_cache=past is not None,
         )
         hidden = out.last_hidden_state.reshape(bsz * width, -1)
@@ -581,12 +593,12 @@ class CausalLMEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=DynamicCache(config=self.model.config),
+            **self._cache_arg(DynamicCache(config=self.model.config)),
             use_cache=True,
             output_hidden_states=bool(wanted),
         )
         hidden = {x: out.hidden_states[x][:, -1] for x in wanted}
-        return out.past_key_values, out.last_hidden_state[:, -1], hidden
+        return self._out_cache(out), out.last_hidden_state[:, -1], hidden
 
     def _prefilled(
         self,
@@ -682,11 +694,11 @@ class CausalLMEngine:
                     input_ids=ids,
                     attention_mask=mask,
                     position_ids=positions,
-                    past_key_values=cache,
+                    **self._cache_arg(cache),
                     use_cache=True,
                     output_hidden_states=bool(wanted),
                 )
-                cache = out.past_key_values
+                cache = self._out_cache(out)
                 positions = positions + 1
                 last = out.last_hidden_state[:, -1]
                 hidden = {x: out.hidden_states[x][:, -1] for x in wanted}
