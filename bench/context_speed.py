@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--modes", default=",".join(DECODINGS))
     ap.add_argument("--name", default=None)
     ap.add_argument("--results-dir", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     words = args.passage_words if args.passage_words is not None else (0 if args.model else 60)
     question, docs = nq_passages(args.data, args.k, words)
 

@@ -419,7 +419,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="no model run: combine these result files' per-question records into --name",
     )
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     args.ks = [int(x) for x in args.k.split(",") if x.strip()]
     args.kinds = [x for x in args.distractors.split(",") if x.strip()]
     args.modes = [x for x in args.modes.split(",") if x.strip()]
