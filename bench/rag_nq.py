@@ -45,6 +45,8 @@ serves all four). A long run splits over processes with `--first`/`--questions`;
 can add modes to the same questions with `--reuse EARLIER.json` (it reads the rotation scores,
 after re-scoring one question per block to check them), and `--merge A.json B.json ...` joins
 the per-question records into one result with the figures of all the questions.
+`bench/rag_nq_report.py RESULT.json` turns a result into the tables of `bench/RESULTS.md`, with
+standard errors and exact binomial and McNemar tests.
 """
 
 from __future__ import annotations
