@@ -44,7 +44,10 @@ decodings together about 25 s (`EnsembleDecoder.generate_many`: one prefill of t
 serves all four). A long run splits over processes with `--first`/`--questions`; a later run
 can add modes to the same questions with `--reuse EARLIER.json` (it reads the rotation scores,
 after re-scoring one question per block to check them), and `--merge A.json B.json ...` joins
-the per-question records into one result with the figures of all the questions.
+the per-question records into one result with the figures of all the questions. The result is
+rewritten (atomically) after every question; `--resume` with the same `--name` keeps the
+questions it holds and runs the rest, so a run killed midway, or spread over several days,
+loses at most the question in flight.
 `bench/rag_nq_report.py RESULT.json` turns a result into the tables of `bench/RESULTS.md`, with
 standard errors and exact binomial and McNemar tests.
 """
@@ -66,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import machine, write_result
+from common import RESULTS_DIR, machine, write_result
 
 from cisrank.data.types import Passage
 
@@ -192,34 +195,69 @@ def build_context(
 # ---------------------------------------------------------------------------- runs
 @dataclass
 class Tally:
-    """Per (distractor kind, K): sums over questions."""
+    """Per (distractor kind, K): sums over the questions' records, whichever run made them (this
+    one, an earlier one being resumed, or the several runs of a `--merge`)."""
 
     k: int
     questions: int = 0
+    scored: int = 0
     by_position: list[float] = field(default_factory=list)
     curvature_first: int = 0
     input_first: int = 0
     pmi_rotation_first: int = 0
     correct: dict[str, int] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
+    ran: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # mode: [total, questions]
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.by_position = [0.0] * self.k
 
+    def add(self, rec: dict[str, Any]) -> None:
+        gold = rec["gold_input_position"]
+        ls = rec.get("rotation_loglik")
+        if ls is not None:
+            self.scored += 1
+            for r, lr in enumerate(ls):  # rotation r puts the gold at (gold - r) mod K
+                self.by_position[(gold - r) % self.k] += lr
+            self.curvature_first += rec["curvature_order"][0] == gold
+            self.pmi_rotation_first += int(np.argmax(ls)) == gold  # rotation r puts r first
+        self.input_first += gold == 0
+        for mode, ans in rec["answers"].items():
+            self.correct[mode] = self.correct.get(mode, 0) + int(ans["correct"])
+            self.ran[mode] = self.ran.get(mode, 0) + 1
+        self.questions += 1
+        self.records.append(rec)
+
+    def spend(self, what: str, seconds: float, questions: int = 1) -> None:
+        total = self.seconds.setdefault(what, [0.0, 0])
+        total[0] += seconds
+        total[1] += questions
+
     def summary(self) -> dict[str, Any]:
-        n = max(self.questions, 1)
+        n, scored = max(self.questions, 1), max(self.scored, 1)
         return {
             "k": self.k,
             "questions": self.questions,
-            "loglik_by_gold_position": [s / n for s in self.by_position],
-            "curvature_gold_first": self.curvature_first / n,
-            "pmi_rotation_gold_first": self.pmi_rotation_first / n,
+            "questions_scored": self.scored,
+            "loglik_by_gold_position": [s / scored for s in self.by_position],
+            "curvature_gold_first": self.curvature_first / scored,
+            "pmi_rotation_gold_first": self.pmi_rotation_first / scored,
             "bm25_gold_first": self.input_first / n,
             "chance_gold_first": 1.0 / self.k,
-            "accuracy": {m: c / n for m, c in self.correct.items()},
-            "seconds_per_question": {m: s / n for m, s in self.seconds.items()},
+            "accuracy": {m: c / self.ran[m] for m, c in self.correct.items()},
+            "questions_per_mode": dict(self.ran),
+            "seconds_per_question": {m: t / c for m, (t, c) in self.seconds.items() if c},
         }
+
+    def spent_before(self, summary: dict[str, Any], skip_scoring: bool = False) -> None:
+        """The time an earlier result's summary reports, weighted by its questions (per-question
+        seconds are not recorded); `skip_scoring` for a run that read its scores back."""
+        per_mode = summary.get("questions_per_mode", {})
+        for m, v in summary["seconds_per_question"].items():
+            if not (m == "scoring" and skip_scoring):
+                n = per_mode.get(m, summary["questions"])
+                self.spend(m, v * n, n)
 
 
 def reused_scores(paths: Sequence[Path], args: argparse.Namespace) -> dict[tuple[str, int], dict]:
@@ -262,15 +300,10 @@ def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally, reuse=None)
             res = asm.arrange(q.question, docs, "curvature")
             ls, order = [c.mean_logprob for c in res.candidates], res.order
             rec.update(curvature_scores=res.scores)
-        for r, lr in enumerate(ls):  # rotation r puts the gold at (gold - r) mod K
-            tally.by_position[(gold - r) % k] += lr
         orders["curvature"] = order
         orders["pmi_rotation"] = rotations(k)[int(np.argmax(ls))]
-        tally.curvature_first += order[0] == gold
-        tally.pmi_rotation_first += orders["pmi_rotation"][0] == gold
         rec.update(rotation_loglik=ls, curvature_order=order)
-    tally.seconds["scoring"] = tally.seconds.get("scoring", 0.0) + time.perf_counter() - t
-    tally.input_first += gold == 0
+    tally.spend("scoring", time.perf_counter() - t)
     answers: dict[str, Any] = {}
     decoded = [m for m in modes if m in DECODED]
     if decoded:  # one prefill of the K + 1 rows serves every document-parallel mode
@@ -280,8 +313,7 @@ def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally, reuse=None)
                 q.question, docs, decoded, max_new_tokens=args.max_new_tokens, scores=bm25
             )
         )
-        spent = time.perf_counter() - t
-        tally.seconds["document_parallel"] = tally.seconds.get("document_parallel", 0.0) + spent
+        tally.spend("document_parallel", time.perf_counter() - t)
     for mode in modes:
         if mode == "positions" or mode in DECODED:
             continue
@@ -298,14 +330,12 @@ def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally, reuse=None)
         answers[mode] = decoder.generate(
             q.question, passages, "naive", max_new_tokens=args.max_new_tokens
         )
-        tally.seconds[mode] = tally.seconds.get(mode, 0.0) + time.perf_counter() - t
+        tally.spend(mode, time.perf_counter() - t)
     for mode in modes:
         if mode in answers:
             ok = has_answer(answers[mode].text, q.answers)
-            tally.correct[mode] = tally.correct.get(mode, 0) + int(ok)
             rec["answers"][mode] = {"text": answers[mode].text, "correct": ok}
-    tally.questions += 1
-    tally.records.append(rec)
+    tally.add(rec)
 
 
 def merge(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -315,21 +345,14 @@ def merge(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     contexts must agree; a mode answered twice keeps the later file's answer); each accuracy
     is over the questions that ran the mode, each time per question over the runs that
     measured it (scoring time not from runs that reused the scores)."""
-    from cisrank.context import rotations
-
     blocks: dict[str, dict[int, dict]] = {}
-    spent: dict[str, dict[str, list[float]]] = {}
+    tallies: dict[str, Tally] = {}
     for path in paths:
         res = json.loads(Path(path).read_text())["results"]
         for key, summary in res["results"].items():
             recs = res["per_question"][key]
-            reused = any(r.get("reused_scores") for r in recs)
-            acc = spent.setdefault(key, {})
-            for m, v in summary["seconds_per_question"].items():
-                if not (m == "scoring" and reused):
-                    total = acc.setdefault(m, [0.0, 0])
-                    total[0] += v * summary["questions"]
-                    total[1] += summary["questions"]
+            tally = tallies.setdefault(key, Tally(int(key.rsplit("_k", 1)[1])))
+            tally.spent_before(summary, skip_scoring=any(r.get("reused_scores") for r in recs))
             for rec in recs:
                 have = blocks.setdefault(key, {}).get(int(rec["question"]))
                 if have is None:
@@ -339,40 +362,15 @@ def merge(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
                     raise SystemExit(f"{path}: question {rec['question']} has another context")
                 have["answers"].update(rec["answers"])
                 for f in ("rotation_loglik", "curvature_order", "curvature_scores"):
-                    have.setdefault(f, rec.get(f))
+                    if have.get(f) is None and rec.get(f) is not None:
+                        have[f] = rec[f]
     out: dict[str, Any] = {}
     per_question: dict[str, Any] = {}
     for key, recs in blocks.items():
-        k = int(key.rsplit("_k", 1)[1])
-        tally = Tally(k)
-        scored = 0
+        tally = tallies[key]
         for _, rec in sorted(recs.items()):
-            gold = rec["gold_input_position"]
-            if rec.get("rotation_loglik") is not None:
-                scored += 1
-                for r, lr in enumerate(rec["rotation_loglik"]):
-                    tally.by_position[(gold - r) % k] += lr
-                tally.curvature_first += rec["curvature_order"][0] == gold
-                best = rotations(k)[int(np.argmax(rec["rotation_loglik"]))]
-                tally.pmi_rotation_first += best[0] == gold
-            tally.input_first += gold == 0
-            for mode, ans in rec["answers"].items():
-                tally.correct[mode] = tally.correct.get(mode, 0) + int(ans["correct"])
-            tally.questions += 1
-            tally.records.append(rec)
-        summary = tally.summary()
-        n = max(scored, 1)
-        summary["questions_scored"] = scored
-        summary["loglik_by_gold_position"] = [v / n for v in tally.by_position]
-        summary["curvature_gold_first"] = tally.curvature_first / n
-        summary["pmi_rotation_gold_first"] = tally.pmi_rotation_first / n
-        summary["questions_per_mode"] = {}
-        for mode in summary["accuracy"]:
-            ran = sum(mode in r["answers"] for r in tally.records)
-            summary["accuracy"][mode] = tally.correct[mode] / ran
-            summary["questions_per_mode"][mode] = ran
-        summary["seconds_per_question"] = {m: t / c for m, (t, c) in spent[key].items() if c}
-        out[key], per_question[key] = summary, tally.records
+            tally.add(rec)
+        out[key], per_question[key] = tally.summary(), tally.records
     return out, per_question
 
 
@@ -421,6 +419,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="no model run: combine these result files' per-question records into --name",
     )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the questions that the result of the same --name already holds (same "
+        "settings) and run the others: a run killed or spread over days goes on where it stopped",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -462,8 +466,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     name = args.name or (
         f"rag_nq_q{args.first}-{args.first + len(questions)}_k{'-'.join(map(str, args.ks))}"
     )
-    t0 = time.perf_counter()
-    done = 0
+    previous = earlier_result(name, args, chat) if args.resume else None
+    t0 = time.perf_counter() - (previous["seconds_total"] if previous else 0.0)
+    done = sum(map(len, previous["per_question"].values())) if previous else 0
 
     def record(complete: bool) -> dict[str, Any]:
         total = time.perf_counter() - t0
@@ -493,8 +498,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for k in args.ks:
             key = f"{kind}_k{k}"
             tally = Tally(k)
+            if previous and key in previous["per_question"]:
+                for rec in previous["per_question"][key]:
+                    tally.add(rec)
+                tally.spent_before(previous["results"][key])
+                out[key], per_question[key] = tally.summary(), tally.records
+            recorded = {int(rec["question"]) for rec in tally.records}
             checked = False
             for q in questions:
+                if q.index in recorded:
+                    continue
                 asm.clear()
                 started = time.perf_counter()
                 old = reuse.get((key, q.index))
@@ -525,6 +538,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     path = write_result(name, payload, args.results_dir)
     print(f"wrote {path} ({total / n_runs:.1f} s per question and context)")
     return payload
+
+
+def earlier_result(name: str, args: argparse.Namespace, chat: bool) -> dict[str, Any] | None:
+    """`--resume`: the result this run would write, if one is there and was made with the same
+    settings (another model, prompt, mode set or seed would mix two experiments in one table)."""
+    path = (args.results_dir or RESULTS_DIR) / f"{name}.json"
+    if not path.is_file():
+        return None
+    res = json.loads(path.read_text())["results"]
+    mine = {
+        "model": args.model,
+        "chat": chat,
+        "template": args.template,
+        "modes": args.modes,
+        "noise": args.noise,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+    }
+    differ = [f for f, v in mine.items() if res.get(f) != v]
+    if differ:
+        raise SystemExit(
+            f"{path}: made with other settings ({', '.join(differ)}); cannot resume it"
+        )
+    done = sum(map(len, res["per_question"].values()))
+    print(f"resuming {path}: {done} question records kept", file=sys.stderr)
+    return res
 
 
 def args_for(args: argparse.Namespace, modes: list[str]) -> argparse.Namespace:

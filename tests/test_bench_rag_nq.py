@@ -161,3 +161,37 @@ def test_a_later_run_reuses_the_scores_and_merges_with_the_first(
     (tmp_path / "tampered.json").write_text(json.dumps(tampered))
     with pytest.raises(SystemExit, match="reused scores differ"):
         rag_nq.main([*common, "--modes", "ranked", "--reuse", str(tmp_path / "tampered.json")])
+
+
+def test_resume_runs_only_the_missing_questions_and_equals_one_run(
+    rag_nq, nq_file, tiny_gpt2_dir, tmp_path, monkeypatch
+):
+    common = [
+        "--data", str(nq_file), "--k", "3", "--model", str(tiny_gpt2_dir), "--max-new-tokens", "2",
+        "--noise", "1", "--results-dir", str(tmp_path), "--distractors", "random",
+        "--modes", "positions,ranked,reverse,avg_ens",
+    ]  # fmt: skip
+    whole = rag_nq.main([*common, "--questions", "3", "--name", "whole"])
+    rag_nq.main([*common, "--questions", "2", "--name", "part"])  # as if killed after two
+    calls = []
+    real = rag_nq.run_question
+    monkeypatch.setattr(
+        rag_nq, "run_question", lambda *a, **kw: calls.append(a[3].index) or real(*a, **kw)
+    )
+    resumed = rag_nq.main([*common, "--questions", "3", "--name", "part", "--resume"])
+    assert calls == [2]  # only the question the first run had not reached
+    assert resumed["complete"]
+    a, b = whole["per_question"]["random_k3"], resumed["per_question"]["random_k3"]
+    assert [r["question"] for r in b] == [0, 1, 2]
+    for x, y in zip(a, b, strict=True):
+        assert x["answers"] == y["answers"]
+        assert x["rotation_loglik"] == pytest.approx(y["rotation_loglik"], abs=1e-5)
+    fig_a, fig_b = whole["results"]["random_k3"], resumed["results"]["random_k3"]
+    assert fig_a["accuracy"] == fig_b["accuracy"] and fig_b["questions"] == 3
+    assert fig_a["loglik_by_gold_position"] == pytest.approx(fig_b["loglik_by_gold_position"])
+    # a finished result resumed again runs nothing; other settings are refused
+    calls.clear()
+    rag_nq.main([*common, "--questions", "3", "--name", "part", "--resume"])
+    assert calls == []
+    with pytest.raises(SystemExit, match=r"other settings.*seed"):
+        rag_nq.main([*common, "--questions", "3", "--name", "part", "--resume", "--seed", "1"])
