@@ -475,13 +475,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return {
             "command": "bench/rag_nq.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "complete": complete,
-            "model": args.model,
-            "chat": chat,
-            "template": args.template,
-            "modes": args.modes,
-            "noise": args.noise,
-            "max_new_tokens": args.max_new_tokens,
-            "seed": args.seed,
+            **settings(args, chat),
             "pool_passages": len(pool.passages),
             "machine": machine(),
             "device": str(engine.device),
@@ -540,14 +534,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return payload
 
 
-def earlier_result(name: str, args: argparse.Namespace, chat: bool) -> dict[str, Any] | None:
-    """`--resume`: the result this run would write, if one is there and was made with the same
-    settings (another model, prompt, mode set or seed would mix two experiments in one table)."""
-    path = (args.results_dir or RESULTS_DIR) / f"{name}.json"
-    if not path.is_file():
-        return None
-    res = json.loads(path.read_text())["results"]
-    mine = {
+def settings(args: argparse.Namespace, chat: bool) -> dict[str, Any]:
+    """What makes two runs one experiment: recorded with every result, compared on resume."""
+    return {
         "model": args.model,
         "chat": chat,
         "template": args.template,
@@ -556,6 +545,16 @@ def earlier_result(name: str, args: argparse.Namespace, chat: bool) -> dict[str,
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed,
     }
+
+
+def earlier_result(name: str, args: argparse.Namespace, chat: bool) -> dict[str, Any] | None:
+    """`--resume`: the result this run would write, if one is there and was made with the same
+    settings (another model, prompt, mode set or seed would mix two experiments in one table)."""
+    path = (args.results_dir or RESULTS_DIR) / f"{name}.json"
+    if not path.is_file():
+        return None
+    res = json.loads(path.read_text())["results"]
+    mine = settings(args, chat)
     differ = [f for f, v in mine.items() if res.get(f) != v]
     if differ:
         raise SystemExit(
