@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 from common import RESULTS_DIR, machine, write_result
+from rag_nq_report import gold_position_loglik
 
 from cisrank.data.types import Passage
 
@@ -218,8 +219,8 @@ class Tally:
         ls = rec.get("rotation_loglik")
         if ls is not None:
             self.scored += 1
-            for r, lr in enumerate(ls):  # rotation r puts the gold at (gold - r) mod K
-                self.by_position[(gold - r) % self.k] += lr
+            for pos, lr in enumerate(gold_position_loglik(rec, self.k)):
+                self.by_position[pos] += lr
             self.curvature_first += rec["curvature_order"][0] == gold
             self.pmi_rotation_first += int(np.argmax(ls)) == gold  # rotation r puts r first
         self.input_first += gold == 0
@@ -469,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     previous = earlier_result(name, args, chat) if args.resume else None
     t0 = time.perf_counter() - (previous["seconds_total"] if previous else 0.0)
     done = sum(map(len, previous["per_question"].values())) if previous else 0
+    if previous:
+        print(f"resuming {name}: {done} question records kept", file=sys.stderr)
 
     def record(complete: bool) -> dict[str, Any]:
         total = time.perf_counter() - t0
@@ -560,8 +563,6 @@ def earlier_result(name: str, args: argparse.Namespace, chat: bool) -> dict[str,
         raise SystemExit(
             f"{path}: made with other settings ({', '.join(differ)}); cannot resume it"
         )
-    done = sum(map(len, res["per_question"].values()))
-    print(f"resuming {path}: {done} question records kept", file=sys.stderr)
     return res
 
 
