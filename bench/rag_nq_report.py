@@ -12,6 +12,8 @@ only the questions where they disagree carry information). No model runs here.
 
 `--baselines` takes `closed_book` and `gold_only` from another result on the same questions:
 neither prompt holds a distractor, so they are the same generations whatever the distractors.
+`--against` compares each mode with the same mode of another result (K = 20 against K = 10,
+related against random distractors), paired by question, on the questions both ran.
 """
 
 from __future__ import annotations
@@ -140,9 +142,41 @@ def accuracy_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for r in records
             if m in r["answers"] and ref in r["answers"]
         ]
-        b = sum(x and not y for x, y in pairs)
-        c = sum(y and not x for x, y in pairs)
-        rows[m].update(vs=ref, wins=b, losses=c, p=mcnemar_exact(b, c))
+        rows[m].update(vs=ref, **paired(pairs))
+    return rows
+
+
+def paired(pairs: Sequence[tuple[bool, bool]]) -> dict[str, Any]:
+    """The discordant counts of (here, there) outcomes on the same questions and their exact
+    McNemar p: wins = right here and wrong there, losses = the reverse."""
+    b = sum(x and not y for x, y in pairs)
+    c = sum(y and not x for x, y in pairs)
+    return {"wins": b, "losses": c, "p": mcnemar_exact(b, c)}
+
+
+def against_stats(
+    records: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """Each mode against the same mode of another result (another K, other distractors), on the
+    questions both ran it for: the other's accuracy on exactly those questions and McNemar p.
+    The distractor-free baselines are left out: their prompts are the same in both."""
+    by_question = {int(r["question"]): r["answers"] for r in other}
+    rows: dict[str, Any] = {}
+    for m in ROW_ORDER:
+        if m in BASELINE_MODES:
+            continue
+        pairs = [
+            (r["answers"][m]["correct"], there[m]["correct"])
+            for r in records
+            if m in r["answers"] and m in (there := by_question.get(int(r["question"]), {}))
+        ]
+        if pairs:
+            rows[m] = {
+                "questions": len(pairs),
+                "accuracy_here": sum(x for x, _ in pairs) / len(pairs),
+                "accuracy_there": sum(y for _, y in pairs) / len(pairs),
+                **paired(pairs),
+            }
     return rows
 
 
@@ -162,19 +196,24 @@ def with_baselines(
     return out
 
 
-def block_report(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
-    return {
+def block_report(
+    records: Sequence[dict[str, Any]], k: int, against: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    rep = {
         "positions": position_stats(records, k),
         "orders": order_stats(records, k),
         "accuracy": accuracy_stats(records),
     }
+    if against:
+        rep["against"] = against_stats(records, against)
+    return rep
 
 
 def _p(p: float) -> str:
     return "< 0.0001" if p < 1e-4 else f"{p:.2g}"
 
 
-def markdown(key: str, k: int, rep: dict[str, Any]) -> str:
+def markdown(key: str, k: int, rep: dict[str, Any], against_label: str = "") -> str:
     lines = [f"**{key}**", ""]
     pos = rep["positions"]
     if pos["questions"]:
@@ -222,26 +261,53 @@ def markdown(key: str, k: int, rep: dict[str, Any]) -> str:
             else "| |"
         )
         lines.append(f"| {m} | {row['questions']} | {row['accuracy']:.3f} | {test} |")
+    if rep.get("against"):
+        lines += [
+            "",
+            f"the same mode in {against_label or 'the other result'}, paired by question"
+            " (here and there: the accuracies on the n questions both ran):",
+            "",
+            "| mode | n | here | there | wins : losses | McNemar p |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m, row in rep["against"].items():
+            lines.append(
+                f"| {m} | {row['questions']} | {row['accuracy_here']:.3f} |"
+                f" {row['accuracy_there']:.3f} | {row['wins']} : {row['losses']} | {_p(row['p'])} |"
+            )
     return "\n".join(lines)
+
+
+def all_records(path: Path | None) -> list[dict[str, Any]]:
+    """Every per-question record of a result file, whatever its blocks; none without a file."""
+    if path is None:
+        return []
+    blocks = json.loads(path.read_text())["results"]["per_question"].values()
+    return [rec for recs in blocks for rec in recs]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("result", type=Path, help="a bench/rag_nq.py result file")
     ap.add_argument("--baselines", type=Path, help="closed_book / gold_only from this result")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        help="each mode against the same mode of this result (another K or distractor kind),"
+        " paired by question",
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     per_question = json.loads(args.result.read_text())["results"]["per_question"]
-    base: list[dict[str, Any]] = []
-    if args.baselines:
-        for recs in json.loads(args.baselines.read_text())["results"]["per_question"].values():
-            base += recs
+    base = all_records(args.baselines)
+    other = all_records(args.against)
+    label = args.against.stem if args.against else ""
     reports = {}
     for key, recs in per_question.items():
         k = int(key.rsplit("_k", 1)[1])
-        reports[key] = block_report(with_baselines(recs, base) if base else recs, k)
+        reports[key] = block_report(with_baselines(recs, base) if base else recs, k, other)
         if not args.json:
-            print(markdown(key, k, reports[key]), end="\n\n")
+            print(markdown(key, k, reports[key], label), end="\n\n")
     if args.json:
         json.dump(reports, sys.stdout, indent=1)
         print()

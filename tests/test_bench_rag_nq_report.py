@@ -95,3 +95,34 @@ def test_baselines_come_from_the_same_question(report, tmp_path, capsys):
     acc = out["related_k2"]["accuracy"]
     assert acc["closed_book"]["accuracy"] == 0.0 and acc["gold_only"]["accuracy"] == 1.0
     assert "| ranked | 1 | 1.000 |" in capsys.readouterr().out
+
+
+def test_against_pairs_the_same_mode_by_question_number(report, tmp_path, capsys):
+    # K = 20 holds questions 7, 8, 9; K = 10 holds 8, 9, 10 (in another order): only 8 and 9
+    # pair, and `there` is K = 10's accuracy on exactly those two
+    k20 = [
+        _rec(7, 0, [0.0], [0], {"reverse": True, "closed_book": True}),
+        _rec(8, 0, [0.0], [0], {"reverse": True, "ranked": False}),
+        _rec(9, 0, [0.0], [0], {"reverse": False, "ranked": False}),
+    ]
+    k10 = [
+        _rec(10, 0, [0.0], [0], {"reverse": True}),
+        _rec(9, 0, [0.0], [0], {"reverse": True, "ranked": True}),
+        _rec(8, 0, [0.0], [0], {"reverse": False, "ranked": False, "closed_book": True}),
+    ]
+    rows = report.against_stats(k20, k10)
+    assert set(rows) == {"ranked", "reverse"}  # closed_book is a baseline: not compared
+    assert rows["reverse"] == {
+        "questions": 2,
+        "accuracy_here": 0.5,
+        "accuracy_there": 0.5,
+        "wins": 1,  # question 8: right at K = 20, wrong at K = 10
+        "losses": 1,  # question 9: the reverse
+        "p": pytest.approx(stats.binomtest(1, 2, 0.5).pvalue),
+    }
+    assert (rows["ranked"]["accuracy_there"], rows["ranked"]["losses"]) == (0.5, 1)
+    for name, recs in (("k20", k20), ("k10", k10)):
+        body = {"results": {"per_question": {f"random_{name}": recs}}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+    report.main([str(tmp_path / "k20.json"), "--against", str(tmp_path / "k10.json")])
+    assert "| reverse | 2 | 0.500 | 0.500 | 1 : 1 | 1 |" in capsys.readouterr().out
