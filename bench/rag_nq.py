@@ -298,7 +298,7 @@ def run_question(asm, decoder, pool, q, k, kind, args, tally: Tally, reuse=None)
             ls, order = list(reuse["rotation_loglik"]), list(reuse["curvature_order"])
             rec.update(curvature_scores=reuse["curvature_scores"], reused_scores=True)
         else:
-            res = asm.arrange(q.question, docs, "curvature")
+            res = asm.order(q.question, docs, "curvature")  # K prefills, no gauge of the result
             ls, order = [c.mean_logprob for c in res.candidates], res.order
             rec.update(curvature_scores=res.scores)
         orders["curvature"] = order

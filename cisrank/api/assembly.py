@@ -267,9 +267,13 @@ def _prepare(
         raise _FieldFault("chat", str(exc)) from None
     if not engine.encode(body.query):
         raise _FieldFault("query", "the query has no tokens for this model")
-    shuffles, seed = getattr(body, "shuffles", None), getattr(body, "seed", 0)
-    orders = search_orders(body.arrange, len(passages), shuffles, seed)
+    orders = search_orders(body.arrange, len(passages), **_search(body))
     return asm, asm.search_prompts(body.query, passages, orders)
+
+
+def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
+    """The request's search settings (only /v1/context takes `shuffles` and a `seed`)."""
+    return {"shuffles_n": getattr(body, "shuffles", None), "seed": getattr(body, "seed", 0)}
 
 
 def _arrange(
@@ -282,10 +286,9 @@ def _arrange(
         body.query,
         passages,
         body.arrange,
-        shuffles_n=getattr(body, "shuffles", None),
-        seed=getattr(body, "seed", 0),
         noise=noise,
         pmi=getattr(body, "pmi", False),
+        **_search(body),
     )
 
 
@@ -386,7 +389,8 @@ def _generate(
         raise _FieldFault("layers", str(exc)) from None
     order = list(range(len(passages)))
     if body.decoding == "naive" and body.arrange != "ranked":
-        order = _arrange(asm, body, passages, []).order
+        # the order alone: the final prompt is prefilled by the generation, not gauged too
+        order = asm.order(body.query, passages, body.arrange, **_search(body)).order
     ordered = [passages[i] for i in order]
     scores = [body.scores[i] for i in order] if body.scores is not None else None
     if body.decoding == "naive":

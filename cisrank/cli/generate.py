@@ -109,7 +109,7 @@ def generate(
     )
     order = list(range(len(docs)))
     if decoding == "naive" and arrange != "ranked":
-        order = assembler.arrange(query, docs, arrange).order
+        order = assembler.order(query, docs, arrange).order
     ordered = [docs[i] for i in order]
     ordered_scores = [scores[i] for i in order] if scores is not None else None
     result = decoder.generate(

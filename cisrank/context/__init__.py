@@ -7,6 +7,7 @@ seeds 000/001), and noise padding (`noise`, seed 003).
 
 from cisrank.context.assemble import (
     ARRANGEMENTS,
+    Arrangement,
     AssembledContext,
     Candidate,
     ContextAssembler,
@@ -30,6 +31,7 @@ from cisrank.context.templates import TEMPLATES, ContextTemplate, resolve_templa
 __all__ = [
     "ARRANGEMENTS",
     "TEMPLATES",
+    "Arrangement",
     "AssembledContext",
     "Candidate",
     "ContextAssembler",

@@ -158,6 +158,18 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Arrangement:
+    """An order of the input passages and what chose it: `order` (input indices in prompt order),
+    per-passage `scores` (curvature) or None, and the scored `candidates` (rotations, shuffles) or
+    empty. What `ContextAssembler.order` returns: no prompt is rendered or gauged for it."""
+
+    method: str
+    order: list[int]
+    scores: list[float] | None
+    candidates: list[Candidate]
+
+
+@dataclass(frozen=True)
 class AssembledContext:
     """An arranged context: `order` (indices of the input passages in prompt order), per-passage
     `scores` (curvature) or None, the scored `candidates` (rotations, shuffles) or empty, the
@@ -290,6 +302,44 @@ class ContextAssembler:
         self._memo.clear()
 
     # ------------------------------------------------------------------ arrangements
+    def order(
+        self,
+        question: str,
+        passages: Sequence[Passage],
+        method: str = "ranked",
+        *,
+        shuffles_n: int | None = None,
+        seed: int = 0,
+    ) -> Arrangement:
+        """The order `method` gives `passages` (best first), without the final prompt.
+
+        A scored method costs its search's prefills (K rotations, or the input order and
+        `shuffles_n` shuffles) and nothing more. `arrange` adds the final prompt and its gauge,
+        one more prefill when the chosen order is not among the scored ones (curvature's usually
+        is not); a caller that only generates from the order (`cisrank generate`,
+        `/v1/generate`) or reads the scores would pay it for nothing.
+        """
+        if method not in ARRANGEMENTS:
+            raise CisrankError(
+                f"unknown arrangement {method!r}: use one of {', '.join(ARRANGEMENTS)}"
+            )
+        k = len(passages)
+        if k == 0:
+            raise CisrankError("no passages to arrange: give at least one")
+        if method == "ranked":
+            return Arrangement(method, list(range(k)), None, [])
+        if method == "reverse":
+            return Arrangement(method, list(range(k))[::-1], None, [])
+        if method == "edges":
+            return Arrangement(method, edges_order(k), None, [])
+        orders = search_orders(method, k, shuffles_n, seed)
+        ls = self.mean_logprobs(self.search_prompts(question, passages, orders))
+        candidates = [Candidate(o, s) for o, s in zip(orders, ls, strict=True)]
+        if method == "curvature":
+            scores = curvature_scores(ls)
+            return Arrangement(method, sort_desc(scores), scores, candidates)
+        return Arrangement(method, orders[sort_desc(ls)[0]], None, candidates)
+
     def arrange(
         self,
         question: str,
@@ -308,39 +358,15 @@ class ContextAssembler:
         `shuffles_n` is the number of random shuffles of `likelihood_select` (default K - 1, so
         K prompts as the paper's code), drawn with `seed`.
         """
-        if method not in ARRANGEMENTS:
-            raise CisrankError(
-                f"unknown arrangement {method!r}: use one of {', '.join(ARRANGEMENTS)}"
-            )
         passages = list(passages)
-        k = len(passages)
-        if k == 0:
-            raise CisrankError("no passages to arrange: give at least one")
-        scores: list[float] | None = None
-        candidates: list[Candidate] = []
-        if method == "ranked":
-            order = list(range(k))
-        elif method == "reverse":
-            order = list(range(k))[::-1]
-        elif method == "edges":
-            order = edges_order(k)
-        else:
-            orders = search_orders(method, k, shuffles_n, seed)
-            prompts = self.search_prompts(question, passages, orders)
-            ls = self.mean_logprobs(prompts)
-            candidates = [Candidate(o, s) for o, s in zip(orders, ls, strict=True)]
-            if method == "curvature":
-                scores = curvature_scores(ls)
-                order = sort_desc(scores)
-            else:
-                order = orders[sort_desc(ls)[0]]
-        final = pad_with_noise([passages[i] for i in order], noise)
+        chosen = self.order(question, passages, method, shuffles_n=shuffles_n, seed=seed)
+        final = pad_with_noise([passages[i] for i in chosen.order], noise)
         prompt = self.render(question, final)
         return AssembledContext(
             method=method,
-            order=order,
-            scores=scores,
-            candidates=candidates,
+            order=chosen.order,
+            scores=chosen.scores,
+            candidates=chosen.candidates,
             passages=final,
             noise=len(noise),
             prompt=prompt,
@@ -351,8 +377,8 @@ class ContextAssembler:
         self, question: str, passages: Sequence[Passage], orders: Sequence[Sequence[int]]
     ) -> list[Prompt]:
         """The prompt of each order of `passages` (see `search_orders`). Scoring them first
-        (`question_logprobs`, in slices if wanted) leaves `arrange` only the final prompt to
-        score: its search finds them in this assembler's memo."""
+        (`question_logprobs`, in slices if wanted) leaves `order` nothing to score and
+        `arrange` only the final prompt: their search finds them in this assembler's memo."""
         return [self.render(question, [passages[i] for i in o]) for o in orders]
 
     def curvature(self, question: str, passages: Sequence[Passage]) -> list[float]:
@@ -360,7 +386,6 @@ class ContextAssembler:
         relevance signal, higher = more likely the passage the question needs."""
         if not passages:
             raise CisrankError("no passages to score: give at least one")
-        prompts = [
-            self.render(question, [passages[i] for i in o]) for o in rotations(len(passages))
-        ]
-        return curvature_scores(self.mean_logprobs(prompts))
+        scores = self.order(question, passages, "curvature").scores
+        assert scores is not None  # curvature always scores its passages
+        return scores

@@ -62,6 +62,27 @@ def test_clehe_and_naive_equal_the_library(make_client, cis):
     assert r.json()["attribution"] == [None] * len(gen.tokens)
 
 
+def test_naive_generation_scores_only_the_search(make_client, cis, monkeypatch):
+    """A naive generation with a scored arrangement prefills its K search prompts and then the
+    generation's own prompt: the arranged prompt is not also gauged (K + 1 rows before)."""
+    engine = cis.engine
+    rows: list[int] = []
+    score_spans = engine.score_spans
+
+    def counted(spans, **kw):
+        rows.append(len(spans))
+        return score_spans(spans, **kw)
+
+    monkeypatch.setattr(engine, "score_spans", counted)
+    client = make_client({"cis": cis})
+    body = {"query": QUESTION, "documents": _docs(5), "arrange": "curvature", "max_new_tokens": 2}
+    r = client.post("/v1/generate", json=body)
+    assert r.status_code == 200, r.text
+    order = r.json()["order"]
+    assert order not in [[(i + s) % 5 for i in range(5)] for s in range(5)]  # not a rotation
+    assert sum(rows) == 5
+
+
 def test_generation_is_bounded(make_client, cis):
     client = make_client(
         {"cis": cis, "dense": OverlapReranker()},

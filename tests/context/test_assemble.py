@@ -8,10 +8,12 @@ import pytest
 from context.helpers import QUESTION, passages
 
 from cisrank.context import (
+    ARRANGEMENTS,
     ContextAssembler,
     curvature_scores,
     edges_order,
     rotations,
+    search_orders,
     shuffles,
 )
 from cisrank.errors import CisrankError
@@ -90,6 +92,25 @@ def test_curvature_equals_the_formula_over_rotations(tiny):
         pos = [next(i for i, r in enumerate(rots) if r[p] == d) for p in range(5)]
         convex.append(2 * (ell[pos[0]] + ell[pos[-1]] - sum(ell[i] for i in pos[1:-1])))
     assert sorted(range(5), key=lambda i: -convex[i]) == res.order
+
+
+@pytest.mark.parametrize("method", ARRANGEMENTS)
+def test_order_is_arrange_without_scoring_the_final_prompt(tiny, method):
+    """`order` gives arrange's order, scores and candidates from the search's prompts alone;
+    `arrange` scores the final prompt for its gauge on top (a prefill that a caller who only
+    generates from the order, or reads the scores, must not pay)."""
+    docs = passages(5)
+    asm = ContextAssembler(tiny.engine, "qa")
+    got = asm.order(QUESTION, docs, method, shuffles_n=3, seed=2)
+    searched = {tuple(o) for o in search_orders(method, 5, 3, 2)}
+    assert asm.scored_prompts == len(searched)
+    want = ContextAssembler(tiny.engine, "qa").arrange(QUESTION, docs, method, shuffles_n=3, seed=2)
+    assert got.method == method
+    assert (got.order, got.scores, got.candidates) == (want.order, want.scores, want.candidates)
+    asm.arrange(QUESTION, docs, method, shuffles_n=3, seed=2)
+    assert asm.scored_prompts == len(searched | {tuple(want.order)})
+    if method == "curvature":  # its order is no rotation here: arrange costs one prefill more
+        assert tuple(want.order) not in searched
 
 
 def test_likelihood_select_scores_the_input_and_seeded_shuffles(tiny):

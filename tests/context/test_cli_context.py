@@ -118,6 +118,26 @@ def test_generate_prints_answer_and_attribution(tiny_gpt2_dir, tmp_path, monkeyp
     naive = CliRunner().invoke(app, [*args, "--arrange", "reverse"])
     assert json.loads(naive.stdout)["order"] == [2, 1, 0]
 
+    # a scored arrangement costs its K search prompts; the arranged one is generated, not gauged
+    from cisrank.rerank.causal_lm import CausalLMEngine
+
+    rows: list[int] = []
+    score_spans = CausalLMEngine.score_spans
+
+    def counted(self, spans, **kw):
+        rows.append(len(spans))
+        return score_spans(self, spans, **kw)
+
+    monkeypatch.setattr(CausalLMEngine, "score_spans", counted)
+    five = tmp_path / "five.jsonl"
+    five.write_text("\n".join(json.dumps({"id": p.docid, "text": p.text}) for p in passages(5)))
+    args5 = ["generate", "--query", QUESTION, "--passages", str(five), "--arrange", "curvature"]
+    res = CliRunner().invoke(app, [*args5, "--model", str(tiny_gpt2_dir), "--max-new-tokens", "2"])
+    assert res.exit_code == 0, res.output
+    order = json.loads(res.stdout)["order"]
+    assert order not in [[(i + s) % 5 for i in range(5)] for s in range(5)]  # not a rotation
+    assert sum(rows) == 5
+
     plain = tmp_path / "plain.txt"
     plain.write_text("\n".join(p.text for p in passages(2)))
     model = ["--model", str(tiny_gpt2_dir), "--query", QUESTION]
