@@ -111,6 +111,11 @@ def order_stats(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
     n = len(scored)
     first = sum(r["curvature_order"][0] == r["gold_input_position"] for r in scored)
     top2 = sum(r["gold_input_position"] in r["curvature_order"][:2] for r in scored)
+    # d_j's score is l(rot_j) + l(rot_{j+1}), and rot_{g+1} is the rotation that puts the gold
+    # last: a model whose U is steeper at the end credits the gold's successor with it too, and
+    # the successor also collects l(rot_{g+2}) (the gold second to last) where the gold collects
+    # l(rot_g) (the gold first)
+    successor = sum(r["curvature_order"][0] == (r["gold_input_position"] + 1) % k for r in scored)
     # the PMI rotation r* = argmax l puts the gold at (g - r*) mod K
     pmi_pos = [
         (r["gold_input_position"] - int(np.argmax(r["rotation_loglik"]))) % k for r in scored
@@ -120,6 +125,7 @@ def order_stats(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
         "curvature_first": first,
         "curvature_first_p": binomial_sf(first, n, 1 / k),
         "curvature_top2": top2,
+        "curvature_successor_first": successor,
         "pmi_rotation_gold_last": sum(p == k - 1 for p in pmi_pos),
         "pmi_rotation_gold_first": sum(p == 0 for p in pmi_pos),
         "bm25_gold_first": sum(r["gold_input_position"] == 0 for r in records),
@@ -241,7 +247,9 @@ def markdown(key: str, k: int, rep: dict[str, Any], against_label: str = "") -> 
             f"(b) curvature puts the gold first in {o['curvature_first']}/{o['questions']}"
             f" ({o['curvature_first'] / o['questions']:.1%}; chance {1 / k:.1%},"
             f" binomial p = {o['curvature_first_p']:.2g}), in its top two in"
-            f" {o['curvature_top2'] / o['questions']:.1%}; pmi_rotation puts it last in"
+            f" {o['curvature_top2'] / o['questions']:.1%}, and the passage after the gold in"
+            f" the input order first in {o['curvature_successor_first'] / o['questions']:.1%};"
+            f" pmi_rotation puts the gold last in"
             f" {o['pmi_rotation_gold_last'] / o['questions']:.1%} and first in"
             f" {o['pmi_rotation_gold_first'] / o['questions']:.1%}; BM25's input order has it"
             f" first in {o['bm25_gold_first'] / o['bm25_questions']:.1%}.",

@@ -51,6 +51,19 @@ def test_rotation_r_puts_the_gold_at_g_minus_r(report):
     # the best rotation (0) leaves the gold at position 1: neither first nor last
     assert (orders["curvature_first"], orders["pmi_rotation_gold_first"]) == (1, 0)
     assert orders["pmi_rotation_gold_last"] == 0
+    assert orders["curvature_successor_first"] == 0
+
+
+def test_curvature_credits_the_gold_last_rotation_to_the_successor(report):
+    # K = 4, gold at 0, recency-dominated: rot_1 (gold last) is best, rot_2 (gold third) next.
+    # Scores l(rot_j) + l(rot_{j+1}): d0 = -4 + -1, d1 = -1 + -2, d2 = -2 + -3, d3 = -3 + -4,
+    # so d1 (the gold's successor) comes first
+    loglik = [-4.0, -1.0, -2.0, -3.0]
+    order = sorted(range(4), key=lambda j: -(loglik[j] + loglik[(j + 1) % 4]))
+    assert order[0] == 1
+    orders = report.order_stats([_rec(0, 0, loglik, order, {})], 4)
+    assert (orders["curvature_first"], orders["curvature_successor_first"]) == (0, 1)
+    assert orders["pmi_rotation_gold_last"] == 1
 
 
 def test_position_means_and_paired_contrast(report):
