@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from cisrank.context.assemble import curvature_scores, sort_desc
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -59,7 +61,7 @@ def test_curvature_credits_the_gold_last_rotation_to_the_successor(report):
     # Scores l(rot_j) + l(rot_{j+1}): d0 = -4 + -1, d1 = -1 + -2, d2 = -2 + -3, d3 = -3 + -4,
     # so d1 (the gold's successor) comes first
     loglik = [-4.0, -1.0, -2.0, -3.0]
-    order = sorted(range(4), key=lambda j: -(loglik[j] + loglik[(j + 1) % 4]))
+    order = sort_desc(curvature_scores(loglik))
     assert order[0] == 1
     orders = report.order_stats([_rec(0, 0, loglik, order, {})], 4)
     assert (orders["curvature_first"], orders["curvature_successor_first"]) == (0, 1)
