@@ -1,4 +1,5 @@
-"""`cisrank distill generate | train | run`: teacher rows, student training, the two chained."""
+"""`cisrank distill pool | generate | train | run`: the training pool, teacher rows, student
+training, the last three chained."""
 
 from __future__ import annotations
 
@@ -117,6 +118,32 @@ def _dev(name: str | None):
     return None if name is None else load_named(name)
 
 
+@distill_app.command("pool")
+def pool_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for pool.jsonl and topics.tsv.")],
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="Root of the datasets (default: $CISRANK_DATA_DIR)."),
+    ] = None,
+) -> None:
+    """Write the student's training pool: every passage here that no test set judges (DL21 and
+    DL22 pools, MS MARCO training triples; DL19 passages left out by content) and the 994
+    training queries, for `index build` and `distill generate --first-stage`."""
+    from cisrank import env
+    from cisrank.distill.trainset import build_pool
+    from cisrank.errors import DataError
+
+    root = data_dir or env.data_dir()
+    if root is None:
+        raise DataError("no data folder: pass --data-dir or set CISRANK_DATA_DIR")
+    info = build_pool(out, root)
+    sources = ", ".join(f"{k} {v}" for k, v in info.by_source.items())
+    typer.echo(
+        f"{out}: {info.passages} passages ({sources}), {info.queries} queries; "
+        f"left out as test-set passages: {sum(info.excluded.values())}"
+    )
+
+
 @distill_app.command("generate")
 def generate_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the Parquet shards.")],
@@ -129,7 +156,17 @@ def generate_cmd(
     candidates: Annotated[
         Path | None, typer.Option("--candidates", help="Candidates JSON(.gz) with passage text.")
     ] = None,
-    topics: Annotated[Path | None, typer.Option("--topics", help="With --candidates.")] = None,
+    topics: Annotated[
+        Path | None, typer.Option("--topics", help="With --candidates or --first-stage.")
+    ] = None,
+    first_stage: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--first-stage",
+            help="Index folder to retrieve each --topics query's top --depth from (repeat to "
+            "fuse several by RRF).",
+        ),
+    ] = None,
     triples: Annotated[
         Path | None, typer.Option("--triples", help="MS MARCO query<TAB>pos<TAB>neg file.")
     ] = None,
@@ -169,6 +206,7 @@ def generate_cmd(
         candidates=candidates,
         topics=topics,
         triples=triples,
+        first_stage=first_stage,
         depth=depth,
     )
     t: Any

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from cisrank import __version__
 from cisrank.distill import rows as R
 from cisrank.distill.sources import PairSource, QueryPairs
-from cisrank.distill.teachers import Teacher, TeacherSpec
+from cisrank.distill.teachers import QueryItems, Teacher, TeacherSpec
 from cisrank.errors import CisrankError, DataError
 from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
 
@@ -43,27 +43,69 @@ class GenerateResult:
     shards_reused: int
 
 
-def shard_plan(source: PairSource, shard_pairs: int) -> list[list[QueryPairs]]:
-    """Whole queries, cut into shards once a shard holds `shard_pairs` pairs or more. Fixed by the
-    source alone, so a resumed run finds the same shard boundaries."""
-    shards: list[list[QueryPairs]] = [[]]
-    size = 0
-    for q in source.queries:
-        if size >= shard_pairs:
-            shards.append([])
-            size = 0
-        shards[-1].append(q)
-        size += len(q.docids)
-    return shards
+def shard_plan(source: PairSource, shard_pairs: int, by: str = "query") -> list[list[QueryPairs]]:
+    """The shards of a source, fixed by the source alone so that a resumed run finds the same
+    boundaries. `by="query"`: whole queries, a new shard once one holds `shard_pairs` pairs or
+    more. `by="passage"`: every pair of a passage (by docid) in one shard, passages in order of
+    first appearance, cut the same way; a shard then holds, per query, that query's pairs of its
+    passages (queries in source order), so a teacher that shares work across the queries of a
+    passage (`Teacher.passage_major`) sees all of them in one call."""
+    if by == "query":
+        shards: list[list[QueryPairs]] = [[]]
+        size = 0
+        for q in source.queries:
+            if size >= shard_pairs:
+                shards.append([])
+                size = 0
+            shards[-1].append(q)
+            size += len(q.docids)
+        return shards
+    if by != "passage":
+        raise ValueError(f"shards are cut by 'query' or 'passage', not {by!r}")
+    pairs_of: dict[str, list[tuple[int, int]]] = {}
+    for qi, q in enumerate(source.queries):
+        for j, docid in enumerate(q.docids):
+            pairs_of.setdefault(docid, []).append((qi, j))
+    groups: list[list[tuple[int, int]]] = [[]]
+    for refs in pairs_of.values():
+        if len(groups[-1]) >= shard_pairs:
+            groups.append([])
+        groups[-1].extend(refs)
+    out = []
+    for refs in groups:
+        per_query: dict[int, list[int]] = {}
+        for qi, j in sorted(refs):
+            per_query.setdefault(qi, []).append(j)
+        out.append(
+            [
+                QueryPairs(
+                    (q := source.queries[qi]).qid,
+                    q.query,
+                    [q.docids[j] for j in js],
+                    [q.passages[j] for j in js],
+                    [q.ranks[j] for j in js],
+                )
+                for qi, js in per_query.items()
+            ]
+        )
+    return out
 
 
-def _identity(source: PairSource, teacher: dict[str, Any], shard_pairs: int) -> dict[str, Any]:
+def _pairs(chunk: Sequence[QueryPairs]) -> int:
+    return sum(len(q.docids) for q in chunk)
+
+
+def _identity(
+    source: PairSource, teacher: dict[str, Any], shard_pairs: int, by: str
+) -> dict[str, Any]:
     identity = {
         "source": source.identity,
         "pairs_sha256": source.digest(),
         "teacher": teacher,
         "shard_pairs": shard_pairs,
     }
+    if by != "query":  # absent for query shards, as in runs written before passage shards
+        identity["shards_by"] = by
     # As it will read back from JSON, so that a resumed run compares equal.
     return json.loads(json.dumps(identity, sort_keys=True, default=str))
 
@@ -92,34 +134,33 @@ def _claim(out: Path, identity: dict[str, Any], overwrite: bool) -> dict[str, An
     return None
 
 
-def _query_columns(
-    teacher: Teacher,
-    qid: str,
-    query: str,
-    docids: Sequence[str],
-    passages: Sequence[str],
-    ranks: Sequence[int],
-) -> dict[str, list[Any]]:
-    """The teacher's rows of one query, as columns of `rows.SCHEMA` (both engines' one path)."""
-    got = teacher.score(qid, query, docids, passages)
-    n = len(docids)
-    if len(got.score) != n:
-        raise RuntimeError(f"teacher returned {len(got.score)} scores for {n} pairs")
-    return {
-        "qid": [qid] * n,
-        "docid": list(docids),
-        "query": [query] * n,
-        "passage": list(passages),
-        "rank": list(ranks),
-        "score": [float(v) for v in got.score],
-        "log_conditional": list(got.log_conditional) if got.log_conditional else [None] * n,
-        "log_prior": list(got.log_prior) if got.log_prior else [None] * n,
-    }
+def _shard_columns(teacher: Teacher, chunk: Sequence[QueryPairs]) -> dict[str, list[Any]]:
+    """The teacher's rows of a shard's queries, as columns of `rows.SCHEMA`, scored in one call
+    (both engines' one path)."""
+    got = teacher.score_many([QueryItems(q.qid, q.query, q.docids, q.passages) for q in chunk])
+    if len(got) != len(chunk):
+        raise RuntimeError(f"teacher returned {len(got)} score lists for {len(chunk)} queries")
+    cols: dict[str, list[Any]] = {f.name: [] for f in R.SCHEMA}
+    for q, scores in zip(chunk, got, strict=True):
+        n = len(q.docids)
+        if len(scores.score) != n:
+            raise RuntimeError(f"teacher returned {len(scores.score)} scores for {n} pairs")
+        cols["qid"] += [q.qid] * n
+        cols["docid"] += list(q.docids)
+        cols["query"] += [q.query] * n
+        cols["passage"] += list(q.passages)
+        cols["rank"] += list(q.ranks)
+        cols["score"] += [float(v) for v in scores.score]
+        cols["log_conditional"] += (
+            list(scores.log_conditional) if scores.log_conditional else [None] * n
+        )
+        cols["log_prior"] += list(scores.log_prior) if scores.log_prior else [None] * n
+    return cols
 
 
 class TeacherShardJob:
     """Teacher scoring as Ray actors run it: the teacher built once per actor from its spec,
-    then each shard's queries through `_query_columns`, in order."""
+    then each shard's queries through `_shard_columns`, in order."""
 
     def __init__(self, spec: TeacherSpec) -> None:
         self.spec = spec
@@ -134,27 +175,25 @@ class TeacherShardJob:
         import pyarrow as pa
 
         rows = batch.to_pydict()
-        out: dict[str, list[Any]] = {f.name: [] for f in R.SCHEMA}
-        out[SHARD], out[POS] = [], []
+        chunk: list[QueryPairs] = []
         n = len(rows[POS])
         start = 0
         while start < n:  # runs of one query (`qpos`: its place in the shard)
             end = start + 1
             while end < n and rows["qpos"][end] == rows["qpos"][start]:
                 end += 1
-            cols = _query_columns(
-                teacher,
-                rows["qid"][start],
-                rows["query"][start],
-                rows["docid"][start:end],
-                rows["passage"][start:end],
-                rows["rank"][start:end],
+            chunk.append(
+                QueryPairs(
+                    rows["qid"][start],
+                    rows["query"][start],
+                    rows["docid"][start:end],
+                    rows["passage"][start:end],
+                    rows["rank"][start:end],
+                )
             )
-            for name, values in cols.items():
-                out[name] += values
-            out[SHARD] += rows[SHARD][start:end]
-            out[POS] += rows[POS][start:end]
             start = end
+        out = _shard_columns(teacher, chunk)
+        out[SHARD], out[POS] = rows[SHARD], rows[POS]
         schema = R.SCHEMA.append(pa.field(SHARD, pa.int64())).append(pa.field(POS, pa.int64()))
         return pa.table(out, schema=schema)
 
@@ -210,13 +249,16 @@ def generate(
             res = ray_engine.plan_resources(ray_mod, options)
             job = TeacherShardJob(teacher)
             described = ray_engine.describe_remote(ray_mod, job, res)
+            passage_major = teacher.passage_major
         else:
             if isinstance(teacher, TeacherSpec):
                 teacher = teacher.load()
             described = teacher.describe()
-        identity = _identity(source, described, shard_pairs)
+            passage_major = teacher.passage_major
+        by = "passage" if passage_major else "query"
+        identity = _identity(source, described, shard_pairs, by)
         done = _claim(out, identity, overwrite)
-        chunks = shard_plan(source, shard_pairs)
+        chunks = shard_plan(source, shard_pairs, by)
         n_shards = len(chunks)
         if done is not None:
             log.info("%s: already complete (%d pairs)", out, done["pairs"])
@@ -226,33 +268,27 @@ def generate(
         written = reused = 0
         todo = []
         for i, chunk in enumerate(chunks):
-            expected = sum(len(q.docids) for q in chunk)
-            if R.shard_rows(R.shard_path(out, i)) == expected:
+            if R.shard_rows(R.shard_path(out, i)) == _pairs(chunk):
                 reused += 1
             else:
                 todo.append(i)
         pending = set(todo)
-        done_queries = sum(len(chunks[i]) for i in range(n_shards) if i not in pending)
+        done_pairs = sum(_pairs(chunks[i]) for i in range(n_shards) if i not in pending)
         if reused:
             log.info("%s: resuming, %d of %d shards already written", out, reused, n_shards)
         with tqdm(
-            total=len(source.queries),
-            initial=done_queries,
+            total=source.num_pairs,
+            initial=done_pairs,
             desc=f"teacher {identity['teacher']['teacher']}"
             + (" (ray)" if engine == "ray" else ""),
-            unit="query",
+            unit="pair",
             disable=not progress,
         ) as bar:
             if engine == "local":
                 assert not isinstance(teacher, TeacherSpec)
                 for i in todo:
-                    cols: dict[str, list[Any]] = {f.name: [] for f in R.SCHEMA}
-                    for q in chunks[i]:
-                        got = _query_columns(teacher, q.qid, q.query, q.docids, q.passages, q.ranks)
-                        for name, values in got.items():
-                            cols[name] += values
-                        bar.update(1)
-                    R.write_shard(R.shard_path(out, i), cols)
+                    R.write_shard(R.shard_path(out, i), _shard_columns(teacher, chunks[i]))
+                    bar.update(_pairs(chunks[i]))
                     written += 1
             else:
 
@@ -260,10 +296,10 @@ def generate(
                     R.write_shard(
                         R.shard_path(out, shard), table.select(R.SCHEMA.names).to_pydict()
                     )
-                    bar.update(len(chunks[shard]))
+                    bar.update(_pairs(chunks[shard]))
 
                 blocks = [_shard_block(i, chunks[i]) for i in todo]
-                expected_rows = {i: sum(len(q.docids) for q in chunks[i]) for i in todo}
+                expected_rows = {i: _pairs(chunks[i]) for i in todo}
                 wrapped = job_wrapper(job) if job_wrapper is not None else job
                 written = ray_engine.run_shards(
                     ray_mod, blocks, wrapped, options, res, expected_rows, write

@@ -1,7 +1,8 @@
-"""Teacher rows on disk: Parquet shards of whole queries, a state file, and a manifest last.
+"""Teacher rows on disk: Parquet shards, a state file, and a manifest last.
 
-One shard holds a fixed run of queries (by position in the source), so a resumed `generate` only
-has to check which shard files exist; each is written to a temp file and renamed, so a file that
+One shard holds a fixed set of pairs (a run of whole queries, or every pair of a run of passages:
+`generate.shard_plan`), fixed by the source alone, so a resumed `generate` only has to check
+which shard files exist; each is written to a temp file and renamed, so a file that
 exists is complete. `manifest.json` appears only when every shard is there: `train` refuses a
 folder without it.
 """
@@ -93,7 +94,8 @@ def read_rows_unchecked(folder: Path) -> pa.Table:
 
 
 def read_rows(folder: str | Path) -> pa.Table:
-    """All rows of a finished generate output, in source order."""
+    """All rows of a finished generate output, in shard order (by query or by passage: readers
+    group by `qid` and order by `rank`)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     n_files = len(list(folder.glob(SHARD_GLOB)))

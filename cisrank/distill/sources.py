@@ -7,11 +7,12 @@ Every source becomes the same list of `QueryPairs`, in a fixed order, so that a 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cisrank.data.datasets import load_local, load_named, open_text
+from cisrank.data.datasets import load_local, load_named, open_text, read_topics
 from cisrank.data.types import Dataset
 from cisrank.errors import DataError
 
@@ -104,6 +105,43 @@ def from_triples(path: str | Path, limit: int | None = None) -> PairSource:
     return PairSource(path.stem, queries, {"triples": str(path)})
 
 
+def from_first_stage(topics: str | Path, indexes: Sequence[str | Path], depth: int) -> PairSource:
+    """The top `depth` of each query of `topics` retrieved from `indexes` (several are fused by
+    RRF, each contributing its top `depth`): how the student's training pairs are drawn from a
+    pool corpus with the project's own first stage. Ranks are the first stage's."""
+    from cisrank.indexes.first_stage import open_retriever, retrieve_candidates
+
+    topics_path = Path(topics)
+    if not topics_path.is_file():
+        raise DataError(f"topics file '{topics_path}' does not exist")
+    texts = read_topics(topics_path)
+    retriever = open_retriever(indexes, depth=depth)
+    candidates = retrieve_candidates(retriever, texts, depth)
+    queries = [
+        QueryPairs(
+            qid,
+            texts[qid],
+            [h.docid for h in hits],
+            [h.text for h in hits],
+            [h.rank for h in hits],
+        )
+        for qid, hits in candidates.items()
+        if hits
+    ]
+    if not queries:
+        raise DataError(f"no query of '{topics_path}' retrieved anything")
+    return PairSource(
+        topics_path.stem,
+        queries,
+        {
+            "topics": str(topics_path),
+            "first_stage": [str(p) for p in indexes],
+            "retriever": retriever.name,
+            "depth": depth,
+        },
+    )
+
+
 def load_source(
     *,
     dataset: str | None = None,
@@ -111,16 +149,25 @@ def load_source(
     candidates: str | Path | None = None,
     topics: str | Path | None = None,
     triples: str | Path | None = None,
+    first_stage: Sequence[str | Path] | None = None,
     depth: int = 100,
 ) -> PairSource:
-    """Exactly one of a dataset name, a candidates file or a triples file."""
-    given = [x for x in (dataset, candidates, triples) if x is not None]
+    """Exactly one of a dataset name, a candidates file, a triples file or topics retrieved
+    from first-stage indexes."""
+    given = [x for x in (dataset, candidates, triples, first_stage or None) if x is not None]
     if len(given) != 1:
-        raise DataError("give exactly one of --dataset NAME, --candidates FILE or --triples FILE")
+        raise DataError(
+            "give exactly one of --dataset NAME, --candidates FILE, --triples FILE or "
+            "--first-stage INDEX (with --topics)"
+        )
     if depth < 1:
         raise DataError(f"--depth must be >= 1, got {depth}")
     if triples is not None:
         return from_triples(triples)
+    if first_stage:
+        if topics is None:
+            raise DataError("--first-stage needs --topics FILE (qid<TAB>query)")
+        return from_first_stage(topics, first_stage, depth)
     if candidates is not None:
         cand = Path(candidates)
         ds = load_local(

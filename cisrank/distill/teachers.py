@@ -28,8 +28,25 @@ class TeacherScores:
     log_prior: list[float] | None = None
 
 
+@dataclass(frozen=True)
+class QueryItems:
+    """One query's pairs to score: what `Teacher.score_many` takes per query."""
+
+    qid: str
+    query: str
+    docids: Sequence[str]
+    passages: Sequence[str]
+
+
 class Teacher(Protocol):
     name: str
+
+    @property
+    def passage_major(self) -> bool:
+        """True when the teacher is cheaper with all queries of a passage in one call (the
+        reverse CIS estimator runs a passage's context once for every query that retrieved it),
+        so that `generate` cuts its shards by passage instead of by query."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """What identifies the teacher's numbers: a resumed run must use the same teacher."""
@@ -38,6 +55,10 @@ class Teacher(Protocol):
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
     ) -> TeacherScores: ...
+
+    def score_many(self, items: Sequence[QueryItems]) -> list[TeacherScores]:
+        """`score` of each query, in one call so that a model can batch across queries."""
+        ...
 
 
 @dataclass
@@ -60,10 +81,18 @@ class RerankerTeacher:
         out.update({k: v for k, v in sorted(self.options.items()) if v is not None})
         return out
 
+    @property
+    def passage_major(self) -> bool:
+        return False
+
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
     ) -> TeacherScores:
         return TeacherScores(self.reranker.score(query, list(passages)))
+
+    def score_many(self, items: Sequence[QueryItems]) -> list[TeacherScores]:
+        got = self.reranker.score_batch([(q.query, list(q.passages)) for q in items])
+        return [TeacherScores(s) for s in got]
 
 
 @dataclass
@@ -82,19 +111,29 @@ class CISTeacher(RerankerTeacher):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fingerprint": self.cis.engine.fingerprint()}
 
+    @property
+    def passage_major(self) -> bool:
+        return self.cis.config.estimator == "reverse"
+
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
     ) -> TeacherScores:
+        return self.score_many([QueryItems(qid, query, docids, passages)])[0]
+
+    def score_many(self, items: Sequence[QueryItems]) -> list[TeacherScores]:
+        requests = [(q.query, list(q.passages)) for q in items]
         if self.cis.config.estimator != "forward":  # the two log p(K) terms are forward's
-            return TeacherScores(self.cis.score(query, list(passages)))
-        cis, cond, prior = self.cis.components(query, list(passages))
-        return TeacherScores(cis, cond, prior)
+            return [TeacherScores(s) for s in self.cis.score_batch(requests)]
+        # Forward: one query at a time, so that a passage's prior is computed in the same batch
+        # whichever shards a run (local, Ray, resumed) has already done: equal bits everywhere.
+        return [TeacherScores(*self.cis.components(q, ps)) for q, ps in requests]
 
 
 class ScoresFileTeacher:
     """Scores computed elsewhere, as a TREC run file (`qid Q0 docid rank score tag`)."""
 
     name = SCORES_TEACHER
+    passage_major = False
 
     def __init__(self, path: str | Path) -> None:
         from cisrank.data.corpus import file_checksum
@@ -126,6 +165,9 @@ class ScoresFileTeacher:
             raise DataError(f"{self.path}: non-finite score for query {qid}")
         return TeacherScores(values)
 
+    def score_many(self, items: Sequence[QueryItems]) -> list[TeacherScores]:
+        return [self.score(q.qid, q.query, q.docids, q.passages) for q in items]
+
 
 @dataclass(frozen=True)
 class TeacherSpec:
@@ -146,6 +188,16 @@ class TeacherSpec:
 
     def load(self) -> Teacher:
         return load_teacher(self.name, self.model, self.scores_file, **dict(self.options))
+
+    @property
+    def passage_major(self) -> bool:
+        """`Teacher.passage_major` of the teacher this spec builds, without building it."""
+        if self.name != CIS_TEACHER:
+            return False
+        from cisrank.rerank.cis import CISRerankerConfig
+
+        options = dict(self.options)
+        return options.get("estimator", CISRerankerConfig().estimator) == "reverse"
 
 
 def load_teacher(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from cisrank.distill import rows as R
@@ -58,11 +59,18 @@ class Counting:
     def describe(self):
         return self.inner.describe()
 
+    @property
+    def passage_major(self) -> bool:
+        return self.inner.passage_major
+
     def score(self, qid, query, docids, passages) -> TeacherScores:
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise KeyboardInterrupt
         self.calls += 1
         return self.inner.score(qid, query, docids, passages)
+
+    def score_many(self, items) -> list[TeacherScores]:
+        return [self.score(q.qid, q.query, q.docids, q.passages) for q in items]
 
 
 def test_interrupted_generate_resumes_with_only_the_missing_shards(source, cis_teacher, tmp_path):
@@ -149,3 +157,50 @@ def test_exactly_one_source_is_required(data_sets: Path):
         load_source()
     with pytest.raises(DataError, match="exactly one"):
         load_source(dataset="trec-dl22", triples="x.tsv")
+
+
+def test_a_reverse_cis_teacher_cuts_shards_by_passage_and_scores_as_alone(
+    source, tiny_gpt2_dir, tmp_path
+):
+    """The reverse estimator shares a passage's context across its queries, so its shards hold
+    every pair of a run of passages; the rows are the same pairs with the scores a fresh
+    reranker gives each query alone, and an interrupted run resumes shard by shard."""
+    teacher = load_teacher("cis", str(tiny_gpt2_dir), estimator="reverse")
+    assert teacher.passage_major
+    out = tmp_path / "rows"
+    with pytest.raises(KeyboardInterrupt):
+        generate(source, Counting(teacher, 3), out, shard_pairs=6, progress=False)
+    res = generate(source, teacher, out, shard_pairs=6, progress=False)
+    assert res.manifest["identity"]["shards_by"] == "passage" and res.shards_reused >= 1
+    table = R.read_rows(out).to_pylist()
+    pairs = {(q.qid, d) for q in source.queries for d in q.docids}
+    assert len(table) == len(pairs) == source.num_pairs
+    assert {(r["qid"], r["docid"]) for r in table} == pairs
+    shard_of: dict[str, set[int]] = {}
+    for i, shard in enumerate(sorted(out.glob(R.SHARD_GLOB))):
+        for docid in pq.read_table(shard).column("docid").to_pylist():
+            shard_of.setdefault(docid, set()).add(i)
+    assert all(len(s) == 1 for s in shard_of.values())  # a passage never spans two shards
+    assert any(sum(r["docid"] == d for r in table) > 1 for d in shard_of)  # shared passages
+    fresh = CISReranker(model=str(tiny_gpt2_dir), estimator="reverse")
+    for q in source.queries:
+        alone = dict(zip(q.docids, fresh.score(q.query, q.passages), strict=True))
+        got = {r["docid"]: r for r in table if r["qid"] == q.qid}
+        for d, expected in alone.items():
+            assert got[d]["score"] == pytest.approx(expected, abs=1e-4)
+            assert got[d]["rank"] == q.ranks[q.docids.index(d)]
+
+
+def test_shards_by_passage_hold_every_pair_once_in_a_fixed_plan(source):
+    from cisrank.distill.generate import shard_plan
+
+    plan = shard_plan(source, 5, "passage")
+    assert plan == shard_plan(source, 5, "passage")
+    seen = [(q.qid, d) for shard in plan for q in shard for d in q.docids]
+    assert sorted(seen) == sorted((q.qid, d) for q in source.queries for d in q.docids)
+    order = [q.qid for q in source.queries]
+    for shard in plan:  # queries in source order inside a shard, each once
+        ids = [q.qid for q in shard]
+        assert ids == sorted(set(ids), key=order.index)
+    with pytest.raises(ValueError, match="query' or 'passage"):
+        shard_plan(source, 5, "docid")

@@ -1,0 +1,131 @@
+"""The student's training pool: every passage available here that no test set judges, and the
+MS MARCO training queries that retrieve from it.
+
+Why a pool of its own: a student learns from the teacher's scores on (query, passage) pairs, and
+those pairs must never come from a test set (DL19, DL20) or the dev set's queries (DL21). The
+passages that are available offline are the DL21 and DL22 BM25 pools (MS MARCO v2) and the
+passages of the MS MARCO training triples (v1); any passage whose text is a DL19 candidate is
+left out (matched by content, since v1 and v2 ids differ). DL20 is not in `../shared/data`, so it
+cannot be excluded by content here; the triples are MS MARCO *training* passages and the v2 pools
+belong to DL21/DL22 topics.
+
+`build_pool` writes the corpus (`pool.jsonl`, for `cisrank index build bm25|dense`) and the
+training topics (`topics.tsv`, qids are content ids as in `distill generate --triples`), plus a
+`pool.json` with the counts. The candidates come from the project's own indexes:
+
+    cisrank distill pool --out out/trainset
+    cisrank index build bm25 --corpus out/trainset/pool.jsonl --out out/trainset/bm25
+    cisrank index build dense --corpus out/trainset/pool.jsonl --out out/trainset/dense
+    cisrank distill generate --topics out/trainset/topics.tsv \\
+        --first-stage out/trainset/bm25 --first-stage out/trainset/dense --depth 30 ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cisrank.data.datasets import load_named, open_text
+from cisrank.errors import DataError
+from cisrank.fileio import atomic_write_text
+
+POOL_FILE = "pool.jsonl"
+TOPICS_FILE = "topics.tsv"
+INFO_FILE = "pool.json"
+POOL_SETS = ("trec-dl21", "trec-dl22")
+EXCLUDED_SETS = ("trec-dl19",)
+TRIPLES = Path("msmarco-train") / "triples.train.small.first1000.tsv"
+
+
+def content_id(prefix: str, text: str) -> str:
+    """The id a text gets where it has none (triples): `prefix` + sha1 prefix of the text, the
+    same as `distill generate --triples` gives, so rows from both join on it."""
+    return prefix + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+def text_key(text: str) -> str:
+    """Content key for exclusion: the whitespace-trimmed text's sha256."""
+    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    passages: int
+    by_source: dict[str, int]
+    excluded: dict[str, int]
+    queries: int
+    out: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passages": self.passages,
+            "by_source": self.by_source,
+            "excluded_by_content": self.excluded,
+            "queries": self.queries,
+        }
+
+
+def read_triples(path: Path) -> list[tuple[str, str, str]]:
+    rows = []
+    with open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            parts = line.rstrip("\r\n").split("\t")
+            if len(parts) != 3 or not all(p.strip() for p in parts):
+                raise DataError(f"{path}:{n}: expected query<TAB>positive<TAB>negative")
+            rows.append((parts[0], parts[1], parts[2]))
+    if not rows:
+        raise DataError(f"triples file '{path}' is empty")
+    return rows
+
+
+def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
+    """Write `pool.jsonl`, `topics.tsv` and `pool.json` under `out` (each atomically)."""
+    root = Path(data_dir)
+    out = Path(out)
+    excluded_keys: set[str] = set()
+    for name in EXCLUDED_SETS:
+        ds = load_named(name, root / name, require_qrels=False)
+        excluded_keys.update(text_key(t) for t in ds.passages().values())
+    pool: dict[str, str] = {}
+    seen: set[str] = set()
+    by_source: dict[str, int] = {}
+    excluded: dict[str, int] = {}
+
+    def add(source: str, docid: str, text: str) -> None:
+        key = text_key(text)
+        if key in excluded_keys:
+            excluded[source] = excluded.get(source, 0) + 1
+            return
+        if docid in pool or key in seen:
+            return
+        pool[docid] = text
+        seen.add(key)
+        by_source[source] = by_source.get(source, 0) + 1
+
+    for name in POOL_SETS:
+        ds = load_named(name, root / name, require_qrels=False)
+        for docid, text in ds.passages().items():
+            add(name, docid, text)
+    triples_path = root / TRIPLES
+    if not triples_path.is_file():
+        raise DataError(f"no MS MARCO triples at {triples_path}: pass the data folder")
+    triples = read_triples(triples_path)
+    topics: dict[str, str] = {}
+    for query, pos, neg in triples:
+        for text in (pos, neg):
+            add("msmarco-train", content_id("p", text), text)
+        topics.setdefault(content_id("q", query), query)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(
+        out / POOL_FILE,
+        "".join(
+            json.dumps({"id": d, "text": t}, ensure_ascii=False) + "\n" for d, t in pool.items()
+        ),
+    )
+    atomic_write_text(out / TOPICS_FILE, "".join(f"{q}\t{t}\n" for q, t in topics.items()))
+    info = PoolInfo(len(pool), by_source, excluded, len(topics), out)
+    atomic_write_text(out / INFO_FILE, json.dumps(info.to_json(), indent=2) + "\n")
+    return info
