@@ -36,7 +36,7 @@ import torch
 from common import dl19_dir, gpt2_124m, machine, write_result
 
 from cisrank.data.datasets import load_folder
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.prior_store import PriorStore
 
@@ -111,7 +111,7 @@ def naive_span(model, context: list[int], target: list[int]) -> float:
 def real_model(name: str, device, dtype):
     """A pulled catalogue model, HF id or folder, loaded as cisrank loads it."""
     engine = CausalLMEngine(name, device=str(device), dtype=str(dtype).removeprefix("torch."))
-    return engine.model, engine.tokenizer, engine.model.config
+    return engine.torch_backend().model, engine.tokenizer, engine.torch_backend().model.config
 
 
 def reverse_speed(model, engine, work, args, flops: FlopCounter) -> dict:

@@ -40,7 +40,7 @@ from common import gpt2_124m, machine, time_calls, write_result
 from cisrank.context import ContextAssembler, rotations
 from cisrank.context.decoding import DECODINGS, ENSEMBLES, EnsembleDecoder
 from cisrank.data.types import Passage
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 
 
 def nq_passages(path: Path, k: int, words: int) -> tuple[str, list[Passage]]:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         model, tokenizer, _ = gpt2_124m(shim, torch.device("cpu"), torch.float32)
         engine = CausalLMEngine(model, tokenizer)
         model_desc = "gpt2-124m-shape (random weights)"
-    model = engine.model
+    model = engine.torch_backend().model
     asm = ContextAssembler(engine, "qa")
     prompts = asm.search_prompts(question, docs, rotations(args.k))
     tokens = [len(p.ids) for p in prompts]

@@ -57,7 +57,7 @@ def build_minilm_cross_encoder(out: Path) -> Path:
 def build_cis_reranker(ds, device: torch.device):
     """CIS over the GPT-2 124M-shaped model of bench/cis_engine.py."""
     from cisrank.devices import resolve_dtype
-    from cisrank.rerank.causal_lm import CausalLMEngine
+    from cisrank.lm.engine import CausalLMEngine
     from cisrank.rerank.cis import CISReranker
 
     model, tokenizer, _ = gpt2_124m(ds, device, resolve_dtype(None, device))

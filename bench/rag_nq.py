@@ -447,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return merge_files(args)
     from cisrank.context import ContextAssembler
     from cisrank.context.decoding import EnsembleDecoder
-    from cisrank.rerank.causal_lm import CausalLMEngine
+    from cisrank.lm.engine import CausalLMEngine
 
     if not args.data.is_file():
         raise SystemExit(f"no NQ file at {args.data}: set CISRANK_DATA_DIR or pass --data")
@@ -482,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "pool_passages": len(pool.passages),
             "machine": machine(),
             "device": str(engine.device),
-            "dtype": str(engine.dtype),
+            "dtype": f"torch.{engine.compute_type}",  # as earlier result files hold it
             "model_load_s": load_s,
             "seconds_total": total,
             "seconds_per_question_context": total / max(done, 1),

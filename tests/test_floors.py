@@ -50,6 +50,9 @@ def test_the_package_keeps_its_floors(tmp_path: Path) -> None:
         ("data/types.py", "import cisrank.eval.metrics"),  # a shared type reaching for eval
         ("rerank/base.py", "import cisrank.retrieval.base"),  # two engines of one floor
         ("retrieval/bm25.py", "import cisrank.indexes.build"),  # the old cycle
+        ("lm/engine.py", "import cisrank.rerank.cis"),  # the LM floor reaching for a reranker
+        ("lm/prompts.py", "import cisrank.context.templates"),  # ... or for context assembly
+        ("context/assemble.py", "import cisrank.rerank.cis"),  # rerank and context: siblings
     ],
 )
 def test_an_upward_import_breaks_the_contract(tmp_path: Path, module: str, upward: str) -> None:

@@ -81,7 +81,7 @@ class _FieldFault(CisrankError):
 
 def causal_engine(reranker: object) -> Any | None:
     """The reranker's causal-LM engine (a CIS reranker's), or None."""
-    from cisrank.rerank.causal_lm import CausalLMEngine
+    from cisrank.lm.engine import CausalLMEngine
 
     engine = getattr(reranker, "engine", None)
     return engine if isinstance(engine, CausalLMEngine) else None

@@ -1,6 +1,6 @@
 """RAG context assembly: arrange, pad and gauge a query's top passages with the causal LM.
 
-Built on the one causal-LM engine of `cisrank.rerank` (no second forward loop): templates as data
+Built on the one causal-LM engine of `cisrank.lm` (no second forward loop): templates as data
 (`templates`), the likelihood-scored arrangements and the question-likelihood gauge (`assemble`,
 seeds 000/001), and noise padding (`noise`, seed 003).
 """

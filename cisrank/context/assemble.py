@@ -44,7 +44,7 @@ from cisrank.context.noise import pad_with_noise
 from cisrank.context.templates import ContextTemplate, chat_wrap, resolve_template
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 
 ARRANGEMENTS = ("ranked", "reverse", "edges", "pmi_rotation", "likelihood_select", "curvature")
 SCORED = ("pmi_rotation", "likelihood_select", "curvature")

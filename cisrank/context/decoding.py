@@ -41,7 +41,7 @@ import torch
 from cisrank.context.assemble import ContextAssembler
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
-from cisrank.rerank.causal_lm import DecodeStep, LockstepPrefill
+from cisrank.lm.decoding import DecodeStep, LockstepPrefill
 
 
 class DecodingTimeout(CisrankError):

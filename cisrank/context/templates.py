@@ -28,20 +28,20 @@ models (seed 000 App. D).
 
 Rendering returns the text cut at the question (`before`, `question`, `after`): the ids are
 `[BOS] + T(before) + T(question) + T(after)`, each piece tokenized on its own (the house rule of
-`cisrank.rerank.templates`: a BPE merge at a junction cannot change the scored span), and a space
+`cisrank.lm.prompts`: a BPE merge at a junction cannot change the scored span), and a space
 just before the question moves into the question (`" " + question`), which is how a tokenizer
 splits the running text.
 """
 
 from __future__ import annotations
 
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
+from cisrank.lm.prompts import chat_turns, field_names
 
 DOCUMENT_FORMAT = "Document [{index}](Title: {title}) {text}"
 DOCUMENT_FIELDS = ("index", "title", "text", "id")
@@ -62,7 +62,7 @@ class ContextTemplate:
     single_document: str | None = None
 
     def __post_init__(self) -> None:
-        names = _field_names(self.text, f"template {self.name!r}")
+        names = field_names(self.text, f"template {self.name!r}")
         for required in REQUIRED_FIELDS:
             if names.count(required) != 1:
                 raise CisrankError(
@@ -86,7 +86,7 @@ class ContextTemplate:
         for fmt in (self.document, self.single_document):
             if fmt is None:
                 continue
-            doc_names = _field_names(fmt, f"document format of {self.name!r}")
+            doc_names = field_names(fmt, f"document format of {self.name!r}")
             bad = [n for n in doc_names if n not in DOCUMENT_FIELDS]
             if bad:
                 raise CisrankError(
@@ -116,25 +116,6 @@ class ContextTemplate:
         if before.endswith(" "):
             before, question = before[:-1], " " + question
         return before, question, after
-
-
-def _field_names(fmt: str, what: str) -> list[str]:
-    try:
-        parsed = list(string.Formatter().parse(fmt))
-    except ValueError as exc:
-        raise CisrankError(f"{what}: {exc}; write literal braces as '{{{{' and '}}}}'") from None
-    names = []
-    for _, name, spec, conv in parsed:
-        if name is None:
-            continue
-        if not name.isidentifier() or spec or conv:
-            shown = name + ("!" + conv if conv else "") + (":" + spec if spec else "")
-            raise CisrankError(
-                f"{what}: field '{{{shown}}}' is not a plain name; write literal braces as "
-                "'{{' and '}}'"
-            )
-        names.append(name)
-    return names
 
 
 _QA_INSTRUCTION = (
@@ -211,14 +192,15 @@ def resolve_template(
 def chat_wrap(tokenizer: Any, before: str, question: str, after: str) -> tuple[str, str, str]:
     """(before, question, after) inside the user's turn of the tokenizer's chat template, with
     the assistant's turn opened; a leading BOS text is dropped (the engine adds BOS itself)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise CisrankError("chat: this tokenizer has no chat template; drop --chat")
     messages = [{"role": "user", "content": before + _SENTINEL + after}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    if not isinstance(text, str) or text.count(_SENTINEL) != 1:
+    text = chat_turns(
+        tokenizer,
+        messages,
+        add_generation_prompt=True,
+        bos_text=getattr(tokenizer, "bos_token", None),
+        hint="; drop --chat",
+    )
+    if text.count(_SENTINEL) != 1:
         raise CisrankError("chat: the chat template did not render the user's message")
-    bos_text = getattr(tokenizer, "bos_token", None)
-    if bos_text and text.startswith(bos_text):
-        text = text[len(bos_text) :]
     head, tail = text.split(_SENTINEL)
     return head, question, tail

@@ -123,7 +123,7 @@ def build_prior(
     (the engine's default when None). `resume` needs no handling: whatever an interrupted run
     committed is found in the store by its key and not computed again.
     """
-    from cisrank.rerank.causal_lm import CausalLMEngine
+    from cisrank.lm.engine import CausalLMEngine
     from cisrank.rerank.cis import CISReranker
     from cisrank.rerank.prior_store import PriorStore
 
@@ -189,8 +189,8 @@ def build_prior(
             "name": config.model,
             "fingerprint": lm.fingerprint(),
             "store_fingerprint": fingerprint,
-            "dtype": str(lm.dtype).removeprefix("torch."),
-            "device": str(lm.device),
+            "dtype": lm.compute_type,
+            "device": lm.device,
         },
         extra={
             "passages": passages,
@@ -218,7 +218,7 @@ class PriorShardJob:
     device: str | None = None
 
     def load(self) -> Any:
-        from cisrank.rerank.causal_lm import CausalLMEngine
+        from cisrank.lm.engine import CausalLMEngine
         from cisrank.rerank.cis import CISReranker
 
         engine = CausalLMEngine(
@@ -234,8 +234,8 @@ class PriorShardJob:
         return {
             "fingerprint": engine.fingerprint(),
             "store_fingerprint": reranker.store_fingerprint,
-            "dtype": str(engine.dtype).removeprefix("torch."),
-            "device": str(engine.device),
+            "dtype": engine.compute_type,
+            "device": engine.device,
             "batch_tokens": engine.batch_tokens,
         }
 

@@ -1,6 +1,6 @@
 """CIS reranker: rank passages by causal relevance, `CIS(Q->K) = log p(K|Q) - log p(K)`.
 
-Implements this CIS contract on top of the one causal-LM engine (`causal_lm`):
+Implements this CIS contract on top of the one causal-LM engine (`cisrank.lm.engine`):
 
 - D = the passage's tokens without special tokens, truncated to `max_doc_tokens` (the same D in
   both terms); P = the templated query's tokens; B = [BOS] (EOS where there is no BOS);
@@ -17,7 +17,7 @@ log p(Q|K) - log p(Q), and log p(Q) is the same for every passage of a query, so
 likelihood after a passage-first template (`reverse`, no prior needed; a query-likelihood
 reranker) ranks by the same CIS as the `forward` estimate. An LM with prompt templates is not a
 consistent joint distribution, so the two differ in practice; `both` averages them. Templates:
-`cisrank.rerank.templates`.
+`cisrank.lm.prompts`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,8 @@ from pydantic import Field, field_validator
 
 from cisrank.config import ComponentConfig
 from cisrank.errors import CisrankError
-from cisrank.rerank.base import BaseReranker
-from cisrank.rerank.causal_lm import CausalLMEngine
-from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
-from cisrank.rerank.prior_table import Priors, open_prior_store
-from cisrank.rerank.templates import (
+from cisrank.lm.engine import CausalLMEngine
+from cisrank.lm.prompts import (
     CHAT,
     FORWARD_TEMPLATES,
     ReverseTemplate,
@@ -42,6 +39,9 @@ from cisrank.rerank.templates import (
     resolve_forward,
     resolve_reverse,
 )
+from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
+from cisrank.rerank.prior_table import Priors, open_prior_store
 
 TEMPLATES = FORWARD_TEMPLATES
 _MEMORY_PRIORS_MAX = 200_000

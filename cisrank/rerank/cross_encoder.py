@@ -9,7 +9,7 @@ Speed, on top of what `CrossEncoder.predict` already does (length sorting, infer
 - `score_batch` tokenizes every distinct (query, passage) pair of all requests in one call, so
   concurrent requests share model batches and a pair asked for twice is scored once;
 - batches are cut from the pairs sorted by token length and padded by hand to their longest
-  member (`cisrank.rerank.batching`, shared with the CIS engine); CPU batches are small (less
+  member (`cisrank.lm.batching`, shared with the CIS engine); CPU batches are small (less
   padding), GPU batches large;
 - arithmetic: bf16 on GPUs (fp16 where bf16 is missing), and on CPUs with native bf16 matmuls
   (AVX512-BF16 or AMX), with the pooler and head kept in float32 so that scores are not rounded
@@ -37,9 +37,9 @@ from pydantic import Field
 from cisrank.config import ComponentConfig
 from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
+from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker
-from cisrank.rerank.batching import LengthBatcher, dedupe, pad_batch, scatter
 
 CPU_BATCH_SIZE = 8
 GPU_BATCH_SIZE = 128

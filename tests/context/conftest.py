@@ -9,7 +9,7 @@ import torch
 from context.helpers import Tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 
 SHARPEN = 6.0
 

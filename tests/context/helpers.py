@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from cisrank.data.types import Passage
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 from cisrank.testing import SAMPLE_SENTENCES
 
 QUESTION = "when was the author of hamlet born ?"

@@ -119,7 +119,7 @@ def test_generate_prints_answer_and_attribution(tiny_gpt2_dir, tmp_path, monkeyp
     assert json.loads(naive.stdout)["order"] == [2, 1, 0]
 
     # a scored arrangement costs its K search prompts; the arranged one is generated, not gauged
-    from cisrank.rerank.causal_lm import CausalLMEngine
+    from cisrank.lm.engine import CausalLMEngine
 
     rows: list[int] = []
     score_spans = CausalLMEngine.score_spans

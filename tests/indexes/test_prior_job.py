@@ -19,7 +19,7 @@ from cisrank.cli import app
 from cisrank.errors import CisrankError, DataError
 from cisrank.indexes.build import STATE_FILE, build_index
 from cisrank.data.manifest import MANIFEST_FILE, read_manifest
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
 from cisrank.indexes.prior import PRIOR_FILE
 from cisrank.rerank.prior_store import PriorStore, passage_key

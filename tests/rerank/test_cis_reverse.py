@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cisrank.errors import CisrankError
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
+from cisrank.lm.prompts import REVERSE_TEMPLATES
 from cisrank.rerank.cis import CISReranker
-from cisrank.rerank.templates import REVERSE_TEMPLATES
 
 TOL = 1e-4  # float32 engine against a float64 reference, summed over the query's tokens
 QUERY = "When was the author of Hamlet born?"
@@ -139,6 +139,37 @@ def test_score_spans_with_distinct_contexts(models):
     assert res.num_tokens == [len(g) for _, g in spans]
     with pytest.raises(CisrankError, match="at least one token"):
         engine.score_spans([([], enc(QUERY))])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_context_shared_by_many_targets_runs_once_and_scores_as_alone(models, arch):
+    """One passage under several queries (teacher scoring of a pool): the passage's context is
+    fed once, its cache reused by each query, and every pair scores what it scores alone and
+    what a brute-force float64 forward gives."""
+    path, ref, tok = models[arch]
+    template = REVERSE_TEMPLATES["upr"]
+    queries = [QUERY, "Who wrote Hamlet?", "Where is Paris?", "born"]
+    r = CISReranker(str(path), estimator="reverse", device="cpu")
+    fed: list[int] = []
+    hook = r.engine.backend.base.register_forward_pre_hook(
+        lambda _m, _a, kw: fed.append(int(kw["input_ids"].numel())), with_kwargs=True
+    )
+    try:
+        together = r.score_batch([(q, PASSAGES[:3]) for q in queries])
+    finally:
+        hook.remove()
+    alone = [[r.score(q, [p])[0] for p in PASSAGES[:3]] for q in queries]
+    exp = [[brute_reverse(ref, tok, template, q, p) for p in PASSAGES[:3]] for q in queries]
+    assert np.allclose(together, exp, atol=TOL, rtol=0)
+    assert np.allclose(together, alone, atol=TOL, rtol=0)
+    cut = r.reverse_template
+    bos, enc = r.engine.bos_id, r.engine.encode
+    contexts = [len(cut.ids(enc, bos, d, "x")[0]) for d in r.passage_ids(PASSAGES[:3])]
+    targets = [len(cut.ids(enc, bos, [], q)[1]) for q in queries]
+    unshared = len(queries) * sum(contexts) + 3 * sum(targets)
+    # each context once and each query once per passage (padding allowed), far below feeding
+    # every (context, query) row whole
+    assert sum(fed) <= sum(contexts) + 2 * 3 * sum(targets) < unshared
 
 
 def test_chat_templates_render_the_tokenizers_turns(tiny_gpt2_bpe_dir, tmp_path):

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cisrank.errors import CisrankError
-from cisrank.rerank.causal_lm import CausalLMEngine
+from cisrank.lm.engine import CausalLMEngine
 from cisrank.testing import SAMPLE_SENTENCES
 
 TOL = 1e-3
@@ -68,7 +68,7 @@ def test_shuffled_order_duplicates_and_token_budget(setup):
     random.Random(0).shuffle(order)
     engine = CausalLMEngine(path, tok, batch_tokens=16)
     seen: list[int] = []
-    handle = engine.base.register_forward_hook(
+    handle = engine.backend.base.register_forward_hook(
         lambda m, a, kw, out: seen.append(kw["input_ids"].shape[0]), with_kwargs=True
     )
     got = engine.score_continuations(prefix, [conts[i] for i in order]).logprobs
@@ -94,7 +94,7 @@ def test_rows_carry_at_most_max_padding(setup, max_padding):
             width = kw["input_ids"].shape[1]
             rows.append((width, kw["attention_mask"][:, -width:].sum(1).tolist()))
 
-    handle = engine.base.register_forward_hook(hook, with_kwargs=True)
+    handle = engine.backend.base.register_forward_hook(hook, with_kwargs=True)
     got = engine.score_continuations(prefix, conts).logprobs
     handle.remove()
     assert np.abs(np.array(got) - [sum(e) for e in expected]).max() <= TOL
@@ -111,7 +111,7 @@ def test_lm_head_sees_only_continuation_positions_in_chunks(setup):
     path, tok, prefix, conts, expected = setup
     engine = CausalLMEngine(path, tok, head_chunk_rows=7)
     rows: list[tuple[int, ...]] = []
-    handle = engine.lm_head.register_forward_hook(
+    handle = engine.backend.lm_head.register_forward_hook(
         lambda m, inp, out: rows.append(tuple(inp[0].shape))
     )
     got = engine.score_continuations(prefix, conts).logprobs
@@ -141,7 +141,7 @@ def test_fingerprint_tracks_weights_not_process(tiny_gpt2_dir, tiny_llama_dir):
     assert a.fingerprint() == b.fingerprint()
     assert CausalLMEngine(str(tiny_llama_dir), device="cpu").fingerprint() != a.fingerprint()
     with torch.no_grad():
-        b.model.transformer.h[0].mlp.c_fc.weight.mul_(1.01)
+        b.torch_backend().model.transformer.h[0].mlp.c_fc.weight.mul_(1.01)
     b._fingerprint = None
     assert b.fingerprint() != a.fingerprint()
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from cisrank.rerank.batching import LengthBatcher, dedupe, pad_batch, scatter
+from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
 
 
 def reference_plan(lengths, batch_size, batch_tokens, max_padding):
@@ -129,7 +129,7 @@ def test_causal_lm_batches_follow_the_shared_plan(tiny_gpt2_dir):
     policy, over the distinct non-empty passages."""
     from transformers import AutoTokenizer
 
-    from cisrank.rerank.causal_lm import CausalLMEngine
+    from cisrank.lm.engine import CausalLMEngine
     from cisrank.testing import SAMPLE_SENTENCES
 
     tok = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
@@ -155,7 +155,7 @@ def test_causal_lm_batches_follow_the_shared_plan(tiny_gpt2_dir):
             # Real tokens per row that this forward reads (a cached prefix is not read again).
             seen.append((kwargs["attention_mask"].sum(1) - cached).tolist())
 
-        handle = engine.base.register_forward_hook(hook, with_kwargs=True)
+        handle = engine.backend.base.register_forward_hook(hook, with_kwargs=True)
         try:
             engine.score_continuations(prefix, conts)
         finally:

@@ -1,4 +1,8 @@
-"""Prompt templates of the causal-LM scorers, as data: named strings with slots, cut into ids.
+"""Prompt templates of every causal-LM score, as data: named strings with slots, cut into ids.
+
+One module for the CIS templates below and the pieces that RAG context templates
+(`cisrank.context.templates`) share with them: `field_names` (the one checker of a format
+string's fields) and `chat_turns` (the one renderer of a tokenizer's chat template).
 
 Two directions estimate the same CIS (by Bayes, log p(K|Q) - log p(K) = log p(Q|K) - log p(Q)):
 
@@ -19,7 +23,8 @@ tokenizer would have split the running text.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,15 +39,39 @@ _REVERSE_REQUEST = "{passage}\n\nPlease write a question based on this passage."
 _QUERY_SENTINEL, _PASSAGE_SENTINEL = "\x00CISRANK_QUERY\x00", "\x00CISRANK_PASSAGE\x00"
 
 
-def _check_slots(template: str, slots: tuple[str, ...], what: str) -> None:
+def field_names(fmt: str, what: str) -> list[str]:
+    """The named fields of a format string, in order (repeats kept). A field that is not a plain
+    name (`{0}`, `{a.b}`, `{x!r}`, `{x:>3}`) or a stray brace is an error naming `what`."""
     try:
-        template.format(**dict.fromkeys(slots, "x"))
-    except (KeyError, IndexError, ValueError) as exc:
-        allowed = ", ".join("{" + s + "}" for s in slots)
+        parsed = list(string.Formatter().parse(fmt))
+    except ValueError as exc:
+        raise CisrankError(f"{what}: {exc}; write literal braces as '{{{{' and '}}}}'") from None
+    names = []
+    for _, name, spec, conv in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conv:
+            shown = name + ("!" + conv if conv else "") + (":" + spec if spec else "")
+            raise CisrankError(
+                f"{what}: field '{{{shown}}}' is not a plain name; write literal braces as "
+                "'{{' and '}}'"
+            )
+        names.append(name)
+    return names
+
+
+def _check_slots(template: str, slots: tuple[str, ...], what: str) -> None:
+    allowed = ", ".join("{" + s + "}" for s in slots)
+    try:
+        names = field_names(template, f"{what} template {template!r}")
+    except CisrankError as exc:
+        raise CisrankError(f"{exc} (it may hold {allowed})") from None
+    other = [n for n in names if n not in slots]
+    if other:
         raise CisrankError(
-            f"{what} template {template!r} has braces other than {allowed} ({exc}): "
+            f"{what} template {template!r} has braces other than {allowed} ('{{{other[0]}}}'): "
             "double literal braces as '{{' and '}}'"
-        ) from None
+        )
 
 
 def resolve_forward(template: str) -> str:
@@ -82,11 +111,33 @@ def resolve_reverse(template: str) -> str:
     return template
 
 
+def chat_turns(
+    tokenizer: Any,
+    messages: Sequence[dict[str, str]],
+    *,
+    add_generation_prompt: bool = False,
+    bos_text: str | None = None,
+    what: str = "chat",
+    hint: str = "",
+) -> str:
+    """The tokenizer's chat template rendered as text, a leading BOS text dropped (every score
+    adds BOS itself): the one chat renderer of CIS and context templates alike. `what` and
+    `hint` name the option in errors."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise CisrankError(f"{what}: this tokenizer has no chat template{hint}")
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    if not isinstance(text, str):
+        raise CisrankError(f"{what}: the chat template did not render the messages")
+    if bos_text and text.startswith(bos_text):
+        text = text[len(bos_text) :]
+    return text
+
+
 def render_chat(tokenizer: Any, reverse: bool, bos_text: str | None) -> str:
     """The tokenizer's chat template as a format string with `{query}` (and `{passage}`), cut
     after the slot that is scored; a leading BOS text is dropped (the scorer adds BOS itself)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise CisrankError("template 'chat': this tokenizer has no chat template")
     if reverse:
         user = _REVERSE_REQUEST.replace("{passage}", _PASSAGE_SENTINEL)
         messages = [
@@ -100,12 +151,10 @@ def render_chat(tokenizer: Any, reverse: bool, bos_text: str | None) -> str:
             {"role": "assistant", "content": _PASSAGE_SENTINEL},
         ]
         cut = _PASSAGE_SENTINEL
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    if not isinstance(text, str) or cut not in text:
+    text = chat_turns(tokenizer, messages, bos_text=bos_text, what="template 'chat'")
+    if cut not in text:
         raise CisrankError("template 'chat': the chat template did not render the messages")
     text = text[: text.index(cut) + len(cut)]
-    if bos_text and text.startswith(bos_text):
-        text = text[len(bos_text) :]
     text = text.replace("{", "{{").replace("}", "}}")
     text = text.replace(_QUERY_SENTINEL, "{query}").replace(_PASSAGE_SENTINEL, "{passage}")
     return text[: -len("{passage}")] if not reverse else text
