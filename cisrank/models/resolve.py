@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from cisrank.errors import ModelNotFoundError
-from cisrank.models.catalogue import resolve_catalogue_name
+from cisrank.models.catalogue import did_you_mean, for_source_model, resolve_catalogue_name
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", MINILM_ID.lower()}
@@ -43,7 +43,8 @@ def resolve_model(name_or_path: str) -> str:
 
     Order: an existing local folder; a catalogue name (`cisrank models list`) pulled with
     `cisrank models pull`; the packaged all-MiniLM-L6-v2 for its names; the local Hugging Face
-    cache; the hub id (only when not offline).
+    cache; the hub id (only when not offline). A name that fails offline and is close to a
+    catalogue name, or is the upstream id of a catalogue model, says which name to pull.
     """
     if not name_or_path or not name_or_path.strip():
         raise ModelNotFoundError("empty model name: pass a Hugging Face id or a local folder")
@@ -66,15 +67,31 @@ def resolve_model(name_or_path: str) -> str:
         return snapshot_download(name_or_path, local_files_only=True)
     except Exception as exc:  # LocalEntryNotFoundError, HFValidationError, ...
         if hub_offline():
-            hint = (
-                "; for all-MiniLM-L6-v2 install the extra: pip install 'cisrank[minilm]'"
-                if name_or_path.lower() in _MINILM_ALIASES
-                else ""
-            )
+            hint = _offline_hint(name_or_path)
             raise ModelNotFoundError(
                 f"model '{name_or_path}' is not a local folder and not in the Hugging Face cache, "
                 f"and HF_HUB_OFFLINE=1 forbids downloading it: pass --model with a local folder, "
                 f"or cache it first with `hf download {name_or_path}` on a machine with network"
                 f"{hint}"
             ) from exc
+        if "/" not in name_or_path and (hint := did_you_mean(name_or_path)):
+            # Hub ids without an owner are a fixed set of legacy names; a near miss of a catalogue
+            # name is a typo, better reported here than as a download error from the hub.
+            raise ModelNotFoundError(
+                f"model '{name_or_path}' is not a catalogue name, a local folder or in the "
+                f"Hugging Face cache: {hint}"
+            ) from exc
     return name_or_path
+
+
+def _offline_hint(name: str) -> str:
+    """What to do instead, for a name that is not on this machine: the extra that packages it,
+    the catalogue model that is a copy of it, or the catalogue name it is close to."""
+    if name.lower() in _MINILM_ALIASES:
+        return "; for all-MiniLM-L6-v2 install the extra: pip install 'cisrank[minilm]'"
+    if (entry := for_source_model(name)) is not None:
+        return (
+            f"; the cisrank catalogue has it as '{entry.name}': run `cisrank models pull "
+            f"{entry.name}` and pass --model {entry.name}"
+        )
+    return f"; {hint}" if (hint := did_you_mean(name)) else ""
