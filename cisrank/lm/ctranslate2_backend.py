@@ -1,0 +1,181 @@
+"""The CTranslate2 backend: a causal LM converted once to CTranslate2, scored in float32 or int8.
+
+Why it exists: CTranslate2's int8 kernels are the ecosystem's fast CPU path for transformer
+inference (VNNI and AVX-512 hosts gain most; on an AVX2 host without VNNI its int8 only matches
+the torch engine per core: measured in bench/RESULTS.md, `bench/lm_backends.py`). It is an
+optional extra (`pip install 'cisrank[ctranslate2]'`), never a default unless measured to pay.
+
+How it keeps the engine's contract: `Generator.score_batch` returns log p(token_i | tokens_<i)
+for every token after the first, with each row's own length (no padding enters a row), so the
+scored span of a row is the tail of its log-probabilities. It keeps no state between calls, so
+the engine feeds whole rows (`supports_prefix_cache = False`) and scores stay independent of the
+batch. It does not decode.
+
+Conversion runs once per model folder (`TransformersConverter`, float32 weights; the compute type
+is chosen when loading) into a cache folder keyed by the source folder's files, written to a temp
+folder and renamed into place, with the source model's torch fingerprint recorded so that prior
+stores know which model and runtime computed a prior.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cisrank import env
+from cisrank.errors import CisrankError, MissingExtraError
+
+log = logging.getLogger(__name__)
+
+COMPUTE_TYPES = ("float32", "int8_float32", "int8", "int16", "float16", "bfloat16", "int8_float16")
+PROVENANCE = "cisrank-ct2.json"
+
+
+def import_ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError as exc:
+        raise MissingExtraError("ctranslate2", "ctranslate2", "--backend ctranslate2") from exc
+    return ctranslate2
+
+
+def _folder_key(folder: Path) -> str:
+    """What identifies a model folder's content cheaply: every file's name, size and mtime."""
+    h = hashlib.sha256(str(folder.resolve()).encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        h.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def converted_folder(source: str | Path, cache: str | Path | None = None) -> Path:
+    """The CTranslate2 conversion of the Hugging Face folder `source`, made once (float32
+    weights) and kept under `cache` (default: `<user cache>/cisrank/ctranslate2`)."""
+    ct2 = import_ctranslate2()
+    source = Path(source)
+    root = Path(cache) if cache is not None else env.user_cache_dir() / "cisrank" / "ctranslate2"
+    final = root / f"{source.name}-{_folder_key(source)}"
+    if (final / PROVENANCE).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=root))
+    try:
+        from cisrank.lm.engine import CausalLMEngine
+
+        fingerprint = CausalLMEngine(str(source), device="cpu", dtype="float32").fingerprint()
+        out = work / "model"
+        log.info("converting %s to CTranslate2 (once) into %s", source, final)
+        ct2.converters.TransformersConverter(str(source)).convert(str(out), quantization=None)
+        (out / PROVENANCE).write_text(
+            json.dumps({"source": str(source), "source_fingerprint": fingerprint}, indent=2)
+        )
+        try:
+            os.replace(out, final)
+        except OSError:  # another process converted it first: theirs is as good
+            if not (final / PROVENANCE).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+class CTranslate2Backend:
+    """A converted model (`converted_folder`) as an `LMBackend`, scoring only."""
+
+    name = "ctranslate2"
+    supports_prefix_cache = False
+    supports_decoding = False
+    device = "cpu"
+
+    def __init__(
+        self,
+        folder: str | Path,
+        tokenizer: Any,
+        *,
+        compute_type: str = "float32",
+        threads: int = 0,
+        model_name: str = "",
+    ) -> None:
+        if compute_type not in COMPUTE_TYPES:
+            raise CisrankError(
+                f"compute type '{compute_type}' is not one of CTranslate2's: "
+                f"{', '.join(COMPUTE_TYPES)}"
+            )
+        ct2 = import_ctranslate2()
+        folder = Path(folder)
+        self.model_name = model_name or folder.name
+        self.compute_type = compute_type
+        self.tokenizer = tokenizer
+        self.generator = ct2.Generator(
+            str(folder), device="cpu", compute_type=compute_type, intra_threads=threads
+        )
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        self._provenance = (folder / PROVENANCE).read_bytes()
+        source = json.loads(self._provenance)["source"]
+        hf = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+        self.max_positions: int | None = hf.get("max_position_embeddings")
+        self.num_layers = int(hf.get("num_hidden_layers", config.get("num_layers", 0)))
+        self._config = json.dumps(config, sort_keys=True).encode()
+
+    def identity(self) -> list[bytes]:
+        """The source model's torch fingerprint and the converted config (the engine adds the
+        runtime and compute type)."""
+        return [self._provenance, self._config]
+
+    def prefix_state(self, prefix: Sequence[int]) -> None:
+        return None
+
+    def score_rows(
+        self,
+        rows: Sequence[Sequence[int]],
+        context: Sequence[int],
+        pad_id: int,
+        cached: Any = None,
+    ) -> np.ndarray:
+        if cached is not None:
+            raise CisrankError("the ctranslate2 backend keeps no prefix state")
+        tokens = [self.tokenizer.convert_ids_to_tokens(list(row)) for row in rows]
+        results = self.generator.score_batch(tokens, max_input_length=0)
+        out: list[float] = []
+        for row, ctx, res in zip(rows, context, results, strict=True):
+            if ctx < 1:
+                raise CisrankError("a scored span must follow at least one token (BOS)")
+            log_probs = res.log_probs  # log p(row[i] | row[:i]) for i = 1 .. len(row) - 1
+            if len(log_probs) != len(row) - 1:
+                raise RuntimeError(
+                    f"ctranslate2 scored {len(log_probs)} tokens of a {len(row)}-token row"
+                )
+            out.extend(log_probs[ctx - 1 :])
+        return np.asarray(out, dtype=np.float32)
+
+
+def load_ctranslate2(
+    model: str, compute_type: str = "float32", threads: int = 0, cache: str | Path | None = None
+) -> tuple[CTranslate2Backend, Any]:
+    """(backend, tokenizer) for a model name or folder: resolved as the torch backend resolves
+    it, converted once, loaded in `compute_type`."""
+    from transformers import AutoTokenizer
+
+    from cisrank.models.resolve import resolve_model
+
+    source = Path(resolve_model(model))
+    if not (source / "config.json").is_file():
+        raise CisrankError(
+            f"--backend ctranslate2 needs a local model folder (config.json, weights); "
+            f"'{model}' resolved to {source}"
+        )
+    folder = converted_folder(source, cache)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    backend = CTranslate2Backend(
+        folder, tokenizer, compute_type=compute_type, threads=threads, model_name=model
+    )
+    return backend, tokenizer

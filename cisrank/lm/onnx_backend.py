@@ -1,0 +1,275 @@
+"""The ONNX Runtime backend: a causal LM's transformer body exported once to ONNX, run by ONNX
+Runtime in float32 or dynamic int8, with the LM head applied by the engine's rules.
+
+Why it exists: ONNX Runtime is the ecosystem's portable CPU path (sentence-transformers serves
+its cross-encoders through it), and its int8 kernels are the other quantized candidate beside
+CTranslate2. It is an optional extra (`pip install 'cisrank[onnx]'`), never a default unless
+measured to pay (`bench/lm_backends.py`, bench/RESULTS.md).
+
+What is exported: the base model only (tokens -> final hidden states, with explicit attention
+mask and position ids, so padding never enters a row), not the LM head: the engine applies the
+head only at the positions it scores, in chunks, with a float32 log-softmax, exactly as the torch
+backend does, so full `[batch, length, vocab]` logits are never built.
+
+int8: dynamic quantization of the body's matrix multiplications, per output channel, with the
+reduced range that AVX2 hosts without VNNI need (their u8 x s8 instruction saturates at full
+range), and the MLP's down projection kept in float32: small LMs carry activation outliers
+there, and quantizing it reordered passages (Spearman to float32 about 0.5 on DL19 pairs, 0.95
+without it; measured when this backend was written).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cisrank import env
+from cisrank.errors import CisrankError, MissingExtraError
+from cisrank.lm.batching import pad_batch
+
+log = logging.getLogger(__name__)
+
+COMPUTE_TYPES = ("float32", "int8")
+PROVENANCE = "cisrank-onnx.json"
+BODY = {"float32": "body.onnx", "int8": "body-int8.onnx"}
+HEAD = "head.npy"
+OPSET = 17
+
+
+def import_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise MissingExtraError("onnxruntime", "onnx", "--backend onnx") from exc
+    return onnxruntime
+
+
+def _folder_key(folder: Path) -> str:
+    h = hashlib.sha256(str(folder.resolve()).encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        h.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def _export(source: Path, out: Path) -> dict[str, Any]:
+    """The body as ONNX and the LM head's weight as a float32 array; returns what to record."""
+    import torch
+
+    from cisrank.lm.engine import CausalLMEngine
+
+    engine = CausalLMEngine(str(source), device="cpu", dtype="float32")
+    backend = engine.torch_backend()
+    body = backend.base
+
+    class Body(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = body
+
+        def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
+            return self.body(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            ).last_hidden_state
+
+    ids = torch.ones((2, 8), dtype=torch.long)
+    axes = {"input_ids", "attention_mask", "position_ids", "hidden"}
+    with torch.inference_mode(), warnings.catch_warnings():
+        # the tracer warns about every shape-dependent branch of the mask code; the export is
+        # checked against the torch model on other shapes and padding (tests/lm/test_backends.py)
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Body().eval(),
+            (ids, torch.ones_like(ids), torch.arange(8).unsqueeze(0).expand(2, -1)),
+            str(out / BODY["float32"]),
+            input_names=["input_ids", "attention_mask", "position_ids"],
+            output_names=["hidden"],
+            dynamic_axes={name: {0: "batch", 1: "length"} for name in axes},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    head = backend.lm_head.weight.detach().to(torch.float32).numpy()
+    np.save(out / HEAD, head)
+    cfg = backend.model.config
+    return {
+        "source": str(source),
+        "source_fingerprint": engine.fingerprint(),
+        "max_positions": backend.max_positions,
+        "num_layers": backend.num_layers,
+        "logit_scale": getattr(cfg, "logit_scale", None),
+        "final_logit_softcapping": getattr(cfg, "final_logit_softcapping", None),
+    }
+
+
+def _quantize(folder: Path) -> None:
+    """`body-int8.onnx` from `body.onnx` (see the module docstring for the choices)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = onnx.load(str(folder / BODY["float32"]), load_external_data=False).graph
+    keep = [n.name for n in graph.node if n.op_type == "MatMul" and "down_proj" in n.name]
+    tmp = folder / f".{BODY['int8']}.partial"
+    quantize_dynamic(
+        str(folder / BODY["float32"]),
+        str(tmp),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        reduce_range=True,
+        nodes_to_exclude=keep,
+    )
+    os.replace(tmp, folder / BODY["int8"])
+
+
+def exported_folder(
+    source: str | Path, compute_type: str = "float32", cache: str | Path | None = None
+) -> Path:
+    """The ONNX export of the Hugging Face folder `source` (made once, kept under `cache`,
+    default `<user cache>/cisrank/onnx`), with its int8 body when asked."""
+    source = Path(source)
+    root = Path(cache) if cache is not None else env.user_cache_dir() / "cisrank" / "onnx"
+    final = root / f"{source.name}-{_folder_key(source)}"
+    if not (final / PROVENANCE).is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=root))
+        try:
+            out = work / "model"
+            out.mkdir()
+            log.info("exporting %s to ONNX (once) into %s", source, final)
+            info = _export(source, out)
+            (out / PROVENANCE).write_text(json.dumps(info, indent=2))
+            try:
+                os.replace(out, final)
+            except OSError:  # another process exported it first
+                if not (final / PROVENANCE).is_file():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    if compute_type == "int8" and not (final / BODY["int8"]).is_file():
+        _quantize(final)
+    return final
+
+
+class OnnxBackend:
+    """An exported model (`exported_folder`) as an `LMBackend`, scoring only."""
+
+    name = "onnx"
+    supports_prefix_cache = False
+    supports_decoding = False
+    device = "cpu"
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        compute_type: str = "float32",
+        threads: int = 0,
+        head_chunk_rows: int = 1024,
+        model_name: str = "",
+    ) -> None:
+        if compute_type not in COMPUTE_TYPES:
+            raise CisrankError(
+                f"compute type '{compute_type}' is not one of the onnx backend's: "
+                f"{', '.join(COMPUTE_TYPES)}"
+            )
+        ort = import_onnxruntime()
+        folder = Path(folder)
+        self.model_name = model_name or folder.name
+        self.compute_type = compute_type
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(folder / BODY[compute_type]), options, providers=["CPUExecutionProvider"]
+        )
+        self._provenance = (folder / PROVENANCE).read_bytes()
+        info = json.loads(self._provenance)
+        self.max_positions: int | None = info["max_positions"]
+        self.num_layers = int(info["num_layers"])
+        self._logit_scale = info.get("logit_scale")
+        self._softcap = info.get("final_logit_softcapping")
+        import torch
+
+        self._head = torch.from_numpy(np.load(folder / HEAD))
+        self.head_chunk_rows = head_chunk_rows
+
+    def identity(self) -> list[bytes]:
+        """The source model's torch fingerprint (the engine adds the runtime and compute type)."""
+        return [self._provenance]
+
+    def prefix_state(self, prefix: Sequence[int]) -> None:
+        return None
+
+    def score_rows(
+        self,
+        rows: Sequence[Sequence[int]],
+        context: Sequence[int],
+        pad_id: int,
+        cached: Any = None,
+    ) -> np.ndarray:
+        import torch
+
+        if cached is not None:
+            raise CisrankError("the onnx backend keeps no prefix state")
+        ids, mask, _ = pad_batch(rows, pad_id)
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        (hidden,) = self.session.run(
+            None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        )
+        width = ids.shape[1]
+        src: list[int] = []
+        tgt: list[int] = []
+        for r, (row, ctx) in enumerate(zip(rows, context, strict=True)):
+            if ctx < 1:
+                raise CisrankError("a scored span must follow at least one token (BOS)")
+            src.extend(r * width + j - 1 for j in range(ctx, len(row)))
+            tgt.extend(row[ctx:])
+        flat = torch.from_numpy(hidden.reshape(-1, hidden.shape[-1]))
+        out = np.empty(len(src), dtype=np.float32)
+        step = self.head_chunk_rows
+        with torch.inference_mode():
+            for start in range(0, len(src), step):
+                rows_h = flat[torch.tensor(src[start : start + step])]
+                logits = rows_h @ self._head.T
+                if self._logit_scale is not None:
+                    logits = logits * float(self._logit_scale)
+                if self._softcap is not None:
+                    logits = torch.tanh(logits / self._softcap) * self._softcap
+                picked = logits.gather(1, torch.tensor(tgt[start : start + step]).unsqueeze(1))
+                out[start : start + step] = (
+                    picked.squeeze(1) - torch.logsumexp(logits, dim=-1)
+                ).numpy()
+        return out
+
+
+def load_onnx(
+    model: str, compute_type: str = "float32", threads: int = 0, cache: str | Path | None = None
+) -> tuple[OnnxBackend, Any]:
+    """(backend, tokenizer) for a model name or folder: exported once, loaded in
+    `compute_type`."""
+    from transformers import AutoTokenizer
+
+    from cisrank.models.resolve import resolve_model
+
+    source = Path(resolve_model(model))
+    if not (source / "config.json").is_file():
+        raise CisrankError(
+            f"--backend onnx needs a local model folder (config.json, weights); '{model}' "
+            f"resolved to {source}"
+        )
+    folder = exported_folder(source, compute_type, cache)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    backend = OnnxBackend(folder, compute_type=compute_type, threads=threads, model_name=model)
+    return backend, tokenizer

@@ -1,0 +1,111 @@
+"""A reranker on every core: one copy in this process and one in each of N - 1 worker processes.
+
+Why: a 135M causal LM on a CPU runs near one core's matmul peak with one thread; a second torch
+thread adds about 40%, a second process about 100% (bench/RESULTS.md). `PooledReranker` takes
+the same kind, model and options as `load_reranker` and scores each `score_batch` call's pairs on
+all copies at once: this process's copy (which also answers what callers ask of the reranker:
+its name, model, tokenizer, LM) takes one share, each worker another.
+
+Pairs are dealt by passage, all pairs of one passage to one copy (the reverse CIS estimator runs
+a passage's context once for every query that has it), in shares of near-equal characters;
+every copy scores what it would score alone (rerankers are batch-independent), and the scores
+come back in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cisrank.rerank.base import BaseReranker, Request, Reranker
+from cisrank.workers import WorkerOptions, WorkerPool, balanced_split, set_threads
+
+
+@dataclass(frozen=True)
+class RerankerJob:
+    """What a worker process loads (`load_reranker(kind, model, **options)`) and runs."""
+
+    kind: str
+    model: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Reranker:
+        from cisrank.rerank.registry import load_reranker
+
+        return load_reranker(self.kind, self.model, **self.options)
+
+    def score(self, reranker: Reranker, requests: list[Request]) -> list[list[float]]:
+        return reranker.score_batch(requests)
+
+
+class PooledReranker(BaseReranker):
+    """`load_reranker(kind, model, **options)` on `workers.count` processes of
+    `workers.threads_per_worker` torch threads each (this one included)."""
+
+    def __init__(
+        self,
+        kind: str,
+        model: str | None = None,
+        workers: WorkerOptions | None = None,
+        **options: Any,
+    ) -> None:
+        self.workers = workers or WorkerOptions()
+        set_threads(self.workers.threads_per_worker)
+        self.job = RerankerJob(kind, model, dict(options))
+        self.local = self.job.load()
+        self.name = self.local.name
+        self.model_name = self.local.model_name
+        self.keeps_order = self.local.keeps_order
+        extra = self.workers.count - 1
+        self.pool = (
+            WorkerPool(self.job, extra, self.workers.threads_per_worker) if extra > 0 else None
+        )
+
+    def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
+        requests = [(q, list(ps)) for q, ps in requests]
+        if self.pool is None:
+            return self.local.score_batch(requests)
+        # every (request, position) of one passage text in one group, one group to one copy
+        groups: dict[str, list[tuple[int, int]]] = {}
+        for r, (_, passages) in enumerate(requests):
+            for j, passage in enumerate(passages):
+                groups.setdefault(passage, []).append((r, j))
+        keys = list(groups)
+        costs = [sum(len(requests[r][0]) + len(k) for r, _ in groups[k]) for k in keys]
+        shares = balanced_split(costs, self.workers.count)
+        plans = [_plan([groups[keys[g]] for g in share], requests) for share in shares]
+        busy = [i for i, (subrequests, _) in enumerate(plans) if subrequests]
+        futures = {i: self.pool.submit(plans[i][0]) for i in busy if i > 0}
+        results = {0: self.local.score_batch(plans[0][0])} if 0 in busy else {}
+        results.update({i: f.result() for i, f in futures.items()})
+        out: list[list[float]] = [[0.0] * len(ps) for _, ps in requests]
+        for i in busy:
+            for (r, positions), values in zip(plans[i][1], results[i], strict=True):
+                for j, v in zip(positions, values, strict=True):
+                    out[r][j] = float(v)
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def __repr__(self) -> str:
+        return f"PooledReranker({self.local!r}, workers={self.workers.count})"
+
+
+def _plan(
+    groups: list[list[tuple[int, int]]], requests: list[tuple[str, list[str]]]
+) -> tuple[list[Request], list[tuple[int, list[int]]]]:
+    """One copy's sub-requests (its pairs, grouped by request in input order) and where each
+    sub-request's scores go: (request index, passage positions)."""
+    by_request: dict[int, list[int]] = {}
+    for refs in groups:
+        for r, j in refs:
+            by_request.setdefault(r, []).append(j)
+    where = [(r, sorted(js)) for r, js in sorted(by_request.items())]
+    subrequests: list[Request] = [
+        (requests[r][0], [requests[r][1][j] for j in js]) for r, js in where
+    ]
+    return subrequests, where
