@@ -37,8 +37,8 @@ from types import SimpleNamespace
 import torch
 from common import gpt2_124m, machine, time_calls, write_result
 
-from cisrank.context import ContextAssembler, rotations
-from cisrank.context.decoding import DECODINGS, ENSEMBLES, EnsembleDecoder
+from cisrank.context import ContextAssembler, Decoding, rotations
+from cisrank.context.decoding import EnsembleDecoder
 from cisrank.data.types import Passage
 from cisrank.lm.engine import CausalLMEngine
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--passage-words", type=int, default=None, help="default 60, 0 = whole")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--modes", default=",".join(DECODINGS))
+    ap.add_argument("--modes", default=",".join(Decoding))
     ap.add_argument("--name", default=None)
     ap.add_argument("--results-dir", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
         t = statistics.median(time_calls(run, args.repeats))
         decoding[mode] = {"seconds": t, "vs_hf_generate_naive": t / t_hf}
     shared: dict[str, float] | None = None
-    ensembles = [m for m in decoding if m in ENSEMBLES]
+    ensembles = [m for m in decoding if Decoding(m).ensemble]
     if len(ensembles) > 1:  # the same modes from one shared prefill (`generate_many`)
 
         def run_many():

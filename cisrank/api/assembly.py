@@ -61,8 +61,13 @@ from cisrank.data.types import Passage
 from cisrank.errors import CisrankError, DataError
 
 if TYPE_CHECKING:
-    from cisrank.context import AssembledContext, ContextAssembler, ContextTemplate, Prompt
-    from cisrank.context.decoding import Generation
+    from cisrank.context import (
+        Answer,
+        AssembledContext,
+        ContextAssembler,
+        ContextTemplate,
+        Prompt,
+    )
 
 T = TypeVar("T")
 
@@ -379,34 +384,39 @@ def _generate(
     body: GenerateRequest,
     passages: list[Passage],
     deadline: float,
-) -> tuple[list[int], Generation, int]:
-    """In the model thread: the order (naive), the generation, the longest row's prompt."""
-    from cisrank.context.decoding import EnsembleDecoder
+) -> tuple[Answer, int]:
+    """In the model thread: the answer (`answer_question`, as `cisrank generate`) and the
+    longest row's prompt."""
+    from cisrank.context import ArrangeConfig, Arrangement, EnsembleDecoder, answer_question
 
     try:
-        decoder = EnsembleDecoder(asm, tau=body.tau, beta=body.beta, layers=body.layers)
+        decoder = EnsembleDecoder(
+            asm,
+            decoding=body.decoding,
+            tau=body.tau,
+            beta=body.beta,
+            layers=body.layers,
+            max_new_tokens=body.max_new_tokens,
+        )
     except CisrankError as exc:
         raise _FieldFault("layers", str(exc)) from None
-    order = list(range(len(passages)))
-    if body.decoding == "naive" and body.arrange != "ranked":
-        # the order alone: the final prompt is prefilled by the generation, not gauged too
-        order = asm.order(body.query, passages, body.arrange, **_search(body)).order
-    ordered = [passages[i] for i in order]
-    scores = [body.scores[i] for i in order] if body.scores is not None else None
-    if body.decoding == "naive":
-        longest = len(asm.render(body.query, ordered).ids)
-    else:
-        single = asm.template.single()
-        longest = max(len(asm.render(body.query, [p], template=single).ids) for p in ordered)
-    gen = decoder.generate(
+    # the order alone (naive): the final prompt is prefilled by the generation, not gauged too
+    answer = answer_question(
+        decoder,
         body.query,
-        ordered,
-        body.decoding,
-        max_new_tokens=body.max_new_tokens,
-        scores=scores,
+        passages,
+        ArrangeConfig(arrange=Arrangement(body.arrange)),
+        scores=body.scores,
         deadline=deadline,
     )
-    return order, gen, longest
+    if body.decoding == "naive":
+        longest = len(asm.render(body.query, answer.passages).ids)
+    else:
+        single = asm.template.single()
+        longest = max(
+            len(asm.render(body.query, [p], template=single).ids) for p in answer.passages
+        )
+    return answer, longest
 
 
 async def generate_answer(service: RankingService, body: GenerateRequest) -> GenerateResponse:
@@ -414,7 +424,7 @@ async def generate_answer(service: RankingService, body: GenerateRequest) -> Gen
     (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
     (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the model
     thread, so a timed-out request holds the model for at most one more step)."""
-    from cisrank.context.assemble import SCORED
+    from cisrank.context import Arrangement
     from cisrank.context.decoding import DecodingTimeout
 
     config = service.config
@@ -431,7 +441,7 @@ async def generate_answer(service: RankingService, body: GenerateRequest) -> Gen
     k = len(passages)
     if body.decoding == "naive":
         rows, prefill = 1, prompt_cost(template, body.query, passages)
-        if body.arrange in SCORED:  # K rotations (or K - 1 shuffles and the input order)
+        if Arrangement(body.arrange).scored:  # K rotations (or K - 1 shuffles and the input)
             prefill *= 1 + k
     else:
         rows = k + 1
@@ -455,7 +465,7 @@ async def generate_answer(service: RankingService, body: GenerateRequest) -> Gen
                 if body.decoding == "naive":
                     for chunk in slices(prompts, config.batching.max_batch_tokens):
                         await _in_model(service, scorer, asm.question_logprobs, chunk)
-                order, gen, longest = await _in_model(
+                answer, longest = await _in_model(
                     service, scorer, _generate, asm, body, passages, deadline
                 )
     except QueueFullError as exc:
@@ -466,6 +476,7 @@ async def generate_answer(service: RankingService, body: GenerateRequest) -> Gen
         d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
         for i, d in enumerate(body.documents)
     ]
+    order, gen = answer.order, answer.generation
     ordered_ids = [doc_ids[i] for i in order]
     return GenerateResponse(
         id=str(uuid.uuid4()),

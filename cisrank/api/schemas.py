@@ -10,11 +10,26 @@ Unknown request fields are ignored rather than rejected: clients send extras we 
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cisrank.context.config import (
+    ArrangeConfig,
+    AssemblerConfig,
+    DecoderConfig,
+    GenerationAssemblerConfig,
+)
+
 Normalization = Literal["none", "sigmoid", "minmax"]
+
+
+def _default(config: type[BaseModel], field: str) -> Any:
+    """A library config's default as a request's JSON value (an enum's as its string): the API
+    declares no default of its own."""
+    value = config.model_fields[field].default
+    return value.value if isinstance(value, Enum) else value
 
 
 def _non_blank(value: str) -> str:
@@ -133,6 +148,8 @@ class SearchResponse(BaseModel):
 
 # ---- RAG context assembly (POST /v1/context)
 
+# The JSON names of `cisrank.context.Arrangement` and `Decoding` (a test holds them equal): a
+# Literal keeps the schema and the 422 bodies as they were.
 Arrangement = Literal[
     "ranked", "reverse", "edges", "pmi_rotation", "likelihood_select", "curvature"
 ]
@@ -149,8 +166,9 @@ class ContextDocumentIn(BaseModel):
 
 
 class NoiseIn(_Request):
-    """Random passages put before the arranged ones (seed 003's [I, random..., retrieved, Q]),
-    drawn with `seed` from `documents` (a pool sent in the request) or from a served `index`."""
+    """Random passages put before the arranged ones ([I, random..., retrieved, Q], as in "The
+    Power of Noise"), drawn with `seed` from `documents` (a pool sent in the request) or from a
+    served `index`."""
 
     n: int = Field(ge=0, description="How many noise passages.")
     seed: int = Field(default=0, description="Seed of the draw (the same seed, the same noise).")
@@ -168,12 +186,12 @@ class ContextRequest(_Request):
         min_length=1, description="The top-K passages, best first (as a reranker ranked them)."
     )
     arrange: Arrangement = Field(
-        default="ranked",
+        default=_default(ArrangeConfig, "arrange"),
         description="ranked, reverse (best next to the question), edges, pmi_rotation, "
         "likelihood_select or curvature (per-passage scores).",
     )
     template: str = Field(
-        default="qa",
+        default=_default(AssemblerConfig, "template"),
         description="qa, noise, kv, entropy, or a custom string holding {documents} and "
         "{question} (other {names} take their values from `fields`).",
     )
@@ -183,12 +201,19 @@ class ContextRequest(_Request):
         description="Passage format with {index}, {title}, {text}, {id} (default the "
         "template's: 'Document [{index}](Title: {title}) {text}').",
     )
-    chat: bool = Field(default=False, description="Wrap the prompt in the model's chat template.")
-    noise: NoiseIn | None = Field(default=None, description="Noise padding (seed 003).")
-    shuffles: int | None = Field(
-        default=None, ge=0, description="likelihood_select: random shuffles (default K - 1)."
+    chat: bool = Field(
+        default=_default(AssemblerConfig, "chat"),
+        description="Wrap the prompt in the model's chat template.",
     )
-    seed: int = Field(default=0, description="Seed of likelihood_select's shuffles.")
+    noise: NoiseIn | None = Field(default=None, description="Noise padding (The Power of Noise).")
+    shuffles: int | None = Field(
+        default=_default(ArrangeConfig, "shuffles"),
+        ge=0,
+        description="likelihood_select: random shuffles (default K - 1).",
+    )
+    seed: int = Field(
+        default=_default(ArrangeConfig, "seed"), description="Seed of likelihood_select's shuffles."
+    )
     pmi: bool = Field(default=False, description="Also gauge PMI against no passages.")
     model: str | None = Field(
         default=None, description="A configured cis reranker (its causal LM); default if unset."
@@ -203,7 +228,8 @@ class ContextCandidate(BaseModel):
 
 
 class ContextGauge(BaseModel):
-    """The question likelihood of the final prompt (seeds 000/001): an answer-free confidence."""
+    """The question likelihood of the final prompt (the PMI and likelihood gauges of RAG
+    performance): an answer-free confidence."""
 
     mean_logprob: float = Field(description="Mean log p(question tokens | prompt before them).")
     logprob: float = Field(description="Summed over the question's tokens.")
@@ -259,26 +285,39 @@ class GenerateRequest(_Request):
         min_length=1, description="The top-K passages, best first."
     )
     decoding: Decoding = Field(
-        default="naive",
+        default=_default(DecoderConfig, "decoding"),
         description="naive (all passages in one prompt), or the document-parallel avg_ens, "
-        "replug (weights from `scores`), leens, clehe (entropy-based decoding, seed 004).",
+        "replug (weights from `scores`), leens, clehe (entropy-based decoding).",
     )
     arrange: Arrangement = Field(
-        default="ranked", description="naive: the passages' order in the prompt."
+        default=_default(ArrangeConfig, "arrange"),
+        description="naive: the passages' order in the prompt.",
     )
-    template: str = Field(default="entropy", description="As /v1/context; seed 004's prompts.")
+    template: str = Field(
+        default=_default(GenerationAssemblerConfig, "template"),
+        description="As /v1/context; the entropy-based decoding paper's prompts.",
+    )
     fields: dict[str, str] = Field(default_factory=dict)
     document_format: str | None = None
-    chat: bool = False
+    chat: bool = _default(GenerationAssemblerConfig, "chat")
     scores: list[float] | None = Field(
         default=None, description="replug: one reranker score per document."
     )
-    tau: float = Field(default=0.25, gt=0, description="LeEns/CLeHe entropy temperature.")
-    beta: float = Field(default=0.25, ge=0, description="CLeHe contrast strength.")
-    layers: list[int] | None = Field(
-        default=None, description="CLeHe candidate layers (default: even layers, last half)."
+    tau: float = Field(
+        default=_default(DecoderConfig, "tau"), gt=0, description="LeEns/CLeHe entropy temperature."
     )
-    max_new_tokens: int = Field(default=32, ge=1, description="Most tokens to generate.")
+    beta: float = Field(
+        default=_default(DecoderConfig, "beta"), ge=0, description="CLeHe contrast strength."
+    )
+    layers: list[int] | None = Field(
+        default=_default(DecoderConfig, "layers"),
+        description="CLeHe candidate layers (default: even layers, last half).",
+    )
+    max_new_tokens: int = Field(
+        default=_default(DecoderConfig, "max_new_tokens"),
+        ge=1,
+        description="Most tokens to generate.",
+    )
     model: str | None = Field(default=None, description="A configured cis reranker.")
 
     _query_not_blank = field_validator("query")(_non_blank)

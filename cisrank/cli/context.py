@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cisrank.cli.defaults import field_help
 from cisrank.cli.options import BatchOpt, DeviceOpt, ModelOpt
+from cisrank.context.config import ArrangeConfig, Arrangement, AssemblerConfig
 from cisrank.errors import CisrankError
+
+if TYPE_CHECKING:
+    from cisrank.data.types import Passage
 
 
 def _parse_fields(items: list[str] | None) -> dict[str, str]:
@@ -45,42 +50,51 @@ FieldOpt = Annotated[
     typer.Option("--field", help="NAME=VALUE for a custom template's other fields (repeat)."),
 ]
 DocumentOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--document",
-        help="Passage format with {index}, {title}, {text}, {id} (default the template's: "
-        "'Document [{index}](Title: {title}) {text}').",
-    ),
+    str | None, typer.Option("--document", help=field_help(AssemblerConfig, "document"))
 ]
-ChatOpt = Annotated[
-    bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")
-]
+ChatOpt = Annotated[bool | None, typer.Option("--chat", help=field_help(AssemblerConfig, "chat"))]
 TopKOpt = Annotated[
     int | None, typer.Option("--top-k", min=1, help="Use only the first K passages.")
 ]
 
 
+def arrangement(
+    arrange: str | None, shuffles: int | None = None, seed: int | None = None
+) -> ArrangeConfig:
+    """The arrangement flags over `ArrangeConfig`'s defaults (an unknown --arrange is an error
+    naming the flag)."""
+    method = None if arrange is None else Arrangement.parse(arrange, "--arrange")
+    return ArrangeConfig().replace(arrange=method, shuffles=shuffles, seed=seed)
+
+
 def load_inputs(
     query: str,
     passages: Path,
-    template: str,
-    field: list[str] | None,
-    document: str | None,
     top_k: int | None,
     model: str | None,
-):
-    """Check what can be checked before a model loads: the query, the template, the passages."""
+    base: AssemblerConfig,
+    *,
+    template: str | None,
+    field: list[str] | None,
+    document: str | None,
+    chat: bool | None,
+) -> tuple[list[Passage], list[float] | None, AssemblerConfig]:
+    """Check what can be checked before a model loads: the query, the template, the passages.
+    Returns the first `top_k` passages, their scores (or None) and the assembler settings: the
+    template flags over `base`."""
     from cisrank.context import resolve_template
     from cisrank.context.passages import read_scored_passages
 
     if not query.strip():
         raise CisrankError("--query is empty")
-    fields = _parse_fields(field)
-    resolve_template(template, fields, document)
+    settings = base.replace(
+        template=template, fields=_parse_fields(field), document=document, chat=chat
+    )
+    resolve_template(settings.template, settings.fields, settings.document)
     docs, scores = read_scored_passages(passages)
     if model is None:
         raise CisrankError("--model is needed: a causal LM (Hugging Face id or local folder)")
-    return docs[:top_k], (scores[:top_k] if scores is not None else None), fields
+    return docs[:top_k], (scores[:top_k] if scores is not None else None), settings
 
 
 def context(
@@ -88,23 +102,14 @@ def context(
     passages: PassagesOpt,
     model: ModelOpt = None,
     arrange: Annotated[
-        str,
-        typer.Option(
-            "--arrange",
-            help="ranked, reverse (best next to the question), edges, pmi_rotation, "
-            "likelihood_select or curvature.",
-        ),
-    ] = "ranked",
+        str | None, typer.Option("--arrange", help=field_help(ArrangeConfig, "arrange"))
+    ] = None,
     template: Annotated[
-        str,
-        typer.Option(
-            "--template",
-            help="qa, noise, kv, entropy, or a custom string holding {documents} and {question}.",
-        ),
-    ] = "qa",
+        str | None, typer.Option("--template", help=field_help(AssemblerConfig, "template"))
+    ] = None,
     field: FieldOpt = None,
     document: DocumentOpt = None,
-    chat: ChatOpt = False,
+    chat: ChatOpt = None,
     top_k: TopKOpt = None,
     noise: Annotated[
         int, typer.Option("--noise", min=0, help="Random passages put before the retrieved ones.")
@@ -119,9 +124,14 @@ def context(
     ] = "words",
     shuffles: Annotated[
         int | None,
-        typer.Option("--shuffles", min=0, help="likelihood_select: random shuffles (default K-1)."),
+        typer.Option("--shuffles", min=0, help=field_help(ArrangeConfig, "shuffles")),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of shuffles and noise.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed", help=field_help(ArrangeConfig, "seed", "Seed of shuffles and noise.")
+        ),
+    ] = None,
     pmi: Annotated[
         bool, typer.Option("--pmi", help="Also gauge PMI against the prompt with no passages.")
     ] = False,
@@ -129,7 +139,7 @@ def context(
     device: DeviceOpt = None,
 ) -> None:
     """Arrange passages into a RAG prompt with the language model's question likelihood (JSON)."""
-    from cisrank.context import ARRANGEMENTS, ContextAssembler
+    from cisrank.context import ContextAssembler
     from cisrank.context.noise import (
         RANDOM_WORDS,
         random_word_passages,
@@ -137,29 +147,43 @@ def context(
         vocabulary_words,
     )
 
-    if arrange not in ARRANGEMENTS:
-        raise CisrankError(f"--arrange {arrange!r}: use one of {', '.join(ARRANGEMENTS)}")
-    docs, _, fields = load_inputs(query, passages, template, field, document, top_k, model)
-    assembler = ContextAssembler(
-        model,  # type: ignore[arg-type]  # load_inputs raised if None
-        template,
-        fields=fields,
+    settings = arrangement(arrange, shuffles, seed)
+    docs, _, prompt = load_inputs(
+        query,
+        passages,
+        top_k,
+        model,
+        AssemblerConfig(),
+        template=template,
+        field=field,
         document=document,
         chat=chat,
+    )
+    assembler = ContextAssembler(
+        model,  # type: ignore[arg-type]  # load_inputs raised if None
+        config=prompt,
         device=device,
         batch_size=batch_size,
     )
-    noise_passages = []
+    noise_passages: list[Passage] = []
     if noise:
         if noise_from == RANDOM_WORDS:
             words = vocabulary_words(assembler.engine.tokenizer)
-            noise_passages = random_word_passages(words, noise, seed)
+            noise_passages = random_word_passages(words, noise, settings.seed)
         else:
             from cisrank.data.corpus import iter_corpus
 
-            noise_passages = sample_noise(iter_corpus(noise_from), noise, seed, exclude=docs)
+            noise_passages = sample_noise(
+                iter_corpus(noise_from), noise, settings.seed, exclude=docs
+            )
     result = assembler.arrange(
-        query, docs, arrange, shuffles_n=shuffles, seed=seed, noise=noise_passages, pmi=pmi
+        query,
+        docs,
+        settings.arrange,
+        shuffles_n=settings.shuffles,
+        seed=settings.seed,
+        noise=noise_passages,
+        pmi=pmi,
     )
     out = {
         "query": query,

@@ -1,11 +1,13 @@
-"""`cisrank generate`: answer a question over passages with entropy-based decoding (seed 004).
+"""`cisrank generate`: answer a question over passages with entropy-based decoding ("Entropy-Based
+Decoding for Retrieval-Augmented Large Language Models").
 
     cisrank generate --query "who wrote hamlet" --passages top5.jsonl --decoding clehe \\
         --model HuggingFaceTB/SmolLM2-135M-Instruct
 
-prints `{query, model, template, decoding, answer, tokens, attribution, weights, layers}`:
-`attribution` is, per generated token, the id of the passage of lowest entropy (null for naive),
-`weights` the passage weights w_{j,t} of each step and `layers` CLeHe's chosen layer l*.
+prints `{query, model, template, order, decoding, answer, tokens, attribution, weights, layers}`:
+`order` indexes the input passages in prompt order (naive decoding with --arrange), `attribution`
+is, per generated token, the id of the passage of lowest entropy (null for naive), `weights` the
+passage weights w_{j,t} of each step and `layers` CLeHe's chosen layer l*.
 """
 
 from __future__ import annotations
@@ -22,9 +24,17 @@ from cisrank.cli.context import (
     PassagesOpt,
     QueryOpt,
     TopKOpt,
+    arrangement,
     load_inputs,
 )
+from cisrank.cli.defaults import field_help
 from cisrank.cli.options import DeviceOpt, ModelOpt
+from cisrank.context.config import (
+    ArrangeConfig,
+    DecoderConfig,
+    Decoding,
+    GenerationAssemblerConfig,
+)
 from cisrank.errors import CisrankError
 
 
@@ -42,33 +52,42 @@ def generate(
     passages: PassagesOpt,
     model: ModelOpt = None,
     decoding: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--decoding",
-            help="naive (all passages in one prompt), avg_ens, replug (weights from the "
-            "passages' 'score'), leens or clehe.",
+            help=field_help(
+                DecoderConfig,
+                "decoding",
+                "naive (all passages in one prompt), avg_ens, replug (weights from the "
+                "passages' 'score'), leens or clehe.",
+            ),
         ),
-    ] = "naive",
+    ] = None,
     arrange: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--arrange", help="naive: the passages' order in the prompt (as `cisrank context`)."
+            "--arrange",
+            help=field_help(
+                ArrangeConfig,
+                "arrange",
+                "naive: the passages' order in the prompt (as `cisrank context`).",
+            ),
         ),
-    ] = "ranked",
+    ] = None,
     template: Annotated[
-        str,
-        typer.Option(
-            "--template",
-            help="entropy (seed 004's prompts), qa, noise, kv, or a custom string holding "
-            "{documents} and {question}.",
-        ),
-    ] = "entropy",
+        str | None,
+        typer.Option("--template", help=field_help(GenerationAssemblerConfig, "template")),
+    ] = None,
     field: FieldOpt = None,
     document: DocumentOpt = None,
-    chat: ChatOpt = False,
+    chat: ChatOpt = None,
     top_k: TopKOpt = None,
-    tau: Annotated[float, typer.Option("--tau", help="LeEns/CLeHe entropy temperature.")] = 0.25,
-    beta: Annotated[float, typer.Option("--beta", help="CLeHe contrast strength.")] = 0.25,
+    tau: Annotated[
+        float | None, typer.Option("--tau", help=field_help(DecoderConfig, "tau"))
+    ] = None,
+    beta: Annotated[
+        float | None, typer.Option("--beta", help=field_help(DecoderConfig, "beta"))
+    ] = None,
     layers: Annotated[
         str | None,
         typer.Option(
@@ -77,49 +96,53 @@ def generate(
         ),
     ] = None,
     replug_temperature: Annotated[
-        float, typer.Option("--replug-temperature", help="replug: T of softmax(score / T).")
-    ] = 1.0,
+        float | None,
+        typer.Option("--replug-temperature", help=field_help(DecoderConfig, "replug_temperature")),
+    ] = None,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", min=1, help="Most tokens to generate.")
-    ] = 32,
+        int | None,
+        typer.Option("--max-new-tokens", min=1, help=field_help(DecoderConfig, "max_new_tokens")),
+    ] = None,
     device: DeviceOpt = None,
 ) -> None:
     """Answer a question over passages, greedy, with naive or entropy-based decoding (JSON)."""
-    from cisrank.context import ARRANGEMENTS, ContextAssembler
-    from cisrank.context.decoding import DECODINGS, EnsembleDecoder
+    from cisrank.context import ContextAssembler, EnsembleDecoder, answer_question
 
-    if decoding not in DECODINGS:
-        raise CisrankError(f"--decoding {decoding!r}: use one of {', '.join(DECODINGS)}")
-    if arrange not in ARRANGEMENTS:
-        raise CisrankError(f"--arrange {arrange!r}: use one of {', '.join(ARRANGEMENTS)}")
+    mode = None if decoding is None else Decoding.parse(decoding, "--decoding")
+    order = arrangement(arrange)
     layer_list = _parse_layers(layers)
-    docs, scores, fields = load_inputs(query, passages, template, field, document, top_k, model)
-    if decoding == "replug" and scores is None:
+    docs, scores, prompt = load_inputs(
+        query,
+        passages,
+        top_k,
+        model,
+        GenerationAssemblerConfig(),
+        template=template,
+        field=field,
+        document=document,
+        chat=chat,
+    )
+    settings = DecoderConfig().replace(decoding=mode, max_new_tokens=max_new_tokens)
+    if settings.decoding is Decoding.REPLUG and scores is None:
         raise CisrankError("--decoding replug needs a 'score' on every line of --passages")
     assembler = ContextAssembler(
         model,  # type: ignore[arg-type]  # load_inputs raised if None
-        template,
-        fields=fields,
-        document=document,
-        chat=chat,
+        config=prompt,
         device=device,
     )
     decoder = EnsembleDecoder(
-        assembler, tau=tau, beta=beta, layers=layer_list, replug_temperature=replug_temperature
+        assembler,
+        settings,
+        tau=tau,
+        beta=beta,
+        layers=layer_list,
+        replug_temperature=replug_temperature,
     )
-    order = list(range(len(docs)))
-    if decoding == "naive" and arrange != "ranked":
-        order = assembler.order(query, docs, arrange).order
-    ordered = [docs[i] for i in order]
-    ordered_scores = [scores[i] for i in order] if scores is not None else None
-    result = decoder.generate(
-        query, ordered, decoding, max_new_tokens=max_new_tokens, scores=ordered_scores
-    )
+    answer = answer_question(decoder, query, docs, order, scores=scores)
     out = {
         "query": query,
         "model": assembler.engine.model_name,
         "template": assembler.template.name,
-        "order": order,
-        **result.to_json(ordered),
+        **answer.to_json(),
     }
     typer.echo(json.dumps(out, indent=2))

@@ -1,36 +1,41 @@
 """Assembling a RAG context: arrange a query's top-K passages, pad with noise, render, gauge.
 
-Every likelihood here is the *question likelihood* of seeds 000/001 (Liu et al.): the mean
-per-token log-probability of the question span given the prompt before it,
+Every likelihood here is the *question likelihood* of "Likelihood as a Performance Gauge for
+Retrieval-Augmented Generation" (Liu et al.; §4.1 there): the mean per-token log-probability of
+the question span given the prompt before it,
 
-    l(c) = (1 / |q|) * sum_{n = q_start}^{q_end} log p_LM(w_n | w_<n)        (001 §4.1)
+    l(c) = (1 / |q|) * sum_{n = q_start}^{q_end} log p_LM(w_n | w_<n)
 
-where c is the instruction followed by the ordered passages. Seed 000 calls it PMI(q, c) =
+where c is the instruction followed by the ordered passages. "Pointwise Mutual Information as a
+Performance Gauge for Retrieval-Augmented Generation" (the same authors) calls it PMI(q, c) =
 log p(q | c) - log p(q) (its Eq. 3): for one question p(q) does not depend on the order, so every
 arrangement below ranks by l(c) alone. It runs through the one causal-LM engine
 (`CausalLMEngine.score_spans`: one (context, question) row per prompt, the LM head only at the
 question's positions), so K prompts cost K prefill passes and nothing else.
 
-Arrangements of the top-K passages (input order = the reranker's, best first):
+Arrangements of the top-K passages (`Arrangement`; input order = the reranker's, best first):
 
-- `ranked`: as given; `reverse`: best last, next to the question (seed 003's "near" placement);
-  `edges`: best at both ends, alternating inward (1st, 3rd, 5th, ..., 6th, 4th, 2nd);
-- `pmi_rotation` (seed 000 Method 1, Eq. 10-11): the K rotations pi_k(i) = (i + k - 1) mod K of the
-  input order (Eq. 7); the one with the highest l is chosen, k* = argmax_k l(c(pi_k));
-- `likelihood_select` (seed 001 Method 1, §5.1): the input order and n random shuffles (seeded);
-  the one with the highest l is chosen;
-- `curvature` (seed 000 Method 2, Eq. 12-15; seed 001 ConvexScore, Eq. 3, under rotations): per
-  passage d, score(d) = l(rotation where d is first) + l(rotation where d is last); passages are
-  sorted by it, descending, best first. Under the rotation design d_j is first in rotation j and
-  last in rotation j+1 (mod K), and 001's ConvexScore_d = 2 (2 (l_{d,1} + l_{d,K}) - S), S the
-  same for every d, ranks the same (METHOD-NOTES §2.1). The score is returned per passage: a
-  position-aware listwise relevance signal.
+- `ranked`: as given; `reverse`: best last, next to the question (the "near" placement of "The
+  Power of Noise: Redefining Retrieval for RAG Systems", §5.2); `edges`: best at both ends,
+  alternating inward (1st, 3rd, 5th, ..., 6th, 4th, 2nd);
+- `pmi_rotation` (Pointwise Mutual Information as a Performance Gauge, Method 1, Eq. 10-11): the K
+  rotations pi_k(i) = (i + k - 1) mod K of the input order (its Eq. 7); the one with the highest l
+  is chosen, k* = argmax_k l(c(pi_k));
+- `likelihood_select` (Likelihood as a Performance Gauge, Method 1, §5.1): the input order and n
+  random shuffles (seeded); the one with the highest l is chosen;
+- `curvature` (Pointwise Mutual Information as a Performance Gauge, Method 2, §4.2, Eq. 12-15;
+  Likelihood as a Performance Gauge, ConvexScore, §5.2.2, Eq. 3, under rotations): per passage d,
+  score(d) = l(rotation where d is first) + l(rotation where d is last); passages are sorted by
+  it, descending, best first. Under the rotation design d_j is first in rotation j and last in
+  rotation j+1 (mod K), and ConvexScore_d = 2 (2 (l_{d,1} + l_{d,K}) - S), with S = sum_i l_{d,i}
+  the same for every d (each rotation counts once for every passage), ranks the same. The score
+  is returned per passage: a position-aware listwise relevance signal.
 
-The gauge of the final prompt (seeds 000/001: an answer-free confidence signal) comes with every
-assembled context: l(c), and on request PMI = l(c) - l(c0), where c0 is the same prompt with no
-passages (the template's own tokens held fixed; a choice, stated: seed 000's p(q) is the prefix
-probability of q, which the instruction and "Question:" label make ill-defined for a templated
-prompt).
+The gauge of the final prompt (both gauge papers: an answer-free confidence signal) comes with
+every assembled context: l(c), and on request PMI = l(c) - l(c0), where c0 is the same prompt with
+no passages (the template's own tokens held fixed; a choice, stated: the PMI paper's p(q) is the
+prefix probability of q, which the instruction and "Question:" label make ill-defined for a
+templated prompt).
 """
 
 from __future__ import annotations
@@ -40,20 +45,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cisrank.context.config import ArrangeConfig, Arrangement, AssemblerConfig
 from cisrank.context.noise import pad_with_noise
 from cisrank.context.templates import ContextTemplate, chat_wrap, resolve_template
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
 from cisrank.lm.engine import CausalLMEngine
 
-ARRANGEMENTS = ("ranked", "reverse", "edges", "pmi_rotation", "likelihood_select", "curvature")
-SCORED = ("pmi_rotation", "likelihood_select", "curvature")
-
 
 # ---------------------------------------------------------------------------- orders
 def rotations(k: int) -> list[list[int]]:
-    """The K rotations of the input order: rotation r puts passage r first (seed 000 Eq. 7,
-    pi_{r+1}(i) = (i + r) mod K)."""
+    """The K rotations of the input order: rotation r puts passage r first (Pointwise Mutual
+    Information as a Performance Gauge, Eq. 7: pi_{r+1}(i) = (i + r) mod K)."""
     return [[(i + r) % k for i in range(k)] for r in range(k)]
 
 
@@ -66,8 +69,8 @@ def edges_order(k: int) -> list[int]:
 
 
 def shuffles(k: int, n: int, seed: int) -> list[list[int]]:
-    """The input order followed by `n` random shuffles from `random.Random(seed)` (seed 001
-    §4.3.2/§5.1: the first prompt is the unshuffled one)."""
+    """The input order followed by `n` random shuffles from `random.Random(seed)` (Likelihood as
+    a Performance Gauge, §4.3.2 and §5.1: the first prompt is the unshuffled one)."""
     if n < 0:
         raise CisrankError(f"the number of shuffles must be >= 0, got {n}")
     rng = random.Random(seed)
@@ -81,23 +84,32 @@ def shuffles(k: int, n: int, seed: int) -> list[list[int]]:
 
 def curvature_scores(rotation_scores: Sequence[float]) -> list[float]:
     """Per passage j: l(rotation j, where j is first) + l(rotation j+1 mod K, where j is last)
-    (seed 000 Eq. 15 as its code and 001's ConvexScore apply it)."""
+    (Pointwise Mutual Information as a Performance Gauge, Eq. 15, as its code and the ConvexScore
+    of Likelihood as a Performance Gauge, Eq. 3, apply it)."""
     k = len(rotation_scores)
     return [float(rotation_scores[j]) + float(rotation_scores[(j + 1) % k]) for j in range(k)]
 
 
+def _settings(
+    method: Arrangement | str | None, shuffles_n: int | None, seed: int | None
+) -> ArrangeConfig:
+    """The arrangement settings of a call: `ArrangeConfig`'s defaults where an argument is None
+    (an unknown method is an error naming the valid ones)."""
+    return ArrangeConfig().replace(arrange=method, shuffles=shuffles_n, seed=seed)
+
+
 def search_orders(
-    method: str, k: int, shuffles_n: int | None = None, seed: int = 0
+    method: Arrangement | str, k: int, shuffles_n: int | None = None, seed: int | None = None
 ) -> list[list[int]]:
     """The orders a scored arrangement evaluates, one prompt each: the K rotations
     (`pmi_rotation`, `curvature`) or the input order and `shuffles_n` shuffles
     (`likelihood_select`, default K - 1); none for the fixed arrangements."""
-    if method not in ARRANGEMENTS:
-        raise CisrankError(f"unknown arrangement {method!r}: use one of {', '.join(ARRANGEMENTS)}")
-    if method not in SCORED:
+    settings = _settings(method, shuffles_n, seed)
+    if not settings.arrange.scored:
         return []
-    if method == "likelihood_select":
-        return shuffles(k, k - 1 if shuffles_n is None else shuffles_n, seed)
+    if settings.arrange is Arrangement.LIKELIHOOD_SELECT:
+        n = k - 1 if settings.shuffles is None else settings.shuffles
+        return shuffles(k, n, settings.seed)
     return rotations(k)
 
 
@@ -158,12 +170,12 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Arrangement:
+class Ordering:
     """An order of the input passages and what chose it: `order` (input indices in prompt order),
     per-passage `scores` (curvature) or None, and the scored `candidates` (rotations, shuffles) or
     empty. What `ContextAssembler.order` returns: no prompt is rendered or gauged for it."""
 
-    method: str
+    method: Arrangement
     order: list[int]
     scores: list[float] | None
     candidates: list[Candidate]
@@ -175,7 +187,7 @@ class AssembledContext:
     `scores` (curvature) or None, the scored `candidates` (rotations, shuffles) or empty, the
     final `passages` (noise first, if any) and `noise` count, the `prompt` and its `gauge`."""
 
-    method: str
+    method: Arrangement
     order: list[int]
     scores: list[float] | None
     candidates: list[Candidate]
@@ -211,27 +223,40 @@ class ContextAssembler:
         template: a named template (qa, noise, kv, entropy), a custom string with `{documents}`
             and `{question}`, or a `ContextTemplate`.
         fields: values of the template's other named fields.
+        document: the passage format (default the template's).
         chat: wrap the prompt in the tokenizer's chat template (user turn, assistant opened).
+        config: the settings these arguments override where given (default `AssemblerConfig`).
     """
 
     def __init__(
         self,
         engine: CausalLMEngine | str,
-        template: str | ContextTemplate = "qa",
+        template: str | ContextTemplate | None = None,
         *,
         fields: Mapping[str, str] | None = None,
         document: str | None = None,
-        chat: bool = False,
+        chat: bool | None = None,
+        config: AssemblerConfig | None = None,
         **engine_options: Any,
     ) -> None:
-        self.template = resolve_template(template, fields, document)
+        settings = (config or AssemblerConfig()).replace(
+            template=template if isinstance(template, str) else None,
+            fields=fields,
+            document=document,
+            chat=chat,
+        )
+        self.template = resolve_template(
+            template if isinstance(template, ContextTemplate) else settings.template,
+            settings.fields,
+            settings.document,
+        )
         self.engine = (
             engine
             if isinstance(engine, CausalLMEngine)
             else CausalLMEngine(engine, **engine_options)
         )
-        self.chat = chat
-        if chat:  # fail at construction, not at the first prompt
+        self.chat = settings.chat
+        if self.chat:  # fail at construction, not at the first prompt
             chat_wrap(self.engine.tokenizer, "", "q", "")
         self._memo: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, int]] = {}
 
@@ -281,7 +306,8 @@ class ContextAssembler:
 
     def gauge(self, question: str, prompt: Prompt, pmi: bool = False) -> Gauge:
         """The question likelihood of a final prompt, and on request its PMI against the same
-        template with no passages (seed 000 Eq. 3, per token)."""
+        template with no passages (Pointwise Mutual Information as a Performance Gauge, Eq. 3,
+        per token)."""
         todo = [prompt]
         if pmi:
             todo.append(self.render(question, []))
@@ -306,48 +332,47 @@ class ContextAssembler:
         self,
         question: str,
         passages: Sequence[Passage],
-        method: str = "ranked",
+        method: Arrangement | str | None = None,
         *,
         shuffles_n: int | None = None,
-        seed: int = 0,
-    ) -> Arrangement:
-        """The order `method` gives `passages` (best first), without the final prompt.
+        seed: int | None = None,
+    ) -> Ordering:
+        """The order `method` gives `passages` (best first), without the final prompt; None
+        arguments take `ArrangeConfig`'s defaults.
 
         A scored method costs its search's prefills (K rotations, or the input order and
         `shuffles_n` shuffles) and nothing more. `arrange` adds the final prompt and its gauge,
         one more prefill when the chosen order is not among the scored ones (curvature's usually
-        is not); a caller that only generates from the order (`cisrank generate`,
-        `/v1/generate`) or reads the scores would pay it for nothing.
+        is not); a caller that only generates from the order (`answer_question`) or reads the
+        scores would pay it for nothing.
         """
-        if method not in ARRANGEMENTS:
-            raise CisrankError(
-                f"unknown arrangement {method!r}: use one of {', '.join(ARRANGEMENTS)}"
-            )
+        settings = _settings(method, shuffles_n, seed)
+        method = settings.arrange
         k = len(passages)
         if k == 0:
             raise CisrankError("no passages to arrange: give at least one")
-        if method == "ranked":
-            return Arrangement(method, list(range(k)), None, [])
-        if method == "reverse":
-            return Arrangement(method, list(range(k))[::-1], None, [])
-        if method == "edges":
-            return Arrangement(method, edges_order(k), None, [])
-        orders = search_orders(method, k, shuffles_n, seed)
+        if method is Arrangement.RANKED:
+            return Ordering(method, list(range(k)), None, [])
+        if method is Arrangement.REVERSE:
+            return Ordering(method, list(range(k))[::-1], None, [])
+        if method is Arrangement.EDGES:
+            return Ordering(method, edges_order(k), None, [])
+        orders = search_orders(method, k, settings.shuffles, settings.seed)
         ls = self.mean_logprobs(self.search_prompts(question, passages, orders))
         candidates = [Candidate(o, s) for o, s in zip(orders, ls, strict=True)]
-        if method == "curvature":
+        if method is Arrangement.CURVATURE:
             scores = curvature_scores(ls)
-            return Arrangement(method, sort_desc(scores), scores, candidates)
-        return Arrangement(method, orders[sort_desc(ls)[0]], None, candidates)
+            return Ordering(method, sort_desc(scores), scores, candidates)
+        return Ordering(method, orders[sort_desc(ls)[0]], None, candidates)
 
     def arrange(
         self,
         question: str,
         passages: Sequence[Passage],
-        method: str = "ranked",
+        method: Arrangement | str | None = None,
         *,
         shuffles_n: int | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         noise: Sequence[Passage] = (),
         pmi: bool = False,
     ) -> AssembledContext:
@@ -363,7 +388,7 @@ class ContextAssembler:
         final = pad_with_noise([passages[i] for i in chosen.order], noise)
         prompt = self.render(question, final)
         return AssembledContext(
-            method=method,
+            method=chosen.method,
             order=chosen.order,
             scores=chosen.scores,
             candidates=chosen.candidates,
@@ -386,6 +411,6 @@ class ContextAssembler:
         relevance signal, higher = more likely the passage the question needs."""
         if not passages:
             raise CisrankError("no passages to score: give at least one")
-        scores = self.order(question, passages, "curvature").scores
+        scores = self.order(question, passages, Arrangement.CURVATURE).scores
         assert scores is not None  # curvature always scores its passages
         return scores

@@ -1,22 +1,24 @@
-"""Entropy-based document-parallel decoding (Qiu et al. 2025, "Entropy-Based Decoding for
-Retrieval-Augmented LLMs", seed 004), greedy, on the engine's lock-step decoder.
+"""Entropy-based document-parallel decoding, greedy, on the engine's lock-step decoder: the
+methods of "Entropy-Based Decoding for Retrieval-Augmented Large Language Models" (Qiu et al.,
+NAACL 2025; §2 there).
 
-The seed text lost every equation symbol; the formulas are those rebuilt in METHOD-NOTES §4.1
-from its prose and a public implementation (`ParallelDecoding.clehe_using_logits`). With x the
-question, d_1..d_K the passages and y_<t the tokens so far:
+The formulas are numbered as in the paper and written out from its prose and a public
+implementation of the method (`ParallelDecoding.clehe_using_logits`). With x the question,
+d_1..d_K the passages and y_<t the tokens so far:
 
 - `naive` (Eq. 1): y_t from p(y_t | [d_1; ...; d_K; x; y_<t]), one prompt with every passage;
 - document-parallel modes run K+1 rows in lock-step, row 0 the prompt without passages and row j
   the prompt with passage d_j alone, all sharing y_<t, and merge the K passage rows' next-token
-  distributions as a product of experts (Eq. 2):
+  distributions as a product of experts (Eq. 2, §2.1):
 
       log p(y_t) = sum_j w_{j,t} log p(y_t | d_j, x, y_<t)   (then renormalized)
 
   `avg_ens`: w_j = 1/K; `replug`: w_j = softmax(s_j / T) of the reranker scores s_j, fixed over
   time; `leens` (Eq. 3): w_{j,t} = softmax_j(-H_{j,t} / tau), with H_{j,t} the entropy of row j's
   next-token distribution at step t, recomputed every step (tau -> inf gives `avg_ens`);
-- `clehe` (Eq. 4-7): contrast with the most uncertain early-exit distribution of the no-passage
-  row, q^(l) = softmax(phi(h_t^(l))) over candidate layers L, l* = argmax_{l in L} H(q^(l)),
+- `clehe` (Eq. 4-7, §2.2): contrast with the most uncertain early-exit distribution of the
+  no-passage row, q^(l) = softmax(phi(h_t^(l))) over candidate layers L, l* = argmax_{l in L}
+  H(q^(l)),
 
       log p(y_t) = (1 + beta) sum_j w_{j,t} log p(y_t | d_j, x, y_<t) - beta log q^(l*)(y_t)
 
@@ -24,8 +26,8 @@ question, d_1..d_K the passages and y_<t the tokens so far:
 
 Every mode is greedy (argmax of the merged log-probabilities). Per generated token the passage
 of lowest entropy, argmin_j H_{j,t}, is returned as its attribution (the reference code's
-`token_document_idx`), with the weights. Defaults as the paper: tau 0.25, beta 0.25, candidate
-layers the even layers of the model's last half.
+`token_document_idx`), with the weights. Defaults (`DecoderConfig`) as the paper: tau 0.25, beta
+0.25, candidate layers the even layers of the model's last half.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 import torch
 
 from cisrank.context.assemble import ContextAssembler
+from cisrank.context.config import DecoderConfig, Decoding
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
 from cisrank.lm.decoding import DecodeStep, LockstepPrefill
@@ -48,12 +51,9 @@ class DecodingTimeout(CisrankError):
     """Decoding passed the deadline it was given."""
 
 
-DECODINGS = ("naive", "avg_ens", "replug", "leens", "clehe")
-ENSEMBLES = ("avg_ens", "replug", "leens", "clehe")
-
-
 def default_layers(num_layers: int) -> list[int]:
-    """The even layers of the last half (seed 004 §4.2.3: "the last few layers, even only")."""
+    """The even layers of the last half (Entropy-Based Decoding, §2.2: "the last few layers";
+    §4, Implementation Details: only even-numbered layers are searched)."""
     return [x for x in range((num_layers + 1) // 2, num_layers + 1) if x % 2 == 0]
 
 
@@ -79,7 +79,7 @@ class StepRecord:
 class Generation:
     """A decoded answer: its text, tokens, and per-token records (attribution)."""
 
-    decoding: str
+    decoding: Decoding
     text: str
     tokens: list[int]
     steps: list[StepRecord] = field(default_factory=list)
@@ -99,102 +99,101 @@ class Generation:
 
 
 class EnsembleDecoder:
-    """Greedy RAG decoding of one question over K passages by any of `DECODINGS`.
+    """Greedy RAG decoding of one question over K passages by any `Decoding`.
 
     Args:
         assembler: renders the prompts (its template and chat setting) and holds the engine.
-        tau: LeEns / CLeHe entropy temperature; beta: CLeHe contrast strength.
-        layers: CLeHe candidate layers (default `default_layers`).
-        replug_temperature: T of the RePlug weights softmax(s / T).
+        config: the decoding, tau (LeEns / CLeHe entropy temperature), beta (CLeHe contrast
+            strength), layers (CLeHe candidate layers, default `default_layers`), the RePlug
+            temperature T of the weights softmax(s / T) and the answer's length (default
+            `DecoderConfig`); `overrides` replace its fields where not None.
     """
 
     def __init__(
-        self,
-        assembler: ContextAssembler,
-        *,
-        tau: float = 0.25,
-        beta: float = 0.25,
-        layers: Sequence[int] | None = None,
-        replug_temperature: float = 1.0,
+        self, assembler: ContextAssembler, config: DecoderConfig | None = None, **overrides: Any
     ) -> None:
-        if not tau > 0:
-            raise CisrankError(f"tau must be > 0, got {tau}")
-        if not beta >= 0:
-            raise CisrankError(f"beta must be >= 0, got {beta}")
-        if not replug_temperature > 0:
-            raise CisrankError(f"the RePlug temperature must be > 0, got {replug_temperature}")
+        self.config = (config or DecoderConfig()).replace(**overrides)
         self.assembler = assembler
         self.engine = assembler.engine
-        self.tau = tau
-        self.beta = beta
         n = self.engine.num_layers
+        layers = self.config.layers
         self.layers = list(default_layers(n) if layers is None else layers)
         if not self.layers or any(not 0 <= x <= n for x in self.layers):
             raise CisrankError(f"candidate layers must be in 0..{n}, got {self.layers}")
-        self.replug_temperature = replug_temperature
+
+    @property
+    def tau(self) -> float:
+        return self.config.tau
+
+    @property
+    def beta(self) -> float:
+        return self.config.beta
+
+    @property
+    def replug_temperature(self) -> float:
+        return self.config.replug_temperature
 
     def generate(
         self,
         question: str,
         passages: Sequence[Passage],
-        decoding: str = "leens",
+        decoding: Decoding | str | None = None,
         *,
-        max_new_tokens: int = 32,
+        max_new_tokens: int | None = None,
         scores: Sequence[float] | None = None,
         stop_at_eos: bool = True,
         trace: bool = False,
         deadline: float | None = None,
     ) -> Generation:
-        """Decode an answer; `scores` (reranker scores, one per passage) are needed by `replug`;
-        `naive` with no passages answers closed-book (the template with no documents).
+        """Decode an answer (`decoding` and `max_new_tokens` default to this decoder's config);
+        `scores` (reranker scores, one per passage) are needed by `replug`; `naive` with no
+        passages answers closed-book (the template with no documents).
         With `trace`, every step's merged log-probabilities are kept (V floats a step). Past
         `deadline` (a `time.monotonic()` value), checked at every step, it stops with
         `DecodingTimeout` (a server's bound on one request's model time)."""
+        mode = self.config.decoding if decoding is None else Decoding.parse(decoding)
         return self.generate_many(
             question,
             passages,
-            [decoding],
+            [mode],
             max_new_tokens=max_new_tokens,
             scores=scores,
             stop_at_eos=stop_at_eos,
             trace=trace,
             deadline=deadline,
-        )[decoding]
+        )[mode]
 
     def generate_many(
         self,
         question: str,
         passages: Sequence[Passage],
-        decodings: Sequence[str],
+        decodings: Sequence[Decoding | str],
         *,
-        max_new_tokens: int = 32,
+        max_new_tokens: int | None = None,
         scores: Sequence[float] | None = None,
         stop_at_eos: bool = True,
         trace: bool = False,
         deadline: float | None = None,
-    ) -> dict[str, Generation]:
+    ) -> dict[Decoding, Generation]:
         """Several decodings of one question over the same passages, each as `generate` gives it.
 
         The document-parallel decodings read the same K + 1 prompts and differ only in how they
         merge the rows' next-token distributions, so they share one prefill of those prompts
         (`CausalLMEngine.prefill_lockstep`) and each decodes on from it: asking for all four
         costs one prefill, not four. On a CPU the prefill is most of a short answer's cost."""
-        decodings = list(dict.fromkeys(decodings))
-        if not decodings:
+        modes = list(dict.fromkeys(Decoding.parse(d) for d in decodings))
+        if not modes:
             raise CisrankError("no decoding asked for: give at least one")
-        for decoding in decodings:
-            if decoding not in DECODINGS:
-                raise CisrankError(
-                    f"unknown decoding {decoding!r}: use one of {', '.join(DECODINGS)}"
-                )
+        if max_new_tokens is None:
+            max_new_tokens = self.config.max_new_tokens
         if max_new_tokens < 1:
             raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         passages = list(passages)
-        ensembles = [d for d in decodings if d in ENSEMBLES]
+        ensembles = [d for d in modes if d.ensemble]
         if not passages and ensembles:  # naive with none: the closed-book answer
             raise CisrankError("no passages to decode with: give at least one")
         fixed: torch.Tensor | None = None
-        if "replug" in ensembles:
+        if Decoding.REPLUG in ensembles:
             if scores is None or len(scores) != len(passages):
                 raise CisrankError("replug needs one reranker score per passage")
             fixed = torch.softmax(
@@ -205,30 +204,30 @@ class EnsembleDecoder:
         asm = self.assembler
         eos = self.engine.tokenizer.eos_token_id
         stops = [eos] if stop_at_eos and eos is not None else []
-        out: dict[str, Generation] = {}
-        if "naive" in decodings:
+        out: dict[Decoding, Generation] = {}
+        if Decoding.NAIVE in modes:
             state = self.engine.prefill_lockstep(
                 [asm.render(question, passages).ids], max_new_tokens=max_new_tokens
             )
-            out["naive"] = self._decode(
-                state, "naive", None, max_new_tokens, stops, trace, deadline
+            out[Decoding.NAIVE] = self._decode(
+                state, Decoding.NAIVE, None, max_new_tokens, stops, trace, deadline
             )
         if ensembles:
             single = asm.template.single()
             rows = [asm.render(question, []).ids]
             rows += [asm.render(question, [p], template=single).ids for p in passages]
-            layers = self.layers if "clehe" in ensembles else ()
+            layers = self.layers if Decoding.CLEHE in ensembles else ()
             state = self.engine.prefill_lockstep(rows, layers=layers, max_new_tokens=max_new_tokens)
             for decoding in ensembles:
                 out[decoding] = self._decode(
                     state, decoding, fixed, max_new_tokens, stops, trace, deadline
                 )
-        return {d: out[d] for d in decodings}
+        return {d: out[d] for d in modes}
 
     def _decode(
         self,
         state: LockstepPrefill,
-        decoding: str,
+        decoding: Decoding,
         fixed: torch.Tensor | None,
         max_new_tokens: int,
         stops: list[int],
@@ -249,7 +248,7 @@ class EnsembleDecoder:
             records.append(rec)
             return token
 
-        layers = self.layers if decoding == "clehe" else ()
+        layers = self.layers if decoding is Decoding.CLEHE else ()
         tokens = self.engine.decode_from(
             state, choose, max_new_tokens, layers=layers, stop_ids=stops
         )
@@ -257,25 +256,27 @@ class EnsembleDecoder:
         return Generation(decoding, text.strip(), tokens, records)
 
     def merge(
-        self, decoding: str, step: DecodeStep, fixed: torch.Tensor | None = None
+        self, decoding: Decoding | str, step: DecodeStep, fixed: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, StepRecord]:
-        """The merged next-token log-probabilities `[V]` of one step (seed 004 Eq. 1-7)."""
+        """The merged next-token log-probabilities `[V]` of one step (Entropy-Based Decoding,
+        Eq. 1-7)."""
+        decoding = Decoding.parse(decoding)
         logp = torch.log_softmax(step.logits.double(), dim=-1)
-        if decoding == "naive":
+        if decoding is Decoding.NAIVE:
             return logp[0], StepRecord(-1, [1.0], entropy(logp[:1]).tolist(), None)
         docs = logp[1:]
         ent = entropy(docs)
         k = docs.shape[0]
-        if decoding == "avg_ens":
+        if decoding is Decoding.AVG_ENS:
             w = torch.full((k,), 1.0 / k, dtype=torch.float64)
-        elif decoding == "replug":
+        elif decoding is Decoding.REPLUG:
             assert fixed is not None
             w = fixed.double().to(docs.device)
         else:  # leens, clehe: w_{j,t} = softmax(-H_{j,t} / tau)
             w = torch.softmax(-ent / self.tau, dim=0)
         ens = (w.to(docs.device).unsqueeze(1) * docs).sum(dim=0)
         layer = None
-        if decoding == "clehe":
+        if decoding is Decoding.CLEHE:
             cand = {
                 x: torch.log_softmax(
                     self.engine.layer_logits(step.hidden[x][:1], x).double(), dim=-1

@@ -1,13 +1,14 @@
-"""Noise padding (Cuconasu et al. 2024, "The Power of Noise", seed 003).
+"""Noise padding (Cuconasu et al. 2024, "The Power of Noise: Redefining Retrieval for RAG
+Systems").
 
 The paper adds random passages to the retrieved ones and finds that, placed far from the question,
-they help accuracy (its Table 3: 4 retrieved + 15 random beats 4 retrieved alone by +35% with
+they help accuracy (§5.4, Table 3: 4 retrieved + 15 random beats 4 retrieved alone by +35% with
 Contriever). Its "RAG in practice" layout is [I, random..., retrieved in reverse score order, Q]:
 the code (`MixedDocumentsDataset._mix_documents`, `put_retrieved_first=False`) builds
 `random[:n_rand] + retrieved[:n_ret][::-1]`, so the top-1 passage sits next to the question.
 
 Here noise comes from a pool of passages (a corpus file, a list) or is made of random words
-(its Table 4 "random words"). Sampling is seeded (`random.Random(seed)`), and never yields a
+(§5.4.2, Table 4, "random words"). Sampling is seeded (`random.Random(seed)`), and never yields a
 passage twice: the pool is deduplicated by the SHA-256 of its text (as the paper's code removes
 duplicates by hash), and passages whose text equals a retrieved one are excluded.
 
@@ -124,9 +125,9 @@ def vocabulary_words(tokenizer: Any, min_chars: int = 3) -> list[str]:
 def random_word_passages(
     words: Sequence[str], n: int, seed: int, length: int = 100, title_words: int = 2
 ) -> list[Passage]:
-    """`n` passages of `length` words drawn at random from `words` (seed 003 Table 4, random
-    words; 100 words as its DPR passages), each with a title of `title_words` random words;
-    reproducible by `seed`, never two alike."""
+    """`n` passages of `length` words drawn at random from `words` (The Power of Noise, §5.4.2,
+    Table 4, random words; 100 words as its DPR passages), each with a title of `title_words`
+    random words; reproducible by `seed`, never two alike."""
     if n < 0:
         raise CisrankError(f"the number of noise passages must be >= 0, got {n}")
     if n and len(set(words)) < 2:
@@ -149,6 +150,7 @@ def random_word_passages(
 
 
 def pad_with_noise(arranged: Sequence[Passage], noise: Sequence[Passage]) -> list[Passage]:
-    """The prompt's passage list with noise first: [noise..., arranged...] (seed 003 §4.3; the
-    paper's layout when `arranged` is the retrieved list reversed, best passage last)."""
+    """The prompt's passage list with noise first: [noise..., arranged...] (The Power of Noise,
+    §5.4, [I, random..., retrieved..., Q]; the paper's layout when `arranged` is the retrieved list
+    reversed, best passage last)."""
     return [*noise, *arranged]

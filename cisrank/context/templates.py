@@ -2,9 +2,12 @@
 
 A template is a format string with two required fields, `{documents}` (the rendered passages,
 joined) and `{question}` (the scored span of the gauge), in that order: the context comes before
-the question, as in every method here (Liu et al. 2024/2025, seeds 000/001, "context-first"
-template; Cuconasu et al. 2024, seed 003, [I, documents..., Q]). Any other field must be given a
-value by name (`fields={"name": "value"}`); a field without one is an error naming it.
+the question, as in every method here (the "context-first" template of "Pointwise Mutual
+Information as a Performance Gauge for Retrieval-Augmented Generation" and "Likelihood as a
+Performance Gauge for Retrieval-Augmented Generation", Liu et al. 2025; [I, documents..., Q] in
+"The Power of Noise: Redefining Retrieval for RAG Systems", Cuconasu et al. 2024, §4.4). Any
+other field must be given a value by name (`fields={"name": "value"}`); a field without one is an
+error naming it.
 
 Each passage is rendered by a document format with the fields `{index}` (1-based position in the
 prompt), `{title}`, `{text}` and `{id}`, by default `Document [{index}](Title: {title}) {text}`
@@ -13,18 +16,20 @@ passages are joined by the template's separator.
 
 Named templates (the exact wording of the papers and their public code):
 
-- `qa`: the NQ-Open prompt of Liu et al. (Fig. 7 of seeds 000/001; the lost-in-the-middle code);
-- `noise`: the extraction prompt of the Power-of-Noise code (`build_qa_prompt`, seed 003; its
-  brackets hold the corpus index, here the position like the other templates, or `{id}` with a
-  custom document format);
-- `kv`: the key-value retrieval prompt (lost in the middle; seed 000 Fig. 9): each passage is a
-  record, its title the key and its text the value, rendered as one JSON object; the question is
-  the key looked up;
-- `entropy`: the naive-RAG prompt of the entropy-decoding paper (seed 004, App. A.3).
+- `qa`: the NQ-Open prompt of Liu et al. (App. D, Fig. 7 of both gauge papers; the
+  lost-in-the-middle code);
+- `noise`: the extraction prompt of the Power-of-Noise code (`build_qa_prompt`; its brackets hold
+  the corpus index, here the position like the other templates, or `{id}` with a custom document
+  format);
+- `kv`: the key-value retrieval prompt (lost in the middle; Pointwise Mutual Information as a
+  Performance Gauge, App. D, Fig. 9): each passage is a record, its title the key and its text the
+  value, rendered as one JSON object; the question is the key looked up;
+- `entropy`: the naive-RAG prompt of "Entropy-Based Decoding for Retrieval-Augmented Large
+  Language Models" (App. A.3).
 
 Chat models: `chat=True` puts the whole rendered prompt in the user's turn of the tokenizer's chat
 template and opens the assistant's turn (`add_generation_prompt`), as the papers do for instruct
-models (seed 000 App. D).
+models (Pointwise Mutual Information as a Performance Gauge, App. D).
 
 Rendering returns the text cut at the question (`before`, `question`, `after`): the ids are
 `[BOS] + T(before) + T(question) + T(after)`, each piece tokenized on its own (the house rule of
@@ -95,7 +100,8 @@ class ContextTemplate:
                 )
 
     def single(self) -> ContextTemplate:
-        """The template of a prompt with one passage (seed 004's per-document prompt)."""
+        """The template of a prompt with one passage (the per-document prompt of Entropy-Based
+        Decoding, App. A.3)."""
         if self.single_document is None:
             return self
         return replace(self, document=self.single_document, single_document=None)
@@ -129,11 +135,11 @@ _NOISE_INSTRUCTION = (
 )
 
 TEMPLATES: dict[str, ContextTemplate] = {
-    # seeds 000/001 Fig. 7 and the lost-in-the-middle code (nq-open prompt), context first.
+    # the gauge papers' App. D, Fig. 7, and the lost-in-the-middle code (nq-open prompt).
     "qa": ContextTemplate(
         "qa", _QA_INSTRUCTION + "\n\n{documents}\n\nQuestion: {question}\nAnswer:"
     ),
-    # seed 003, The-Power-of-Noise `build_qa_prompt`.
+    # The Power of Noise, §4.4, and its code's `build_qa_prompt`.
     "noise": ContextTemplate(
         "noise", _NOISE_INSTRUCTION + "\nDocuments:\n{documents}\nQuestion: {question}\nAnswer:"
     ),
@@ -145,7 +151,7 @@ TEMPLATES: dict[str, ContextTemplate] = {
         document='"{title}": "{text}"',
         separator=",\n ",
     ),
-    # seed 004 App. A.3, the naive prompt (its per-document prompt holds one passage).
+    # Entropy-Based Decoding, App. A.3, the naive prompt (its per-document prompt holds one).
     "entropy": ContextTemplate(
         "entropy",
         "Write a high-quality answer for the given question using only the provided search "

@@ -8,7 +8,7 @@ import pytest
 from context.helpers import QUESTION, passages
 
 from cisrank.context import (
-    ARRANGEMENTS,
+    Arrangement,
     ContextAssembler,
     curvature_scores,
     edges_order,
@@ -74,7 +74,7 @@ def test_curvature_equals_the_formula_over_rotations(tiny):
     res = asm.arrange(QUESTION, docs, "curvature")
     rots = [docs[r:] + docs[:r] for r in range(5)]
     ell = [brute_prompt(tiny, asm, d) for d in rots]
-    # seed 000 Eq. 15 / 001 ConvexScore: l(rotation where d is first) + l(rotation where d is last)
+    # PMI gauge Eq. 15 / likelihood gauge ConvexScore: l(rotation, d first) + l(rotation, d last)
     want = []
     for d in docs:
         first = next(i for i, r in enumerate(rots) if r[0] == d)
@@ -86,7 +86,7 @@ def test_curvature_equals_the_formula_over_rotations(tiny):
     assert res.passages == [docs[i] for i in res.order]
     assert abs(res.gauge.mean_logprob - brute_prompt(tiny, asm, res.passages)) <= TOL
     assert np.allclose(asm.curvature(QUESTION, docs), res.scores)
-    # 001 Eq. 3 ranks the same under rotations: 2 (l_1 + l_K - sum of the middle positions)
+    # ConvexScore (likelihood gauge, Eq. 3) ranks the same under rotations: 2 (l_1 + l_K - middle)
     convex = []
     for d in docs:
         pos = [next(i for i, r in enumerate(rots) if r[p] == d) for p in range(5)]
@@ -94,7 +94,7 @@ def test_curvature_equals_the_formula_over_rotations(tiny):
     assert sorted(range(5), key=lambda i: -convex[i]) == res.order
 
 
-@pytest.mark.parametrize("method", ARRANGEMENTS)
+@pytest.mark.parametrize("method", list(Arrangement))
 def test_order_is_arrange_without_scoring_the_final_prompt(tiny, method):
     """`order` gives arrange's order, scores and candidates from the search's prompts alone;
     `arrange` scores the final prompt for its gauge on top (a prefill that a caller who only

@@ -1,6 +1,7 @@
-"""Entropy-based decoding (seed 004): every step's merged log-probabilities against a from-scratch
-recomputation (a full float64 forward of each row plus the tokens so far, no cache), and the
-limits tau -> inf (LeEns = AvgEns) and beta = 0 (CLeHe = LeEns)."""
+"""Entropy-based decoding ("Entropy-Based Decoding for Retrieval-Augmented Large Language
+Models"): every step's merged log-probabilities against a from-scratch recomputation (a full
+float64 forward of each row plus the tokens so far, no cache), and the limits tau -> inf (LeEns =
+AvgEns) and beta = 0 (CLeHe = LeEns)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def reference_step(tiny, rows, generated, layers):
 
 
 def reference_merge(mode, lp, early, tau, beta, fixed):
-    """Seed 004 Eq. 1-7 written out again, from the row log-probabilities."""
+    """Entropy-Based Decoding, Eq. 1-7, written out again from the row log-probabilities."""
     if mode == "naive":
         return lp[0], None
     docs = lp[1:]

@@ -1,4 +1,4 @@
-"""Templates as data (named, custom, their errors) and seeded noise padding (seed 003)."""
+"""Templates as data (named, custom, their errors) and seeded noise padding (The Power of Noise)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def test_random_word_noise_is_seeded_and_distinct(tiny):
 
 
 def test_noise_layout_is_the_papers(tiny):
-    """[I, random..., retrieved in reverse score order, Q] = `reverse` with noise (seed 003)."""
+    """[I, random..., retrieved in reverse score order, Q] = `reverse` with noise (The Power of
+    Noise, §5.4)."""
     asm = ContextAssembler(tiny.engine, "noise")
     docs = passages(3)
     noise = [Passage(f"n{i}", t, "") for i, t in enumerate(["fleas can live", "paris is big"])]

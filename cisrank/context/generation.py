@@ -1,0 +1,61 @@
+"""Answering a question over passages: order -> reorder -> generate, as `cisrank generate` and
+`/v1/generate` do it.
+
+A naive decoding reads every passage in one prompt, so their order matters: the arrangement
+orders them first (`ContextAssembler.order`: the search's prefills and no gauge of the result,
+which generation would not read). The document-parallel decodings read each passage in a prompt
+of its own, so they keep the input order. The reranker scores (`replug`'s weights) and the
+attribution follow the passages into the order the prompt has them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cisrank.context.config import ArrangeConfig, Arrangement, Decoding
+from cisrank.context.decoding import EnsembleDecoder, Generation
+from cisrank.data.types import Passage
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generation and the order it read the passages in: `order` (input indices in prompt
+    order), the `passages` and their `scores` (or None) in that order, and the `generation`,
+    whose attribution indexes `passages`."""
+
+    order: list[int]
+    passages: list[Passage]
+    scores: list[float] | None
+    generation: Generation
+
+    def to_json(self) -> dict[str, Any]:
+        """`order`, then the generation's fields, its attribution by passage id."""
+        return {"order": self.order, **self.generation.to_json(self.passages)}
+
+
+def answer_question(
+    decoder: EnsembleDecoder,
+    question: str,
+    passages: Sequence[Passage],
+    arrangement: ArrangeConfig | None = None,
+    *,
+    scores: Sequence[float] | None = None,
+    deadline: float | None = None,
+) -> Answer:
+    """Order `passages` (best first) by `arrangement` when the decoder's decoding is naive,
+    reorder them and their `scores` (one reranker score per passage, or None), and generate
+    with `decoder` (its config's decoding and `max_new_tokens`; `deadline` as
+    `EnsembleDecoder.generate`)."""
+    passages = list(passages)
+    order = list(range(len(passages)))
+    settings = arrangement or ArrangeConfig()
+    if decoder.config.decoding is Decoding.NAIVE and settings.arrange is not Arrangement.RANKED:
+        order = decoder.assembler.order(
+            question, passages, settings.arrange, shuffles_n=settings.shuffles, seed=settings.seed
+        ).order
+    ordered = [passages[i] for i in order]
+    ordered_scores = [scores[i] for i in order] if scores is not None else None
+    generation = decoder.generate(question, ordered, scores=ordered_scores, deadline=deadline)
+    return Answer(order, ordered, ordered_scores, generation)
