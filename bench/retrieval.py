@@ -157,14 +157,14 @@ def main() -> None:
 
         # dense encode throughput (all-MiniLM-L6-v2, CPU float32 here)
         from cisrank.models.encoders import load_sentence_transformer
-        from cisrank.retrieval.dense import DenseIndexConfig, _encode
+        from cisrank.retrieval.dense import DenseIndexConfig, encode
 
         defaults = DenseIndexConfig()
 
         enc = load_sentence_transformer("all-MiniLM-L6-v2")
         sample = docs[: args.encode]
-        _encode(enc, sample[:64], defaults, "")
-        _, enc_s = timed(_encode, enc, sample, defaults, "")
+        encode(enc, sample[:64], defaults, "")
+        _, enc_s = timed(encode, enc, sample, defaults, "")
         ids = enc.tokenizer(sample, truncation=True, max_length=enc.max_seq_length)["input_ids"]
         results["dense_encode"] = {
             "model": "all-MiniLM-L6-v2",

@@ -1,12 +1,15 @@
 """Typed settings: one object per component, filled from CLI flags, a config file or tests alike.
 
 Every component (each reranker, each index kind, training) declares a `ComponentConfig` subclass
-next to its code; defaults live there and only there, and callers pass overrides where None means
-"keep the default". Process-wide `CISRANK_*` environment variables are read in `cisrank.env`.
+next to its code (the rerankers' in `cisrank.rerank.configs`, apart from the torch code, so the CLI
+builds its flags from them without loading a model library); defaults live there and only there,
+and callers pass overrides where None means "keep the default". Process-wide `CISRANK_*`
+environment variables are read in `cisrank.env`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -40,3 +43,17 @@ class ComponentConfig(BaseModel):
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
             )
             raise CisrankError(f"{self.label} options: {problems}") from None
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Marks a config field as a command-line flag: `field: Annotated[T, Flag()] = Field(...)`.
+
+    The CLI generates one flag per marked field (`--max-doc-tokens` for `max_doc_tokens`), its
+    help from the field's description and default, so a flag is declared where its default is.
+    Fields left unmarked are set through a config file, the API's reranker options or code.
+    """
+
+    path: bool = False
+    """The value names files: parsed as a path on the command line, as it always was (so a
+    recorded option, such as a teacher's prior store, reads the same on a resumed run)."""

@@ -1,8 +1,8 @@
 """`--engine ray`: the offline jobs' shards scored by a pool of Ray actors (Ray Data).
 
 The jobs themselves (the prior job, the dense encoding, teacher scoring) keep their own shard
-plans, resume checks and output files; this module only distributes the scoring of the shards
-that are missing. One Ray Data pipeline per job:
+plans and output files, and find the shards that are missing with `cisrank.data.shards`; this
+module only distributes the scoring of those. One Ray Data pipeline per job:
 
     shards (one Arrow block each, put in the object store by the driver as it reads the corpus)
       -> map_batches(ShardActor, actor pool): each actor loads the model once (`job.load()`) and
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -115,6 +115,19 @@ class ShardJob(Protocol):
         """Score one block (a pyarrow Table with SHARD and POS columns); return a pyarrow Table
         of result rows, each with the SHARD and POS of its input row."""
         ...
+
+
+def text_block(shard: int, texts: Sequence[str]) -> Any:
+    """One shard of passages as a block: its SHARD and POS columns and the passages' `text`."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            SHARD: pa.array([shard] * len(texts), pa.int64()),
+            POS: pa.array(range(len(texts)), pa.int64()),
+            "text": pa.array(texts, pa.string()),
+        }
+    )
 
 
 class ShardActor:

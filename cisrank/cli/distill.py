@@ -15,10 +15,9 @@ from cisrank.cli.options import (
     ActorGpusOpt,
     ActorsOpt,
     EngineOpt,
-    EstimatorOpt,
     RayAddressOpt,
-    ReverseTemplateOpt,
 )
+from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
 
 distill_app = typer.Typer(
@@ -41,20 +40,6 @@ TeacherModelOpt = Annotated[
 ScoresFileOpt = Annotated[
     Path | None,
     typer.Option("--scores-file", help="Teacher 'scores': qid Q0 docid rank score tag."),
-]
-TemplateOpt = Annotated[
-    str | None, typer.Option("--template", help="CIS teacher: plain, qa or a string with {query}.")
-]
-MaxDocOpt = Annotated[
-    int | None, typer.Option("--max-doc-tokens", min=1, help="CIS teacher: passage tokens kept.")
-]
-PriorOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--prior-store",
-        help="CIS teacher: stored log p(K) (SQLite file, Parquet prior table, prior index "
-        "folder, or several comma-separated).",
-    ),
 ]
 BatchOpt = Annotated[
     int | None, typer.Option("--batch-size", min=1, help="Teacher passages per model batch.")
@@ -82,34 +67,10 @@ EvalStepsOpt = Annotated[int | None, typer.Option("--eval-steps", help=field_hel
 SeedOpt = Annotated[int | None, typer.Option("--seed", help=field_help(T, "seed", ""))]
 
 
-def _teacher(
-    teacher,
-    model,
-    scores_file,
-    template,
-    max_doc_tokens,
-    prior_store,
-    batch_size,
-    device,
-    estimator=None,
-    reverse_template=None,
-):
-    """Every teacher flag goes to the teacher; the reranker registry rejects the flags of
-    another reranker by name (`--template` with `--teacher dense`)."""
-    from cisrank.cli.options import reranker_options
-    from cisrank.distill.teachers import load_teacher
-
-    options = reranker_options(
-        template,
-        prior_store,
-        max_doc_tokens,
-        normalize=None,
-        estimator=estimator,
-        reverse_template=reverse_template,
-    )
-    return load_teacher(
-        teacher, model, scores_file, batch_size=batch_size, device=device, **options
-    )
+teacher_flags = reranker_flags(role="teacher", kinds=["cis"], omit=["normalize"])
+"""The CIS teacher's flags, the set distill has always offered (no --normalize). They go to
+whichever teacher is chosen, and the reranker registry rejects another kind's by name
+(`--template` with `--teacher dense`)."""
 
 
 def _dev(name: str | None):
@@ -145,6 +106,7 @@ def pool_cmd(
 
 
 @distill_app.command("generate")
+@teacher_flags
 def generate_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the Parquet shards.")],
     dataset: Annotated[
@@ -173,11 +135,6 @@ def generate_cmd(
     teacher: TeacherOpt = "cis",
     model: TeacherModelOpt = None,
     scores_file: ScoresFileOpt = None,
-    template: TemplateOpt = None,
-    max_doc_tokens: MaxDocOpt = None,
-    prior_store: PriorOpt = None,
-    estimator: EstimatorOpt = None,
-    reverse_template: ReverseTemplateOpt = None,
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     depth: DepthOpt = 100,
@@ -191,9 +148,10 @@ def generate_cmd(
     actor_gpus: ActorGpusOpt = None,
     actor_cpus: ActorCpusOpt = None,
     quiet: QuietOpt = False,
+    **options: Any,
 ) -> None:
     """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
-    from cisrank.cli.options import ray_options, reranker_options
+    from cisrank.cli.options import ray_options
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import load_source
     from cisrank.distill.teachers import TeacherSpec
@@ -209,32 +167,11 @@ def generate_cmd(
         first_stage=first_stage,
         depth=depth,
     )
-    t: Any
-    if ray is None:
-        t = _teacher(
-            teacher,
-            model,
-            scores_file,
-            template,
-            max_doc_tokens,
-            prior_store,
-            batch_size,
-            device,
-            estimator,
-            reverse_template,
-        )
-    else:  # each actor builds its own teacher from the spec
-        options = reranker_options(
-            template,
-            prior_store,
-            max_doc_tokens,
-            normalize=None,
-            estimator=estimator,
-            reverse_template=reverse_template,
-        )
-        t = TeacherSpec.of(
-            teacher, model, scores_file, batch_size=batch_size, device=device, **options
-        )
+    # Each Ray actor builds its own teacher from the spec; here, it is built once, now.
+    spec = TeacherSpec.of(
+        teacher, model, scores_file, batch_size=batch_size, device=device, **options
+    )
+    t: Any = spec if ray is not None else spec.load()
     res = generate(
         source,
         t,
@@ -298,6 +235,7 @@ def train_cmd(
 
 
 @distill_app.command("run")
+@teacher_flags
 def run_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for every stage's output.")],
     train_dataset: Annotated[
@@ -312,11 +250,6 @@ def run_cmd(
     ] = None,
     teacher: TeacherOpt = "cis",
     model: TeacherModelOpt = None,
-    template: TemplateOpt = None,
-    max_doc_tokens: MaxDocOpt = None,
-    prior_store: PriorOpt = None,
-    estimator: EstimatorOpt = None,
-    reverse_template: ReverseTemplateOpt = None,
     batch_size: BatchOpt = None,
     depth: RunDepthOpt = None,
     base_model: BaseModelOpt = None,
@@ -332,9 +265,11 @@ def run_cmd(
     seed: SeedOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    **options: Any,
 ) -> None:
     """Teacher scoring -> training -> evaluation (nDCG@10, Spearman to the teacher)."""
     from cisrank.distill.pipeline import distill_run
+    from cisrank.distill.teachers import load_teacher
 
     plan = RunPlan().replace(
         train_datasets=train_dataset or None,
@@ -342,18 +277,7 @@ def run_cmd(
         eval_dataset=eval_dataset,
         depth=depth,
     )
-    t = _teacher(
-        teacher,
-        model,
-        None,
-        template,
-        max_doc_tokens,
-        prior_store,
-        batch_size,
-        device,
-        estimator,
-        reverse_template,
-    )
+    t = load_teacher(teacher, model, batch_size=batch_size, device=device, **options)
     cfg = _config(locals())
     summary = distill_run(plan, t, cfg, out, device=device, progress=not quiet)
     typer.echo(json.dumps(summary, indent=2))

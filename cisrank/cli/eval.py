@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import typer
 
@@ -17,23 +17,14 @@ from cisrank.cli.options import (
     DataDirOpt,
     DepthOpt,
     DeviceOpt,
-    EstimatorOpt,
     FirstStageOpt,
-    FuseOpt,
-    FusionOpt,
     JsonOpt,
-    MaxDocTokensOpt,
     ModelOpt,
-    NormalizeOpt,
     OutputOpt,
-    PriorStoreOpt,
-    QuantizeOpt,
     QuietOpt,
     RerankerOpt,
-    ReverseTemplateOpt,
-    TemplateOpt,
-    reranker_options,
 )
+from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
 
 eval_app = typer.Typer(
@@ -64,7 +55,7 @@ def _evaluate(
     as_json: bool,
     *,
     files: _Files | None = None,
-    reranker_options: dict | None = None,
+    options: dict[str, Any],
     first_stage: list[Path] | None = None,
 ) -> None:
     from rich.console import Console
@@ -83,9 +74,7 @@ def _evaluate(
         from cisrank.indexes.first_stage import with_first_stage
 
         dataset = with_first_stage(dataset, first_stage, depth)
-    model_obj = load_reranker(
-        reranker, model, batch_size=batch_size, device=device, **(reranker_options or {})
-    )
+    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device, **options)
     output = output or Path("out") / f"eval-{name}-{reranker}"
     result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
     if as_json:
@@ -107,6 +96,7 @@ def _evaluate(
 
 
 def _dataset_command(name: str, doc: str):
+    @reranker_flags()
     def command(
         data_dir: DataDirOpt = None,
         reranker: RerankerOpt = "none",
@@ -117,16 +107,8 @@ def _dataset_command(name: str, doc: str):
         device: DeviceOpt = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
-        template: TemplateOpt = None,
-        prior_store: PriorStoreOpt = None,
-        max_doc_tokens: MaxDocTokensOpt = None,
-        normalize: NormalizeOpt = None,
         first_stage: FirstStageOpt = None,
-        quantize: QuantizeOpt = None,
-        estimator: EstimatorOpt = None,
-        reverse_template: ReverseTemplateOpt = None,
-        fuse: FuseOpt = None,
-        fusion: FusionOpt = None,
+        **options: Any,
     ) -> None:
         _evaluate(
             name,
@@ -139,17 +121,7 @@ def _dataset_command(name: str, doc: str):
             device,
             quiet,
             as_json,
-            reranker_options=reranker_options(
-                template,
-                prior_store,
-                max_doc_tokens,
-                normalize,
-                quantize,
-                estimator,
-                reverse_template,
-                fuse,
-                fusion,
-            ),
+            options=options,
             first_stage=first_stage,
         )
 
@@ -168,6 +140,7 @@ _dataset_command(
 
 
 @eval_app.command("run")
+@reranker_flags()
 def eval_run(
     data_dir: DataDirOpt = None,
     topics: Annotated[Path | None, typer.Option(help="topics file: qid<TAB>query")] = None,
@@ -185,29 +158,10 @@ def eval_run(
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
-    template: TemplateOpt = None,
-    prior_store: PriorStoreOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = None,
-    normalize: NormalizeOpt = None,
     first_stage: FirstStageOpt = None,
-    quantize: QuantizeOpt = None,
-    estimator: EstimatorOpt = None,
-    reverse_template: ReverseTemplateOpt = None,
-    fuse: FuseOpt = None,
-    fusion: FusionOpt = None,
+    **options: Any,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
-    options = reranker_options(
-        template,
-        prior_store,
-        max_doc_tokens,
-        normalize,
-        quantize,
-        estimator,
-        reverse_template,
-        fuse,
-        fusion,
-    )
     if data_dir is None and candidates is None:
         raise CisrankError(
             "give --data-dir DIR, or --candidates FILE with --qrels FILE [--topics FILE]"
@@ -232,7 +186,7 @@ def eval_run(
         quiet,
         as_json,
         files=files,
-        reranker_options=options,
+        options=options,
         first_stage=first_stage,
     )
 

@@ -1,22 +1,24 @@
 """Options shared by several verbs (`eval`, `rerank`, `distill`, `serve`), declared once.
 
-Reranker-specific options default to None and are passed through `reranker_options`: None means
-"the reranker's own default", which lives in its config class and nowhere else.
+The reranker-specific flags are not here: `cisrank.cli.reranker_flags` generates them from the
+reranker configs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+
+from cisrank.rerank.registry import available
 
 RerankerOpt = Annotated[
     str,
     typer.Option(
         "--reranker",
         "-r",
-        help="Reranker to apply to the first-stage candidates: none, dense, ...",
+        help=f"Reranker to apply to the first-stage candidates: {', '.join(available())}.",
     ),
 ]
 ModelOpt = Annotated[
@@ -61,102 +63,6 @@ FirstStageOpt = Annotated[
         "(repeat to fuse several by RRF).",
     ),
 ]
-# Options of the CIS reranker (`--reranker cis`); rejected by rerankers they do not apply to.
-TemplateOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--template",
-        help="CIS query template: plain, qa, chat (the tokenizer's chat template), or a custom "
-        "string holding {query}.",
-    ),
-]
-EstimatorOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--estimator",
-        help="CIS: forward (log p(K|Q) - log p(K), default), reverse (log p(Q|K), no prior) or "
-        "both (their mean).",
-    ),
-]
-ReverseTemplateOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--reverse-template",
-        help="CIS reverse estimator: upr (default), chat, or a custom string holding {passage} "
-        "and ending with {query}.",
-    ),
-]
-PriorStoreOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--prior-store",
-        help="CIS: stored log p(K): a SQLite file (created if absent), a Parquet prior table "
-        "or a prior index folder (read-only), or several comma-separated (tables first, one "
-        "SQLite file last to cache the passages they lack).",
-    ),
-]
-MaxDocTokensOpt = Annotated[
-    int | None,
-    typer.Option("--max-doc-tokens", min=1, help="CIS: passage tokens kept (default 512)."),
-]
-NormalizeOpt = Annotated[
-    str | None,
-    typer.Option("--normalize", help="CIS: 'sum' of token log-probs (default) or 'mean'."),
-]
-# Option of the cross-encoder reranker (`--reranker cross-encoder`).
-QuantizeOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--quantize",
-        help="cross-encoder: 'int8' (CPU: dynamic int8 Linear layers, faster, scores move by "
-        "quantization noise) or 'none' (default).",
-    ),
-]
-
-# Options of the hybrid reranker (`--reranker hybrid`).
-FuseOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--fuse",
-        help="hybrid: components and weights, e.g. 'cis:0.5,dense:0.3,first-stage:0.2' "
-        "(--model goes to the first component taking a model).",
-    ),
-]
-FusionOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--fusion",
-        help="hybrid: 'linear' (per-query min-max normalized weighted sum, default) or 'rrf'.",
-    ),
-]
-
-
-def reranker_options(
-    template: str | None,
-    prior_store: Path | None,
-    max_doc_tokens: int | None,
-    normalize: str | None,
-    quantize: str | None = None,
-    estimator: str | None = None,
-    reverse_template: str | None = None,
-    fuse: str | None = None,
-    fusion: str | None = None,
-) -> dict[str, Any]:
-    """Reranker-specific flags (CIS, cross-encoder) as `load_reranker` keyword options; None
-    values are dropped there, and a flag the chosen reranker does not take is an error there."""
-    return {
-        "template": template,
-        "prior_store": str(prior_store) if prior_store is not None else None,
-        "max_doc_tokens": max_doc_tokens,
-        "normalize": normalize,
-        "quantize": quantize,
-        "estimator": estimator,
-        "reverse_template": reverse_template,
-        "fuse": fuse,
-        "fusion": fusion,
-    }
-
-
 # Options of the offline jobs' engine (`index build prior | dense`, `distill generate`).
 EngineOpt = Annotated[
     str,

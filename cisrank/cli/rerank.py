@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from cisrank.cli.options import (
-    BatchOpt,
-    DeviceOpt,
-    EstimatorOpt,
-    FuseOpt,
-    FusionOpt,
-    JsonOpt,
-    MaxDocTokensOpt,
-    ModelOpt,
-    NormalizeOpt,
-    PriorStoreOpt,
-    QuantizeOpt,
-    RerankerOpt,
-    ReverseTemplateOpt,
-    TemplateOpt,
-    reranker_options,
-)
+from cisrank.cli.options import BatchOpt, DeviceOpt, JsonOpt, ModelOpt, RerankerOpt
+from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.cli.tables import print_ranking
 from cisrank.errors import CisrankError
 
@@ -38,6 +23,7 @@ def _read_passages(path: Path) -> tuple[list[str], list[str]]:
     return [p.text for p in passages], [p.docid for p in passages]
 
 
+@reranker_flags()
 def rerank(
     query: Annotated[str, typer.Option("--query", help="The query.")],
     passages: Annotated[
@@ -54,15 +40,7 @@ def rerank(
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     as_json: JsonOpt = False,
-    template: TemplateOpt = None,
-    prior_store: PriorStoreOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = None,
-    normalize: NormalizeOpt = None,
-    quantize: QuantizeOpt = None,
-    estimator: EstimatorOpt = None,
-    reverse_template: ReverseTemplateOpt = None,
-    fuse: FuseOpt = None,
-    fusion: FusionOpt = None,
+    **options: Any,
 ) -> None:
     """Rank passages for one query, most relevant first."""
     from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
@@ -72,23 +50,7 @@ def rerank(
     if not query.strip():
         raise CisrankError("--query is empty")
     texts, ids = _read_passages(passages)
-    model_obj = load_reranker(
-        reranker,
-        model,
-        batch_size=batch_size,
-        device=device,
-        **reranker_options(
-            template,
-            prior_store,
-            max_doc_tokens,
-            normalize,
-            quantize,
-            estimator,
-            reverse_template,
-            fuse,
-            fusion,
-        ),
-    )
+    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device, **options)
     assert model_obj is not None  # `none` was rejected above
     ranked = model_obj.rerank(query, texts, top_n=top_n)
     if as_json:

@@ -26,11 +26,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cisrank import __version__
+from cisrank.data.shards import resume_shards
 from cisrank.distill import rows as R
 from cisrank.distill.sources import PairSource, QueryPairs
 from cisrank.distill.teachers import QueryItems, Teacher, TeacherSpec
 from cisrank.errors import CisrankError, DataError
 from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
+from cisrank.workers import WorkerOptions, run_local_shards
 
 log = logging.getLogger(__name__)
 
@@ -227,13 +229,14 @@ def generate(
     progress: bool = True,
     engine: str | None = None,
     ray: RayOptions | None = None,
+    workers: WorkerOptions | None = None,
     job_wrapper: Callable[[Any], Any] | None = None,
 ) -> GenerateResult:
     """Score every pair of `source` with `teacher` into Parquet shards under `out`.
 
     `teacher` is a loaded teacher, or a `TeacherSpec` (loaded here for the local engine; the
-    Ray engine needs a spec: each actor loads its own). `job_wrapper` wraps the Ray actors' job
-    (tests use it to count or kill actors)."""
+    Ray engine and a local pool of several `workers` need a spec: each worker loads its own).
+    `job_wrapper` wraps the Ray actors' or workers' job (tests use it to count or kill them)."""
     if shard_pairs < 1:
         raise DataError(f"--shard-pairs must be >= 1, got {shard_pairs}")
     engine = check_engine(engine)
@@ -251,10 +254,17 @@ def generate(
             described = ray_engine.describe_remote(ray_mod, job, res)
             passage_major = teacher.passage_major
         else:
-            if isinstance(teacher, TeacherSpec):
-                teacher = teacher.load()
-            described = teacher.describe()
-            passage_major = teacher.passage_major
+            pool = workers if workers is not None and workers.count > 1 else None
+            if pool is not None and not isinstance(teacher, TeacherSpec):
+                raise CisrankError("--workers builds the teacher in every worker: pass its spec")
+            spec = teacher if isinstance(teacher, TeacherSpec) else None
+            loaded = teacher.load() if isinstance(teacher, TeacherSpec) else teacher
+            described = loaded.describe()
+            passage_major = loaded.passage_major
+            if pool is not None:
+                del loaded  # each worker loads its own; the driver only writes
+            else:
+                teacher = loaded
         by = "passage" if passage_major else "query"
         identity = _identity(source, described, shard_pairs, by)
         done = _claim(out, identity, overwrite)
@@ -265,44 +275,47 @@ def generate(
             return GenerateResult(out, done, 0, n_shards)
 
         started = time.perf_counter()
-        written = reused = 0
-        todo = []
-        for i, chunk in enumerate(chunks):
-            if R.shard_rows(R.shard_path(out, i)) == _pairs(chunk):
-                reused += 1
-            else:
-                todo.append(i)
-        pending = set(todo)
-        done_pairs = sum(_pairs(chunks[i]) for i in range(n_shards) if i not in pending)
+        written = 0
+        plan = resume_shards(
+            chunks, _pairs, lambda i, pairs: R.shard_rows(R.shard_path(out, i)) == pairs
+        )
+        reused = plan.reused
         if reused:
             log.info("%s: resuming, %d of %d shards already written", out, reused, n_shards)
         with tqdm(
             total=source.num_pairs,
-            initial=done_pairs,
+            initial=plan.done_rows,
             desc=f"teacher {identity['teacher']['teacher']}"
-            + (" (ray)" if engine == "ray" else ""),
+            + (" (ray)" if engine == "ray" else "")
+            + (f" ({pool.count} workers)" if engine == "local" and pool is not None else ""),
             unit="pair",
             disable=not progress,
         ) as bar:
-            if engine == "local":
+
+            def write(shard: int, table: Any) -> None:
+                R.write_shard(R.shard_path(out, shard), table.select(R.SCHEMA.names).to_pydict())
+                bar.update(_pairs(chunks[shard]))
+
+            if engine == "local" and pool is not None:
+                assert spec is not None
+                local_job = TeacherShardJob(spec)
+                written = run_local_shards(
+                    ((i, _shard_block(i, chunk)) for i, chunk in plan.todo),
+                    job_wrapper(local_job) if job_wrapper is not None else local_job,
+                    pool,
+                    write,
+                )
+            elif engine == "local":
                 assert not isinstance(teacher, TeacherSpec)
-                for i in todo:
-                    R.write_shard(R.shard_path(out, i), _shard_columns(teacher, chunks[i]))
-                    bar.update(_pairs(chunks[i]))
+                for i, chunk in plan.todo:
+                    R.write_shard(R.shard_path(out, i), _shard_columns(teacher, chunk))
+                    bar.update(_pairs(chunk))
                     written += 1
             else:
-
-                def write(shard: int, table: Any) -> None:
-                    R.write_shard(
-                        R.shard_path(out, shard), table.select(R.SCHEMA.names).to_pydict()
-                    )
-                    bar.update(_pairs(chunks[shard]))
-
-                blocks = [_shard_block(i, chunks[i]) for i in todo]
-                expected_rows = {i: _pairs(chunks[i]) for i in todo}
+                blocks = [_shard_block(i, chunk) for i, chunk in plan.todo]
                 wrapped = job_wrapper(job) if job_wrapper is not None else job
                 written = ray_engine.run_shards(
-                    ray_mod, blocks, wrapped, options, res, expected_rows, write
+                    ray_mod, blocks, wrapped, options, res, plan.expected, write
                 )
 
     scores = R.read_rows_unchecked(out).column("score").to_numpy()

@@ -194,7 +194,7 @@ class TeacherSpec:
         """`Teacher.passage_major` of the teacher this spec builds, without building it."""
         if self.name != CIS_TEACHER:
             return False
-        from cisrank.rerank.cis import CISRerankerConfig
+        from cisrank.rerank.configs import CISRerankerConfig
 
         options = dict(self.options)
         return options.get("estimator", CISRerankerConfig().estimator) == "reverse"

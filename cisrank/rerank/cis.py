@@ -24,11 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any
 
-from pydantic import Field, field_validator
-
-from cisrank.config import ComponentConfig
 from cisrank.errors import CisrankError
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.lm.prompts import (
@@ -40,58 +37,12 @@ from cisrank.lm.prompts import (
     resolve_reverse,
 )
 from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.configs import CISRerankerConfig
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
 from cisrank.rerank.prior_table import Priors, open_prior_store
 
 TEMPLATES = FORWARD_TEMPLATES
 _MEMORY_PRIORS_MAX = 200_000
-Estimator = Literal["forward", "reverse", "both"]
-
-
-class CISRerankerConfig(ComponentConfig):
-    """Settings of the CIS reranker (CLI flags, API config file and tests build it alike)."""
-
-    label: ClassVar[str] = "CIS reranker"
-
-    model: str = "gpt2"
-    estimator: Estimator = Field(
-        default="forward",
-        description="forward: log p(K|Q) - log p(K) (prior offline); reverse: log p(Q|K) under a "
-        "passage-first template (no prior; the same CIS up to log p(Q), constant per query); "
-        "both: the mean of the two.",
-    )
-    template: str = "plain"
-    reverse_template: str = Field(
-        default="upr", description="Passage-first template of the reverse estimator."
-    )
-    max_doc_tokens: int = Field(default=512, ge=1)
-    batch_size: int | None = Field(default=None, ge=1, description="Passages per batch at most.")
-    batch_tokens: int | None = Field(default=None, ge=1, description="Padded tokens per batch.")
-    max_padding: float | None = Field(
-        default=None, ge=0.0, lt=1.0, description="Padding a row may carry (0.05 CPU, 0.25 GPU)."
-    )
-    device: str | None = None
-    dtype: str | None = None
-    prior_store: str | None = Field(
-        default=None,
-        description="Stored log p(K): a SQLite file (created if absent, caches new passages), a "
-        "Parquet prior table or a prior index folder (read-only), or several comma-separated "
-        "(tables first, one SQLite file last).",
-    )
-    normalize: Literal["sum", "mean"] = "sum"
-    padding_side: Literal["right", "left"] = "right"
-
-    @field_validator("template")
-    @classmethod
-    def _check_template(cls, v: str) -> str:
-        resolve_forward(v)
-        return v
-
-    @field_validator("reverse_template")
-    @classmethod
-    def _check_reverse_template(cls, v: str) -> str:
-        resolve_reverse(v)
-        return v
 
 
 class CISReranker(BaseReranker):
@@ -107,29 +58,21 @@ class CISReranker(BaseReranker):
     def __init__(
         self,
         model: str | None = None,
-        template: str | None = None,
-        max_doc_tokens: int | None = None,
-        batch_size: int | None = None,
-        device: str | None = None,
-        prior_store: Priors | PriorStore | str | Path | None = None,
-        normalize: str | None = None,
         *,
         config: CISRerankerConfig | None = None,
         engine: CausalLMEngine | None = None,
-        **overrides,
+        prior_store: Priors | PriorStore | str | Path | None = None,
+        **options: Any,
     ) -> None:
+        """`options` are `CISRerankerConfig` fields. Two resources may be handed in instead of
+        built: `engine`, an already loaded LM (several rerankers then share one model), and
+        `prior_store` as an open store object rather than the config's path (a job that fills
+        the store keeps it open)."""
         store_obj = None if isinstance(prior_store, (str, Path)) else prior_store
-        changes = dict(
-            model=model,
-            template=template,
-            max_doc_tokens=max_doc_tokens,
-            batch_size=batch_size,
-            device=device,
-            prior_store=None if prior_store is None or store_obj else str(prior_store),
-            normalize=normalize,
-            **overrides,
+        path = None if prior_store is None or store_obj is not None else str(prior_store)
+        self.config = (config or CISRerankerConfig()).replace(
+            model=model, prior_store=path, **options
         )
-        self.config = (config or CISRerankerConfig()).replace(**changes)
         self.engine = engine or CausalLMEngine(
             self.config.model,
             device=self.config.device,

@@ -29,54 +29,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from cisrank.config import ComponentConfig
 from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
 from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.configs import CPU_BATCH_SIZE, GPU_BATCH_SIZE, CrossEncoderRerankerConfig
 
-CPU_BATCH_SIZE = 8
-GPU_BATCH_SIZE = 128
 _UNSET_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
-
-
-class CrossEncoderRerankerConfig(ComponentConfig):
-    """Settings of the cross-encoder reranker (CLI flags, API config file and tests alike)."""
-
-    label: ClassVar[str] = "cross-encoder"
-
-    model: str | None = Field(
-        default=None,
-        description="CrossEncoder folder (e.g. the output of distillation training) or hub id.",
-    )
-    batch_size: int | None = Field(
-        default=None,
-        ge=1,
-        description=f"Pairs per model batch; {CPU_BATCH_SIZE} on CPU (less padding), "
-        f"{GPU_BATCH_SIZE} on GPU when unset.",
-    )
-    max_length: int | None = Field(
-        default=None,
-        ge=2,
-        description="Tokens per (query, passage) pair, truncated longest-first; the model's own "
-        "limit when unset.",
-    )
-    device: str | None = None
-    dtype: str | None = Field(
-        default=None,
-        description="float32, bfloat16 or float16; auto: bf16 on GPU (fp16 without bf16 support) "
-        "and on CPUs with native bf16 (AVX512-BF16, AMX), float32 on other CPUs and with int8.",
-    )
-    quantize: Literal["none", "int8"] = Field(
-        default="none",
-        description="int8: dynamic int8 quantization of the encoder's Linear layers (CPU only).",
-    )
 
 
 def _cpu_probe(name: str) -> bool:
@@ -224,8 +188,15 @@ class CrossEncoderReranker(BaseReranker):
 
     name = "cross-encoder"
 
-    def __init__(self, config: CrossEncoderRerankerConfig | None = None, **overrides: Any) -> None:
-        self.config = (config or CrossEncoderRerankerConfig()).replace(**overrides)
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: CrossEncoderRerankerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        """`options` are `CrossEncoderRerankerConfig` fields."""
+        self.config = (config or CrossEncoderRerankerConfig()).replace(model=model, **options)
         if not self.config.model:
             raise CisrankError(
                 "the cross-encoder reranker needs a model: pass --model with the folder written "
@@ -249,15 +220,15 @@ class CrossEncoderReranker(BaseReranker):
 
         self.encoder = load_cross_encoder(self.config.model, self.device, self.config.max_length)
         self.tokenizer = self.encoder.tokenizer
-        model = self.encoder.model.eval()
+        net = self.encoder.model.eval()
         if self.dtype != torch.float32:
-            model = model.to(dtype=self.dtype)
-            keep_head_float32(model)
+            net = net.to(dtype=self.dtype)
+            keep_head_float32(net)
         if self.config.quantize == "int8":
-            model = quantize_int8(model)
-        self.model = model
+            net = quantize_int8(net)
+        self.model = net
         self.max_length = self.config.max_length or self._model_max_length()
-        positions = getattr(model.config, "max_position_embeddings", None)
+        positions = getattr(net.config, "max_position_embeddings", None)
         if self.config.max_length and positions and self.config.max_length > positions:
             raise CisrankError(
                 f"max_length {self.config.max_length} is over the {positions} positions of "

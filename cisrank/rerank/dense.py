@@ -7,42 +7,24 @@ Contriever (sentence-transformers then adds mean pooling, which is exactly Contr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
-from cisrank.config import ComponentConfig
 from cisrank.models.encoders import load_sentence_transformer
 from cisrank.rerank.base import BaseReranker
-
-
-class DenseRerankerConfig(ComponentConfig):
-    """A sentence-transformers bi-encoder scored by cosine of normalized embeddings."""
-
-    label: ClassVar[str] = "dense reranker"
-
-    model: str = "all-MiniLM-L6-v2"
-    batch_size: int | None = Field(
-        default=None,
-        ge=1,
-        description="Texts per encoder batch; 16 on CPU (less padding: 1.2x faster than 32 on "
-        "DL19 passages, see bench/RESULTS.md), 128 on GPU when unset.",
-    )
-    device: str | None = None
-    max_seq_length: int | None = Field(
-        default=None, ge=1, description="Token limit; the model's own (256 for MiniLM) when unset."
-    )
-    query_prefix: str = ""
-    passage_prefix: str = ""
+from cisrank.rerank.configs import DenseRerankerConfig
 
 
 class DenseReranker(BaseReranker):
     name = "dense"
 
-    def __init__(self, config: DenseRerankerConfig | None = None, **overrides) -> None:
-        self.config = (config or DenseRerankerConfig()).replace(**overrides)
+    def __init__(
+        self, model: str | None = None, *, config: DenseRerankerConfig | None = None, **options: Any
+    ) -> None:
+        """`options` are `DenseRerankerConfig` fields."""
+        self.config = (config or DenseRerankerConfig()).replace(model=model, **options)
         self.model_name = self.config.model
         self.encoder = load_sentence_transformer(
             self.config.model, self.config.device, self.config.max_seq_length

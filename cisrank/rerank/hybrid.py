@@ -14,66 +14,35 @@ order in `cisrank eval` and whatever order a `/v1/rerank` client sends).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from pydantic import Field, field_validator
-
-from cisrank.config import ComponentConfig
-from cisrank.data.fusion import RRF_K, fuse, parse_weights
+from cisrank.data.fusion import fuse, parse_weights
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import BaseReranker, IdentityReranker, Request, Reranker
+from cisrank.rerank.configs import HybridRerankerConfig
 
 FIRST_STAGE = "first-stage"
 
 
-class HybridRerankerConfig(ComponentConfig):
-    """Which scorers are fused, with which weights and method."""
+class Parts(Protocol):
+    """What the hybrid needs to build the rerankers it fuses: the registry, handed in by
+    `load_reranker("hybrid", ...)`. Handed in, not imported, because the registry imports this
+    module."""
 
-    label: ClassVar[str] = "hybrid reranker"
+    def fields(self, kind: str) -> frozenset[str]:
+        """The options reranker `kind` takes; an `UnknownRerankerError` if there is no such kind."""
+        ...
 
-    fuse: str = Field(
-        default="cis:0.5,dense:0.5",
-        description="Components and weights, 'KIND:W,...': reranker kinds (cis, dense, "
-        "cross-encoder) and first-stage (the input order). --model goes to the first component "
-        "that takes a model.",
-    )
-    fusion: Literal["linear", "rrf"] = Field(
-        default="linear",
-        description="linear: weighted sum of per-query normalized scores; rrf: sum of w/(k+rank).",
-    )
-    fusion_normalize: Literal["minmax", "zscore"] = Field(
-        default="minmax", description="Per-query normalization of linear fusion."
-    )
-    rrf_k: float = Field(default=RRF_K, ge=0.0, description="RRF's k.")
-    models: dict[str, str] = Field(
-        default_factory=dict,
-        description="Model per component kind, for components other than the one --model names.",
-    )
-
-    @field_validator("fuse")
-    @classmethod
-    def _check_fuse(cls, v: str) -> str:
-        try:
-            parse_weights(v)
-        except ValueError as exc:
-            raise ValueError(f"--fuse: {exc}") from None
-        return v
-
-
-def _route(kind: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The options a component's config declares, so `--estimator` reaches CIS and not dense."""
-    from cisrank.rerank.registry import config_fields
-
-    fields = config_fields(kind)
-    return {k: v for k, v in options.items() if k in fields}
+    def load(self, kind: str, model: str | None, options: Mapping[str, Any]) -> Reranker: ...
 
 
 class HybridReranker(BaseReranker):
     """Scores each request with every component, then fuses per request (= per query).
 
     Example:
-        HybridReranker(model="smollm2-135m-instruct", fuse="cis:0.6,dense:0.4", estimator="reverse")
+        load_reranker("hybrid", "smollm2-135m-instruct", fuse="cis:0.6,dense:0.4",
+                      estimator="reverse")
     """
 
     name = "hybrid"
@@ -81,28 +50,40 @@ class HybridReranker(BaseReranker):
     def __init__(
         self,
         model: str | None = None,
+        *,
         config: HybridRerankerConfig | None = None,
-        components: dict[str, Reranker] | None = None,
+        components: Mapping[str, Reranker] | None = None,
+        parts: Parts | None = None,
         **options: Any,
     ) -> None:
-        from cisrank.rerank.registry import check_name, config_fields, load_reranker
-
+        """`options` are `HybridRerankerConfig` fields and the options of the fused kinds, each
+        routed to the kinds whose configs declare it. The fused rerankers are `components` where
+        given (by kind), else built by `parts` with `model` going to the first that takes one."""
         own = {k: options.pop(k) for k in list(options) if k in HybridRerankerConfig.model_fields}
         self.config = (config or HybridRerankerConfig()).replace(**own)
         self.weights = parse_weights(self.config.fuse)
         kinds = [k for k in self.weights if k != FIRST_STAGE]
+        given = dict(components or {})
+        fields: dict[str, frozenset[str]] = {}
         for kind in kinds:
             if kind == self.name:
                 raise CisrankError("--fuse: a hybrid reranker cannot contain itself")
-            check_name(kind)
-        claimed = set().union(*(config_fields(k) for k in kinds)) if kinds else set()
-        stray = sorted(set(options) - claimed)
+            if parts is not None:
+                fields[kind] = parts.fields(kind)
+        if parts is None:
+            missing = [k for k in kinds if k not in given]
+            if missing or options:
+                what = f"no reranker for {', '.join(missing)}" if missing else "options given"
+                raise CisrankError(
+                    f"hybrid: {what}, and nothing to build the fused rerankers with: pass "
+                    "components=, or build it with load_reranker('hybrid', ...)"
+                )
+        stray = sorted(set(options) - frozenset().union(*fields.values()))
         if stray:
             raise CisrankError(
                 f"option(s) {', '.join(stray)} belong to none of the fused rerankers "
                 f"({', '.join(kinds) or 'first-stage only'})"
             )
-        given = dict(components or {})
         self.components: dict[str, Reranker] = {}
         model_left = model
         for kind in self.weights:
@@ -111,10 +92,12 @@ class HybridReranker(BaseReranker):
             elif kind == FIRST_STAGE:
                 self.components[kind] = IdentityReranker()
             else:
+                assert parts is not None  # checked above: without parts, nothing is missing
                 own_model = self.config.models.get(kind)
                 if own_model is None and model_left is not None:
                     own_model, model_left = model_left, None
-                self.components[kind] = load_reranker(kind, own_model, **_route(kind, options))
+                routed = {k: v for k, v in options.items() if k in fields[kind]}
+                self.components[kind] = parts.load(kind, own_model, routed)
         if model_left is not None:
             raise CisrankError(
                 f"--model {model_left}: no fused component takes a model ({self.config.fuse})"

@@ -1,103 +1,184 @@
-"""Rerankers by name, so the CLI, the API config and eval build them the same way.
+"""Rerankers by name, one `RerankerKind` record each, so the CLI, the API config and eval build
+them the same way.
 
-Each entry imports its implementation lazily: `cisrank eval --reranker none` must not pay for torch
-model imports, and optional backends must fail with the extra to install, not at import time.
+A record's config class is imported with the registry (configs hold no model code), so options are
+checked, and the CLI's flags built, before a model library loads; its reranker class is imported
+only when one is built (`load_class`), so `cisrank eval --reranker none` never imports torch and an
+optional backend fails with the extra to install, not at import time.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
+from cisrank.config import ComponentConfig
 from cisrank.errors import CisrankError, UnknownRerankerError
 from cisrank.rerank.base import IdentityReranker, Reranker
+from cisrank.rerank.configs import (
+    CISRerankerConfig,
+    CrossEncoderRerankerConfig,
+    DenseRerankerConfig,
+    HybridRerankerConfig,
+)
 
-_CONFIGS: dict[str, tuple[str, str]] = {
-    "dense": ("cisrank.rerank.dense", "DenseRerankerConfig"),
-    "cis": ("cisrank.rerank.cis", "CISRerankerConfig"),
-    "cross-encoder": ("cisrank.rerank.cross_encoder", "CrossEncoderRerankerConfig"),
-    "hybrid": ("cisrank.rerank.hybrid", "HybridRerankerConfig"),
-}
-
-
-def config_fields(name: str) -> set[str]:
-    """The options reranker kind `name` takes (its config's fields)."""
-    module, attr = _CONFIGS[name]
-    return set(getattr(importlib.import_module(module), attr).model_fields)
+ConfigT = TypeVar("ConfigT", bound=ComponentConfig)
+ConfigT_contra = TypeVar("ConfigT_contra", bound=ComponentConfig, contravariant=True)
 
 
-def _check_options(name: str, options: dict[str, Any]) -> None:
-    """Reject the flags of another reranker by their flag names (`--template` given to dense),
-    saying whose they are: the CLI passes every reranker-specific flag to whichever is chosen."""
-    unknown = sorted(set(options) - config_fields(name))
-    if not unknown:
-        return
-    flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-    owner = next(
-        (n for n in _CONFIGS if n not in (name, "hybrid") and set(unknown) <= config_fields(n)),
-        None,
-    )
-    whose = f"option(s) of the {owner} reranker, not of {name}" if owner else "not options"
-    valid = ", ".join(sorted(config_fields(name)))
-    raise CisrankError(f"{flags}: {whose}; drop them ({name} takes {valid})")
+class RerankerClass(Protocol[ConfigT_contra]):
+    """The one constructor shape of every reranker: `XReranker(model, *, config=None, **options)`,
+    the options being the config's fields. Kinds may take more keyword-only resources (CIS a loaded
+    `engine` and an open `prior_store`, the hybrid its `components` and `parts`)."""
+
+    def __call__(
+        self, model: str | None = None, *, config: ConfigT_contra | None = None, **options: Any
+    ) -> Reranker: ...
 
 
-def _dense(model: str | None, **options: Any) -> Reranker:
+@dataclass(frozen=True)
+class RerankerKind(Generic[ConfigT]):
+    """What cisrank knows about one kind of reranker. A new kind is its config in `configs`, its
+    class and one record here: the CLI's flags, option checks and served names follow from them."""
+
+    name: str
+    summary: str
+    """A few words, for the CLI's help (short enough for an 80-column panel title)."""
+    config: type[ConfigT]
+    load_class: Callable[[], RerankerClass[ConfigT]]
+    """Imports the reranker class (a static import inside a function, which import-linter sees)."""
+    fuses: bool = False
+    """Its options are its own and those of the kinds it fuses, which it routes itself: it gets
+    the registry as `parts` to build them, and its options are not checked here."""
+
+    @property
+    def fields(self) -> frozenset[str]:
+        return frozenset(self.config.model_fields)
+
+    def build(self, model: str | None, options: Mapping[str, Any]) -> Reranker:
+        if self.fuses:
+            return self.load_class()(model, parts=_PARTS, **options)
+        _check_options(self, options)
+        return self.load_class()(model, **options)
+
+
+def _dense() -> RerankerClass[DenseRerankerConfig]:
     from cisrank.rerank.dense import DenseReranker
 
-    _check_options("dense", options)
-    return DenseReranker(model=model, **options)
+    return DenseReranker
 
 
-def _cis(model: str | None, **options: Any) -> Reranker:
+def _cis() -> RerankerClass[CISRerankerConfig]:
     from cisrank.rerank.cis import CISReranker
 
-    _check_options("cis", options)
-    return CISReranker(model=model, **options)
+    return CISReranker
 
 
-def _cross_encoder(model: str | None, **options: Any) -> Reranker:
+def _cross_encoder() -> RerankerClass[CrossEncoderRerankerConfig]:
     from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
-    _check_options("cross-encoder", options)
-    return CrossEncoderReranker(model=model, **options)
+    return CrossEncoderReranker
 
 
-def _hybrid(model: str | None, **options: Any) -> Reranker:
-    """Options are the hybrid's own plus those of its components, which it routes and checks."""
+def _hybrid() -> RerankerClass[HybridRerankerConfig]:
     from cisrank.rerank.hybrid import HybridReranker
 
-    return HybridReranker(model=model, **options)
+    return HybridReranker
 
 
-_FACTORIES: dict[str, Callable[..., Reranker]] = {
-    "dense": _dense,
-    "cis": _cis,
-    "cross-encoder": _cross_encoder,
-    "hybrid": _hybrid,
+KINDS: dict[str, RerankerKind[Any]] = {
+    k.name: k
+    for k in (
+        RerankerKind(
+            "cis",
+            "causal relevance, log p(K|Q) - log p(K) under a causal LM",
+            CISRerankerConfig,
+            _cis,
+        ),
+        RerankerKind(
+            "cross-encoder",
+            "one logit per (query, passage) pair",
+            CrossEncoderRerankerConfig,
+            _cross_encoder,
+        ),
+        RerankerKind(
+            "dense",
+            "cosine of bi-encoder embeddings",
+            DenseRerankerConfig,
+            _dense,
+        ),
+        RerankerKind(
+            "hybrid",
+            "per-query fusion of rerankers and the first stage",
+            HybridRerankerConfig,
+            _hybrid,
+            fuses=True,
+        ),
+    )
 }
+"""Every reranker kind, in the one place that lists them."""
 
 NO_RERANKER = "none"
 
 
 def available() -> list[str]:
-    return [NO_RERANKER, *sorted(_FACTORIES)]
+    return [NO_RERANKER, *sorted(KINDS)]
 
 
 def check_name(name: str) -> str:
-    if name != NO_RERANKER and name not in _FACTORIES:
+    if name != NO_RERANKER and name not in KINDS:
         raise UnknownRerankerError(
             f"unknown reranker '{name}': choose one of {', '.join(available())}"
         )
     return name
 
 
+def config_fields(name: str) -> frozenset[str]:
+    """The options reranker kind `name` takes (its config's fields; `none` takes none)."""
+    if check_name(name) == NO_RERANKER:
+        return frozenset()
+    return KINDS[name].fields
+
+
+def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
+    """Reject the flags of another reranker by their flag names (`--template` given to dense),
+    saying whose they are: the CLI passes every reranker-specific flag to whichever is chosen."""
+    unknown = sorted(set(options) - kind.fields)
+    if not unknown:
+        return
+    flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+    owner = next(
+        (
+            k.name
+            for k in KINDS.values()
+            if k is not kind and not k.fuses and set(unknown) <= k.fields
+        ),
+        None,
+    )
+    whose = f"option(s) of the {owner} reranker, not of {kind.name}" if owner else "not options"
+    valid = ", ".join(sorted(kind.fields))
+    raise CisrankError(f"{flags}: {whose}; drop them ({kind.name} takes {valid})")
+
+
 def load_reranker(name: str, model: str | None = None, **options: Any) -> Reranker:
     """Build the named reranker; `none` gives the `IdentityReranker` (keep the input order),
-    which takes no model and ignores the options the CLI passes to every reranker."""
+    which takes no model and ignores the options the CLI passes to every reranker. Options that
+    are None mean "the config's default" and are dropped, as the CLI passes every flag."""
     check_name(name)
     if name == NO_RERANKER:
         return IdentityReranker()
-    options = {k: v for k, v in options.items() if v is not None}
-    return _FACTORIES[name](model, **options)
+    return KINDS[name].build(model, {k: v for k, v in options.items() if v is not None})
+
+
+class _Parts:
+    """The registry as a fusing reranker sees it (`hybrid.Parts`)."""
+
+    def fields(self, kind: str) -> frozenset[str]:
+        return config_fields(kind)
+
+    def load(self, kind: str, model: str | None, options: Mapping[str, Any]) -> Reranker:
+        return load_reranker(kind, model, **options)
+
+
+_PARTS = _Parts()

@@ -12,12 +12,8 @@ from cisrank import testing
 from cisrank.data.types import rank_order
 from cisrank.errors import CisrankError, ModelNotFoundError
 from cisrank.rerank import Reranker, load_reranker
-from cisrank.rerank.cross_encoder import (
-    CPU_BATCH_SIZE,
-    CrossEncoderReranker,
-    CrossEncoderRerankerConfig,
-    cpu_has_native_bf16,
-)
+from cisrank.rerank.configs import CPU_BATCH_SIZE, CrossEncoderRerankerConfig
+from cisrank.rerank.cross_encoder import CrossEncoderReranker, cpu_has_native_bf16
 
 needs_fbgemm = pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines,

@@ -1,0 +1,133 @@
+"""The reranker flags of every verb, generated from the reranker configs' `Flag()` fields.
+
+A verb takes `**options` and is decorated with `@reranker_flags(...)`; the decorator puts one
+keyword-only `--flag` parameter per marked config field in the signature typer reads, with the
+field's description and default as its help, under a panel per reranker kind. The flags arrive in
+`options`, None when left out, and go to `load_reranker` (directly or through a teacher) as they
+are: there the chosen kind builds its config from them, drops the None ones (its defaults), and
+names the owner of a flag that belongs to another kind. So a flag, its help and its default are
+declared once, in `cisrank.rerank.configs`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin
+
+import typer
+from pydantic.fields import FieldInfo
+
+from cisrank.cli.defaults import field_help
+from cisrank.config import ComponentConfig, Flag
+from cisrank.rerank.registry import KINDS
+
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+@dataclass(frozen=True)
+class RerankerFlag:
+    """One generated flag: a config field of one or more reranker kinds."""
+
+    field: str
+    kinds: tuple[str, ...]
+    config: type[ComponentConfig]
+    """The first kind's config, whose description and default the help shows."""
+    path: bool
+
+    @property
+    def name(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    def panel(self, role: str) -> str:
+        """Flags grouped by the kind that takes them, so the help says whose each flag is."""
+        if len(self.kinds) > 1:
+            return f"--{role} {' | '.join(self.kinds)}"
+        return f"--{role} {self.kinds[0]}: {KINDS[self.kinds[0]].summary}"
+
+    def parameter(self, role: str) -> inspect.Parameter:
+        info = self.config.model_fields[self.field]
+        # Field(ge=..., le=...) as typer's min and max: out of range is the usage error it was.
+        bounds = {
+            flag: next((getattr(m, bound) for m in info.metadata if hasattr(m, bound)), None)
+            for flag, bound in (("min", "ge"), ("max", "le"))
+        }
+        option = typer.Option(
+            self.name,
+            help=field_help(self.config, self.field),
+            rich_help_panel=self.panel(role),
+            # A path is parsed as one (as typer always did) and handed on as the string the
+            # config holds.
+            callback=_path_string if self.path else None,
+            **{k: v for k, v in bounds.items() if v is not None},
+        )
+        cli_type = Path if self.path else _cli_type(info)
+        return inspect.Parameter(
+            self.field,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[cli_type | None, option],
+        )
+
+
+def _path_string(value: Path | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _cli_type(info: FieldInfo) -> type:
+    """The flag's type: the field's, less None; a Literal's values are checked by the config,
+    with its one-line error, so the flag reads text."""
+    annotation = info.annotation
+    if get_origin(annotation) in (Union, UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is Literal:
+        annotation = type(get_args(annotation)[0])
+    if annotation not in (str, int, float):
+        raise TypeError(f"no flag for a {annotation} field: mark only str, int or float fields")
+    return cast(type, annotation)
+
+
+def flags_of(kinds: Sequence[str] | None = None, omit: Collection[str] = ()) -> list[RerankerFlag]:
+    """The flags of the given reranker kinds (all by default), in table and field order; a
+    field several kinds mark is one flag."""
+    found: dict[str, RerankerFlag] = {}
+    for kind in KINDS.values():
+        if kinds is not None and kind.name not in kinds:
+            continue
+        for field, info in kind.config.model_fields.items():
+            marks = [m for m in info.metadata if isinstance(m, Flag)]
+            if not marks or field in omit:
+                continue
+            if field in found:
+                seen = found[field]
+                if seen.config.model_fields[field].annotation != info.annotation:
+                    raise TypeError(f"{field}: one flag for fields of different types")
+                found[field] = RerankerFlag(field, (*seen.kinds, kind.name), seen.config, seen.path)
+            else:
+                found[field] = RerankerFlag(field, (kind.name,), kind.config, marks[0].path)
+    return list(found.values())
+
+
+def reranker_flags(
+    *, role: str = "reranker", kinds: Sequence[str] | None = None, omit: Collection[str] = ()
+) -> Callable[[Command], Command]:
+    """Give a command taking `**options` one flag per `Flag()` field of the `kinds` (all kinds
+    by default) except `omit`; `role` names the option that picks the kind (`--teacher cis`)."""
+    flags = flags_of(kinds, omit)
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        params = list(signature.parameters.values())
+        if not params or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+            raise TypeError(f"{command.__name__} takes no **options for its reranker flags")
+        clash = {f.field for f in flags} & set(signature.parameters)
+        if clash:
+            raise TypeError(f"{command.__name__} already has {', '.join(sorted(clash))}")
+        generated = [flag.parameter(role) for flag in flags]
+        cast(Any, command).__signature__ = signature.replace(parameters=[*params[:-1], *generated])
+        return command
+
+    return decorate

@@ -1,0 +1,168 @@
+"""The settings of every reranker kind, one `ComponentConfig` each, apart from the model code.
+
+Kept here rather than beside each reranker because the CLI builds its reranker flags from these
+fields at start-up and the registry checks options against them before any model loads: neither
+may import torch (`cisrank eval --reranker none` never does). The fields marked `Flag()` are the
+reranker flags of `eval`, `rerank` and `distill`; the others come from a config file or code.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from cisrank.config import ComponentConfig, Flag
+from cisrank.data.fusion import RRF_K, parse_weights
+from cisrank.lm.prompts import resolve_forward, resolve_reverse
+
+Estimator = Literal["forward", "reverse", "both"]
+
+CPU_BATCH_SIZE = 8
+GPU_BATCH_SIZE = 128
+"""Cross-encoder pairs per model batch when unset: small on CPU (less padding), large on GPU."""
+
+
+class DenseRerankerConfig(ComponentConfig):
+    """A sentence-transformers bi-encoder scored by cosine of normalized embeddings."""
+
+    label: ClassVar[str] = "dense reranker"
+
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Texts per encoder batch; 16 on CPU (less padding: 1.2x faster than 32 on "
+        "DL19 passages, see bench/RESULTS.md), 128 on GPU when unset.",
+    )
+    device: str | None = None
+    max_seq_length: int | None = Field(
+        default=None, ge=1, description="Token limit; the model's own (256 for MiniLM) when unset."
+    )
+    query_prefix: str = ""
+    passage_prefix: str = ""
+
+
+class CISRerankerConfig(ComponentConfig):
+    """Settings of the CIS reranker (CLI flags, API config file and tests build it alike)."""
+
+    label: ClassVar[str] = "CIS reranker"
+
+    model: str = "gpt2"
+    estimator: Annotated[Estimator, Flag()] = Field(
+        default="forward",
+        description="forward: log p(K|Q) - log p(K) (prior offline); reverse: log p(Q|K) under a "
+        "passage-first template (no prior; the same CIS up to log p(Q), constant per query); "
+        "both: the mean of the two.",
+    )
+    template: Annotated[str, Flag()] = Field(
+        default="plain",
+        description="Query template: plain, qa, chat (the tokenizer's chat template), or a "
+        "custom string holding {query}.",
+    )
+    reverse_template: Annotated[str, Flag()] = Field(
+        default="upr",
+        description="Passage-first template of the reverse estimator: upr, chat, or a custom "
+        "string holding {passage} and ending with {query}.",
+    )
+    max_doc_tokens: Annotated[int, Flag()] = Field(
+        default=512, ge=1, description="Passage tokens kept."
+    )
+    batch_size: int | None = Field(default=None, ge=1, description="Passages per batch at most.")
+    batch_tokens: int | None = Field(default=None, ge=1, description="Padded tokens per batch.")
+    max_padding: float | None = Field(
+        default=None, ge=0.0, lt=1.0, description="Padding a row may carry (0.05 CPU, 0.25 GPU)."
+    )
+    device: str | None = None
+    dtype: str | None = None
+    prior_store: Annotated[str | None, Flag(path=True)] = Field(
+        default=None,
+        description="Stored log p(K): a SQLite file (created if absent, caches new passages), a "
+        "Parquet prior table or a prior index folder (read-only), or several comma-separated "
+        "(tables first, one SQLite file last).",
+    )
+    normalize: Annotated[Literal["sum", "mean"], Flag()] = Field(
+        default="sum",
+        description="'sum' of the passage's token log-probabilities, or their 'mean'.",
+    )
+    padding_side: Literal["right", "left"] = "right"
+
+    @field_validator("template")
+    @classmethod
+    def _check_template(cls, v: str) -> str:
+        resolve_forward(v)
+        return v
+
+    @field_validator("reverse_template")
+    @classmethod
+    def _check_reverse_template(cls, v: str) -> str:
+        resolve_reverse(v)
+        return v
+
+
+class CrossEncoderRerankerConfig(ComponentConfig):
+    """Settings of the cross-encoder reranker (CLI flags, API config file and tests alike)."""
+
+    label: ClassVar[str] = "cross-encoder"
+
+    model: str | None = Field(
+        default=None,
+        description="CrossEncoder folder (e.g. the output of distillation training) or hub id.",
+    )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description=f"Pairs per model batch; {CPU_BATCH_SIZE} on CPU (less padding), "
+        f"{GPU_BATCH_SIZE} on GPU when unset.",
+    )
+    max_length: int | None = Field(
+        default=None,
+        ge=2,
+        description="Tokens per (query, passage) pair, truncated longest-first; the model's own "
+        "limit when unset.",
+    )
+    device: str | None = None
+    dtype: str | None = Field(
+        default=None,
+        description="float32, bfloat16 or float16; auto: bf16 on GPU (fp16 without bf16 support) "
+        "and on CPUs with native bf16 (AVX512-BF16, AMX), float32 on other CPUs and with int8.",
+    )
+    quantize: Annotated[Literal["none", "int8"], Flag()] = Field(
+        default="none",
+        description="int8: dynamic int8 quantization of the encoder's Linear layers (CPU only; "
+        "faster, scores move by quantization noise).",
+    )
+
+
+class HybridRerankerConfig(ComponentConfig):
+    """Which scorers are fused, with which weights and method."""
+
+    label: ClassVar[str] = "hybrid reranker"
+
+    fuse: Annotated[str, Flag()] = Field(
+        default="cis:0.5,dense:0.5",
+        description="Components and weights, 'KIND:W,...': reranker kinds (cis, dense, "
+        "cross-encoder) and first-stage (the input order). --model goes to the first component "
+        "that takes a model.",
+    )
+    fusion: Annotated[Literal["linear", "rrf"], Flag()] = Field(
+        default="linear",
+        description="linear: weighted sum of per-query normalized scores; rrf: sum of w/(k+rank).",
+    )
+    fusion_normalize: Literal["minmax", "zscore"] = Field(
+        default="minmax", description="Per-query normalization of linear fusion."
+    )
+    rrf_k: float = Field(default=RRF_K, ge=0.0, description="RRF's k.")
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model per component kind, for components other than the one --model names.",
+    )
+
+    @field_validator("fuse")
+    @classmethod
+    def _check_fuse(cls, v: str) -> str:
+        try:
+            parse_weights(v)
+        except ValueError as exc:
+            raise ValueError(f"--fuse: {exc}") from None
+        return v
