@@ -17,7 +17,7 @@ from cisrank.config import ComponentConfig
 from cisrank.errors import DataError
 
 Normalize = Literal["none", "query"]
-Loss = Literal["mse", "margin-mse"]
+Loss = Literal["mse", "margin-mse", "listwise"]
 
 
 class TrainConfig(ComponentConfig):
@@ -42,7 +42,32 @@ class TrainConfig(ComponentConfig):
         default="query",
         description="'query': standardize teacher scores per query; 'none': raw.",
     )
-    loss: Loss = Field(default="mse", description="mse or margin-mse.")
+    loss: Loss = Field(
+        default="mse",
+        description="mse (each pair's label), margin-mse (each pair of a query's passages: the "
+        "difference of their labels) or listwise (each query's list: softmax cross-entropy "
+        "between the teacher's and the student's distributions over it, ListNet).",
+    )
+    list_depth: int | None = Field(
+        default=None,
+        ge=2,
+        description="Each query's first N passages by first-stage rank (all when unset).",
+    )
+    temperature: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="listwise: the teacher's (normalized) scores are divided by it before the "
+        "softmax; below 1 sharpens the target towards the teacher's top passages.",
+    )
+    teacher_fuse: str | None = Field(
+        default=None,
+        description="With teacher sets: the components and weights of the labels, "
+        "'cis:1,dense:0.5' (per-query normalized and summed; the first component alone when "
+        "unset).",
+    )
+    teacher_fusion: Literal["zscore", "minmax"] = Field(
+        default="zscore", description="Per-query normalization of the fused components."
+    )
     warmup_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
     weight_decay: float = Field(default=0.01, ge=0.0)
     eval_steps: int | None = Field(

@@ -46,7 +46,11 @@ class Examples:
     columns: dict[str, list[Any]]
 
     def __len__(self) -> int:
-        return len(self.columns["label"])
+        return len(self.columns["labels" if "labels" in self.columns else "label"])
+
+    @property
+    def listwise(self) -> bool:
+        return "docs" in self.columns
 
     def text_lengths(self) -> list[int]:
         texts = [v for k, v in self.columns.items() if k != "label"]
@@ -56,19 +60,73 @@ class Examples:
 
 def load_teacher_rows(folders: Sequence[str | Path]) -> list[dict[str, Any]]:
     """Per query (namespaced by folder, so equal qids of two sources never merge): its text,
-    passages and teacher scores."""
-    if not folders:
-        raise DataError("give at least one --data folder (a distill generate output)")
+    passages, first-stage ranks and teacher scores, in first-stage order."""
     queries: dict[str, dict[str, Any]] = {}
     for n, folder in enumerate(folders):
-        table = R.read_rows(folder).select(["qid", "query", "passage", "score"]).to_pydict()
-        for qid, query, passage, score in zip(
-            table["qid"], table["query"], table["passage"], table["score"], strict=True
+        table = R.read_rows(folder).select(["qid", "query", "passage", "rank", "score"])
+        rows = table.to_pydict()
+        for qid, query, passage, rank, score in zip(
+            rows["qid"], rows["query"], rows["passage"], rows["rank"], rows["score"], strict=True
         ):
-            q = queries.setdefault(f"{n}:{qid}", {"query": query, "passages": [], "scores": []})
+            q = queries.setdefault(
+                f"{n}:{qid}", {"query": query, "passages": [], "ranks": [], "scores": []}
+            )
             q["passages"].append(passage)
+            q["ranks"].append(int(rank))
             q["scores"].append(float(score))
-    return list(queries.values())
+    return [_by_rank(q) for q in queries.values()]
+
+
+def load_teacher_sets(
+    paths: Sequence[str | Path],
+    fuse_spec: str | None = None,
+    fusion: str = "zscore",
+    pool: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Per query of committed teacher sets (`distill.teacher_set`): text joined back by id, and
+    labels fused from the named components (per-query normalized, weighted sum; the first
+    component alone when `fuse_spec` is None)."""
+    from cisrank.data.fusion import fuse, parse_weights
+    from cisrank.distill import teacher_set as TS
+
+    queries: list[dict[str, Any]] = []
+    for path in paths:
+        ts = TS.load(path)
+        weights = parse_weights(fuse_spec) if fuse_spec else {ts.components[0]: 1.0}
+        unknown = sorted(set(weights) - set(ts.components))
+        if unknown:
+            raise DataError(
+                f"teacher set '{path}' has no component {', '.join(unknown)} "
+                f"(it has {', '.join(ts.components)})"
+            )
+        for q in TS.attach_text(ts, TS.texts_of(ts, pool), list(weights)):
+            parts = [q["components"][name] for name in weights]
+            labels = (
+                parts[0]
+                if len(parts) == 1
+                else fuse(parts, list(weights.values()), "linear", fusion)
+            )
+            queries.append(
+                {
+                    "query": q["query"],
+                    "passages": q["passages"],
+                    "ranks": q["ranks"],
+                    "scores": labels,
+                }
+            )
+    return queries
+
+
+def _by_rank(q: dict[str, Any]) -> dict[str, Any]:
+    order = sorted(range(len(q["ranks"])), key=lambda i: q["ranks"][i])
+    return {k: (v if k == "query" else [v[i] for i in order]) for k, v in q.items()}
+
+
+def cut_depth(queries: list[dict[str, Any]], depth: int | None) -> list[dict[str, Any]]:
+    """Each query's first `depth` passages by first-stage rank (all when None)."""
+    if depth is None:
+        return queries
+    return [{k: (v if k == "query" else v[:depth]) for k, v in q.items()} for q in queries]
 
 
 def normalized_labels(scores: Sequence[float], normalize: Normalize) -> list[float]:
@@ -84,11 +142,30 @@ def normalized_labels(scores: Sequence[float], normalize: Normalize) -> list[flo
 
 
 def build_examples(
-    queries: list[dict[str, Any]], loss: Loss, normalize: Normalize, margin_pairs: int, seed: int
+    queries: list[dict[str, Any]],
+    loss: Loss,
+    normalize: Normalize,
+    margin_pairs: int,
+    seed: int,
+    temperature: float = 1.0,
 ) -> Examples:
     rng = random.Random(seed)
+    if loss == "listwise":
+        # one example per query: its list and the teacher's normalized scores / temperature,
+        # ListNet's target distribution after the loss's softmax
+        cols: dict[str, list[Any]] = {"query": [], "docs": [], "labels": []}
+        for q in queries:
+            if len(q["passages"]) < 2:
+                continue
+            labels = normalized_labels(q["scores"], normalize)
+            cols["query"].append(q["query"])
+            cols["docs"].append(list(q["passages"]))
+            cols["labels"].append([v / temperature for v in labels])
+        if not cols["labels"]:
+            raise DataError("listwise needs queries with two or more passages")
+        return Examples(cols)
     if loss == "mse":
-        cols: dict[str, list[Any]] = {"query": [], "passage": [], "label": []}
+        cols = {"query": [], "passage": [], "label": []}
         for q in queries:
             labels = normalized_labels(q["scores"], normalize)
             cols["query"] += [q["query"]] * len(labels)
@@ -223,6 +300,8 @@ def train(
     config: TrainConfig,
     dev: Dataset | None = None,
     *,
+    teacher_sets: Sequence[str | Path] = (),
+    pool: str | Path | None = None,
     resume: bool = False,
     keep_checkpoints: bool = False,
     device: str | None = None,
@@ -230,8 +309,10 @@ def train(
     """Train, keep the best checkpoint by dev nDCG@10 (the last one without a dev set), save it
     to `out`; returns the training record also written to `out/distill-training.json`.
 
-    `dev` is the loaded `config.dev_dataset` (or any judged dataset; None: no dev evaluation,
-    the last checkpoint is kept)."""
+    Training pairs come from `distill generate` folders (`data`) and committed teacher sets
+    (`teacher_sets`, their text joined back from `pool` or the named dataset; labels fused as
+    `config.teacher_fuse` says). `dev` is the loaded `config.dev_dataset` (or any judged
+    dataset; None: no dev evaluation, the last checkpoint is kept)."""
     require("datasets", "train", "training a cross-encoder")
     from datasets import Dataset as HFDataset
     from sentence_transformers.cross_encoder import (
@@ -245,10 +326,20 @@ def train(
     out = Path(out)
     if (out / TRAINING_FILE).is_file() and not resume:
         raise DataError(f"'{out}' already holds a trained model; pick another --out")
+    if not data and not teacher_sets:
+        raise DataError("give --data (a distill generate output) or --teacher-set (repeatable)")
     manifests = [R.read_manifest(f) for f in data]
-    queries = load_teacher_rows(data)
+    queries = load_teacher_rows(data) if data else []
+    if teacher_sets:
+        queries += load_teacher_sets(teacher_sets, config.teacher_fuse, config.teacher_fusion, pool)
+    queries = cut_depth(queries, config.list_depth)
     examples = build_examples(
-        queries, config.loss, config.normalize, config.margin_pairs, config.seed
+        queries,
+        config.loss,
+        config.normalize,
+        config.margin_pairs,
+        config.seed,
+        config.temperature,
     )
     log.info("%d queries, %d training examples (%s)", len(queries), len(examples), config.loss)
 
@@ -257,7 +348,11 @@ def train(
         model = CrossEncoder(path, num_labels=1, max_length=config.max_length, device=device)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
-    loss = (losses.MSELoss if config.loss == "mse" else losses.MarginMSELoss)(model)
+    loss: Any
+    if config.loss == "listwise":
+        loss = losses.ListNetLoss(model, mini_batch_size=max(config.batch_size, 16))
+    else:
+        loss = (losses.MSELoss if config.loss == "mse" else losses.MarginMSELoss)(model)
 
     evaluator = _dev_evaluator(dev, config.dev_depth, config.batch_size) if dev else None
     strategy = "steps" if config.eval_steps else "epoch"
@@ -285,11 +380,11 @@ def train(
         dataloader_drop_last=False,
         disable_tqdm=False,
     )
-    sampler_class = _make_sampler_class(examples.text_lengths())
+    sampler_class = None if examples.listwise else _make_sampler_class(examples.text_lengths())
 
     class _Trainer(CrossEncoderTrainer):
         def get_batch_sampler(self, dataset, batch_size, drop_last, **kwargs):
-            if dataset is self.train_dataset:
+            if dataset is self.train_dataset and sampler_class is not None:
                 return sampler_class(dataset, batch_size=batch_size, drop_last=drop_last, **kwargs)
             return super().get_batch_sampler(dataset, batch_size, drop_last, **kwargs)
 
@@ -320,6 +415,8 @@ def train(
             {"folder": str(f), "teacher": m["identity"]["teacher"], "pairs": m["pairs"]}
             for f, m in zip(data, manifests, strict=True)
         ],
+        "teacher_sets": [str(p) for p in teacher_sets],
+        "queries": len(queries),
         "examples": len(examples),
         "dev": None if dev is None else {"dataset": dev.name, "depth": config.dev_depth},
         "best_checkpoint": trainer.state.best_model_checkpoint,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from cisrank.errors import CisrankError
+from cisrank.lm.backend import LMBackend
 from cisrank.lm.engine import CausalLMEngine
 
 BACKENDS = ("torch", "ctranslate2", "onnx")
@@ -59,6 +60,7 @@ def load_engine(
     scoring = {
         k: v for k, v in options.items() if k in ("batch_tokens", "batch_size", "max_padding")
     }
+    lm: LMBackend
     if backend == "ctranslate2":
         from cisrank.lm.ctranslate2_backend import load_ctranslate2
 

@@ -63,23 +63,23 @@ class PooledReranker(BaseReranker):
         )
 
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
-        requests = [(q, list(ps)) for q, ps in requests]
+        lists = [(q, list(ps)) for q, ps in requests]
         if self.pool is None:
-            return self.local.score_batch(requests)
+            return self.local.score_batch(lists)
         # every (request, position) of one passage text in one group, one group to one copy
         groups: dict[str, list[tuple[int, int]]] = {}
-        for r, (_, passages) in enumerate(requests):
+        for r, (_, passages) in enumerate(lists):
             for j, passage in enumerate(passages):
                 groups.setdefault(passage, []).append((r, j))
         keys = list(groups)
-        costs = [sum(len(requests[r][0]) + len(k) for r, _ in groups[k]) for k in keys]
+        costs = [sum(len(lists[r][0]) + len(k) for r, _ in groups[k]) for k in keys]
         shares = balanced_split(costs, self.workers.count)
-        plans = [_plan([groups[keys[g]] for g in share], requests) for share in shares]
+        plans = [_plan([groups[keys[g]] for g in share], lists) for share in shares]
         busy = [i for i, (subrequests, _) in enumerate(plans) if subrequests]
         futures = {i: self.pool.submit(plans[i][0]) for i in busy if i > 0}
         results = {0: self.local.score_batch(plans[0][0])} if 0 in busy else {}
         results.update({i: f.result() for i, f in futures.items()})
-        out: list[list[float]] = [[0.0] * len(ps) for _, ps in requests]
+        out: list[list[float]] = [[0.0] * len(ps) for _, ps in lists]
         for i in busy:
             for (r, positions), values in zip(plans[i][1], results[i], strict=True):
                 for j, v in zip(positions, values, strict=True):

@@ -18,7 +18,7 @@ def _requests() -> list[tuple[str, list[str]]]:
     # passages shared across queries (the reverse estimator's shared contexts), an empty
     # request, a repeated passage within one request
     return [
-        (QUERIES[0], SAMPLE_SENTENCES[:5] + [SAMPLE_SENTENCES[0]]),
+        (QUERIES[0], [*SAMPLE_SENTENCES[:5], SAMPLE_SENTENCES[0]]),
         (QUERIES[1], []),
         (QUERIES[1], SAMPLE_SENTENCES[2:7]),
         (QUERIES[2], SAMPLE_SENTENCES[::-1][:4]),

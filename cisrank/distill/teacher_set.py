@@ -1,0 +1,220 @@
+"""Teacher sets: the teachers' scores as a compact table the repository can carry, joined back
+to query and passage text from the data they were computed on when a student trains.
+
+Why: scoring a training pool with a causal LM costs CPU-hours; training a student costs minutes
+to an hour. Committing the scores (ids and floats, never MS MARCO text, which stays in
+`../shared/data`) lets anyone retrain a student, choose another fusion of the teachers, or
+another loss, without rescoring. One row per (query, passage) pair:
+
+    qid, docid, rank (first-stage), and one float32 column per teacher component
+    (`cis`, `dense`, ...), with the table's provenance (each component's model, backend, compute
+    type, template, estimator, fingerprint, the generate run's source, the commit) in the
+    Parquet metadata under `cisrank`.
+
+`pack` joins `distill generate` outputs of several components over the same pairs; `load`
+reads a set back; `attach_text` finds every query and passage text by id in the sources the
+set names (the training pool folder of `distill pool`, or a named dataset).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cisrank.distill import rows as R
+from cisrank.errors import DataError
+from cisrank.fileio import atomic_write_bytes
+
+METADATA_KEY = b"cisrank"
+KEY_COLUMNS = ("qid", "docid", "rank")
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+@dataclass
+class TeacherSet:
+    """Pairs with their components' scores; `texts` names where the text of each id lives."""
+
+    qid: list[str]
+    docid: list[str]
+    rank: list[int]
+    scores: dict[str, np.ndarray]
+    provenance: dict[str, Any]
+
+    @property
+    def components(self) -> list[str]:
+        return list(self.scores)
+
+    def __len__(self) -> int:
+        return len(self.qid)
+
+    def by_query(self) -> dict[str, list[int]]:
+        """Row indices of each query, ordered by first-stage rank."""
+        out: dict[str, list[int]] = {}
+        for i, q in enumerate(self.qid):
+            out.setdefault(q, []).append(i)
+        return {q: sorted(ix, key=lambda i: self.rank[i]) for q, ix in out.items()}
+
+
+def pack(
+    components: Mapping[str, str | Path],
+    out: str | Path,
+    texts: Mapping[str, Any],
+    note: str = "",
+) -> TeacherSet:
+    """Join `distill generate` outputs (component name -> folder) over their (qid, docid)
+    pairs into one compact Parquet file at `out`. Every folder must hold exactly the same
+    pairs; `texts` says where their text lives (e.g. `{"pool": "out/trainset"}` or
+    `{"dataset": "trec-dl22"}`), recorded for `attach_text`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not components:
+        raise DataError("give at least one component: NAME=FOLDER of a distill generate run")
+    first_keys: list[tuple[str, str]] | None = None
+    ranks: list[int] = []
+    scores: dict[str, np.ndarray] = {}
+    provenance: dict[str, Any] = {"components": {}, "texts": dict(texts), "note": note}
+    for name, folder in components.items():
+        table = R.read_rows(folder).select(["qid", "docid", "rank", "score"]).to_pydict()
+        keys = list(zip(table["qid"], table["docid"], strict=True))
+        order = sorted(range(len(keys)), key=lambda i: keys[i])
+        keys = [keys[i] for i in order]
+        if len(set(keys)) != len(keys):
+            raise DataError(f"'{folder}' scores a (qid, docid) pair twice")
+        if first_keys is None:
+            first_keys = keys
+            ranks = [int(table["rank"][i]) for i in order]
+        elif keys != first_keys:
+            raise DataError(f"'{folder}' does not score the same pairs as the first component")
+        values = np.asarray([table["score"][i] for i in order], dtype=np.float64)
+        if not np.all(np.isfinite(values)):
+            raise DataError(f"'{folder}' holds a non-finite teacher score")
+        scores[name] = values.astype(np.float32)
+        manifest = R.read_manifest(folder)
+        provenance["components"][name] = {
+            "teacher": manifest["identity"]["teacher"],
+            "source": manifest["identity"]["source"],
+            "pairs_sha256": manifest["identity"]["pairs_sha256"],
+            "cisrank_version": manifest.get("cisrank_version"),
+        }
+    assert first_keys is not None
+    provenance["commit"] = _commit()
+    provenance["pairs"] = len(first_keys)
+    provenance["queries"] = len({q for q, _ in first_keys})
+    columns = {
+        "qid": pa.array([q for q, _ in first_keys], pa.string()),
+        "docid": pa.array([d for _, d in first_keys], pa.string()),
+        "rank": pa.array(ranks, pa.int32()),
+        **{name: pa.array(v, pa.float32()) for name, v in scores.items()},
+    }
+    table = pa.table(columns).replace_schema_metadata(
+        {METADATA_KEY: json.dumps(provenance, sort_keys=True).encode()}
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", compression_level=19)
+    atomic_write_bytes(Path(out), buf.getvalue())
+    return load(out)
+
+
+def load(path: str | Path) -> TeacherSet:
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"teacher set '{path}' does not exist")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise DataError(f"teacher set '{path}' is not readable Parquet ({exc})") from None
+    meta = table.schema.metadata or {}
+    if METADATA_KEY not in meta:
+        raise DataError(f"'{path}' is not a cisrank teacher set (no provenance)")
+    provenance = json.loads(meta[METADATA_KEY])
+    missing = [c for c in KEY_COLUMNS if c not in table.column_names]
+    if missing:
+        raise DataError(f"teacher set '{path}' lacks column(s) {', '.join(missing)}")
+    data = table.to_pydict()
+    scores = {
+        c: np.asarray(data[c], dtype=np.float64) for c in table.column_names if c not in KEY_COLUMNS
+    }
+    return TeacherSet(data["qid"], data["docid"], data["rank"], scores, provenance)
+
+
+@dataclass(frozen=True)
+class Texts:
+    """Query and passage text by id."""
+
+    queries: dict[str, str]
+    passages: dict[str, str]
+
+
+def texts_of(teacher_set: TeacherSet, pool: str | Path | None = None) -> Texts:
+    """The texts a set names: its training pool (`distill pool` output, the folder given here
+    or recorded) or a named dataset (read from `CISRANK_DATA_DIR`)."""
+    from cisrank.data.datasets import load_named, read_topics
+
+    where = teacher_set.provenance.get("texts", {})
+    if "dataset" in where:
+        ds = load_named(where["dataset"], require_qrels=False)
+        passages = {h.docid: h.text for hits in ds.candidates.values() for h in hits}
+        return Texts(dict(ds.topics), passages)
+    folder = Path(pool or where.get("pool") or "")
+    from cisrank.distill.trainset import POOL_FILE, TOPICS_FILE
+
+    if not (folder / POOL_FILE).is_file():
+        raise DataError(
+            f"no training pool at '{folder}': run `cisrank distill pool --out {folder}` first "
+            "(it rebuilds the pool from the data folder in a second)"
+        )
+    passages = {}
+    with (folder / POOL_FILE).open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            passages[row["id"]] = row["text"]
+    return Texts(read_topics(folder / TOPICS_FILE), passages)
+
+
+def attach_text(
+    teacher_set: TeacherSet, texts: Texts, components: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Per query, in first-stage order: its text, passages and each component's scores (the
+    shape `distill.train` builds examples from). Every id must be found."""
+    out = []
+    names = list(components or teacher_set.components)
+    for qid, ix in teacher_set.by_query().items():
+        if qid not in texts.queries:
+            raise DataError(f"no text for query '{qid}' of the teacher set")
+        missing = [teacher_set.docid[i] for i in ix if teacher_set.docid[i] not in texts.passages]
+        if missing:
+            raise DataError(f"no text for passage '{missing[0]}' ({len(missing)} missing)")
+        out.append(
+            {
+                "qid": qid,
+                "query": texts.queries[qid],
+                "passages": [texts.passages[teacher_set.docid[i]] for i in ix],
+                "ranks": [teacher_set.rank[i] for i in ix],
+                "components": {n: [float(teacher_set.scores[n][i]) for i in ix] for n in names},
+            }
+        )
+    return out
