@@ -427,6 +427,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "settings) and run the others: a run killed or spread over days goes on where it stopped",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="split the questions over N processes of one torch thread each (one per core), "
+        "each a run of its own (NAME_partI, resumable), merged into NAME at the end",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         import torch
@@ -441,10 +448,54 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_parts(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """`--workers N`: N processes of this script, contiguous question ranges, one torch thread
+    each, then `--merge` of their result files: the questions' records are the ones a single
+    process writes (each question is scored alone)."""
+    import subprocess
+
+    name = (
+        args.name
+        or f"rag_nq_q{args.first}-{args.first + args.questions}_k{'-'.join(map(str, args.ks))}"
+    )
+    drop = {"--workers", "--first", "--questions", "--name", "--threads"}
+    passed: list[str] = []
+    skip = False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        key = item.split("=", 1)[0]
+        if key in drop:
+            skip = "=" not in item
+            continue
+        passed.append(item)
+    step = -(-args.questions // args.workers)
+    parts, procs = [], []
+    for i in range(args.workers):
+        first = args.first + i * step
+        count = min(step, args.first + args.questions - first)
+        if count <= 0:
+            break
+        part = f"{name}_part{i}"
+        parts.append(part)
+        cmd = [sys.executable, __file__, *passed, "--first", str(first)]
+        cmd += ["--questions", str(count), "--name", part, "--threads", "1"]
+        procs.append(subprocess.Popen(cmd))
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("a worker failed: rerun the same command with --resume")
+    results = args.results_dir or RESULTS_DIR
+    merged = argparse.Namespace(**{**vars(args), "merge": [results / f"{p}.json" for p in parts]})
+    merged.name = name
+    return merge_files(merged)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.merge:
         return merge_files(args)
+    if args.workers > 1:
+        return run_parts(args, list(argv if argv is not None else sys.argv[1:]))
     from cisrank.context import ContextAssembler
     from cisrank.context.decoding import EnsembleDecoder
     from cisrank.lm.engine import CausalLMEngine

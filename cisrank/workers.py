@@ -72,6 +72,23 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def on_gpu(device: str | None) -> bool:
+    """Whether model work with this `--device` runs on a GPU (auto: when CUDA is visible), where
+    one process already fills the device and more workers would only share it."""
+    if device is not None and device != "auto":
+        return str(device).startswith("cuda")
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def for_device(options: WorkerOptions, device: str | None) -> WorkerOptions:
+    """`options` with the default worker count made one on a GPU (an explicit count stands)."""
+    if options.workers is None and on_gpu(device):
+        return WorkerOptions(workers=1, threads_per_worker=options.threads_per_worker)
+    return options
+
+
 class WorkerJob(Protocol):
     """What every worker runs: `load()` once, then `score(state, item)` per item. Must pickle
     (it is sent to every worker); `cisrank.ray_engine.ShardJob` is one."""

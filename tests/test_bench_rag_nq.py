@@ -195,3 +195,24 @@ def test_resume_runs_only_the_missing_questions_and_equals_one_run(
     assert calls == []
     with pytest.raises(SystemExit, match=r"other settings.*seed"):
         rag_nq.main([*common, "--questions", "3", "--name", "part", "--resume", "--seed", "1"])
+
+
+def test_workers_split_the_questions_and_merge_to_one_run(rag_nq, nq_file, tiny_gpt2_dir, tmp_path):
+    common = [
+        "--data", str(nq_file), "--k", "3", "--model", str(tiny_gpt2_dir), "--max-new-tokens", "2",
+        "--noise", "1", "--results-dir", str(tmp_path), "--distractors", "random",
+        "--modes", "positions,ranked,avg_ens", "--questions", "3",
+    ]  # fmt: skip
+    whole = rag_nq.main([*common, "--name", "whole"])
+    split = rag_nq.main([*common, "--name", "split", "--workers", "2"])
+    assert sorted(p.name for p in tmp_path.glob("split*.json")) == [
+        "split.json",
+        "split_part0.json",
+        "split_part1.json",
+    ]
+    a, b = whole["per_question"]["random_k3"], split["per_question"]["random_k3"]
+    assert [r["question"] for r in b] == [0, 1, 2] and split["complete"]
+    for x, y in zip(a, b, strict=True):
+        assert x["answers"] == y["answers"]
+        assert x["rotation_loglik"] == pytest.approx(y["rotation_loglik"], abs=1e-5)
+    assert whole["results"]["random_k3"]["accuracy"] == split["results"]["random_k3"]["accuracy"]

@@ -1,10 +1,13 @@
-"""The FastAPI app factory: a `RankingService` behind the routes, middleware and error handlers.
+"""The FastAPI app factory: the services behind the routes, middleware and error handlers.
 
 `create_app(config)` loads the configured rerankers (and indexes) in a background thread once the
 server has started, so `/healthz` answers at once and `/readyz` turns ready when the models are
 in. Tests and embedders can pass ready-made `rerankers=` and `retrievers=` instead.
 
-Where things live: ranking in `cisrank.api.service` (no web framework), routes in
+Where things live (no web framework in the first four): the parts every service shares (loaded
+rerankers, batchers, indexes, readiness) in `cisrank.api.serving`, ranking in
+`cisrank.api.service`, RAG context and generation in `cisrank.api.assembly`, model work and its
+errors in `cisrank.api.model_thread` and `cisrank.api.service_errors`; routes in
 `cisrank.api.routes`, error bodies in `cisrank.api.errors`, body limit and metrics in
 `cisrank.api.middleware`, reading bodies in `cisrank.api.body`. Status codes: 400 a body that is
 not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 408 body not received
@@ -24,6 +27,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from cisrank import env
+from cisrank.api.assembly import ContextService
 from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.config import ServerConfig
 from cisrank.api.errors import install_error_handlers
@@ -33,6 +37,7 @@ from cisrank.api.middleware import BodyBudgetMiddleware, BodyLimitMiddleware, Me
 from cisrank.api.routes import router
 from cisrank.api.schemas import ErrorBody
 from cisrank.api.service import RankingService
+from cisrank.api.serving import Serving
 from cisrank.rerank.base import Reranker
 from cisrank.retrieval.base import Retriever
 
@@ -46,9 +51,9 @@ def create_app(
 ) -> FastAPI:
     """The app. Without `rerankers`, the configured ones load in the background at startup."""
     config = config or ServerConfig()
-    serving: RankingService | None = None
+    serving: Serving | None = None
     metrics = Metrics(lambda: serving.rerankers if serving is not None else {})
-    serving = RankingService(config, metrics, rerankers, retrievers)
+    serving = Serving(config, metrics, rerankers, retrievers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,6 +73,8 @@ def create_app(
         },
     )
     app.state.serving = serving
+    app.state.ranking = RankingService(serving)
+    app.state.context = ContextService(serving)
     app.state.metrics = metrics
     app.state.keys = KeyChecker(tuple(api_keys) if api_keys is not None else keys_from_env())
     # Added last = outermost. Metrics see every final status (the 503 of a stopped request and

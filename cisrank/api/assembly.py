@@ -1,6 +1,8 @@
 """`POST /v1/context` (and `/v1/generate`): arrange a query's passages into a RAG prompt with a
-served CIS reranker's causal LM (and answer over them), apart from HTTP (no web framework here,
-like `cisrank.api.service`).
+served reranker's causal LM (and answer over them), apart from HTTP (no web framework here,
+like `cisrank.api.service`). `ContextService` is composed from the same shared parts as the
+ranking service (`cisrank.api.serving.Serving`) and does its model work through the same helper
+(`cisrank.api.model_thread.ModelThread`).
 
 What a request means is `cisrank.context.ContextAssembler.arrange` (the library; this module
 adds nothing to its results): the same order, per-passage scores, scored candidates, gauge and
@@ -11,10 +13,11 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
   `Limits`), the template and its fields, the noise, and the request's estimated cost (the tokens
   of every prompt it will score, characters / 4, against `limits.max_request_cost`; 422 naming
   `documents`);
-- the model thread: the CIS reranker's engine is not thread-safe and is busy with rerank batches,
-  so every step that touches the tokenizer or the model runs in that reranker's one model thread
-  (`BatchScorer.call`), admitted like a rerank request (`BatchScorer.reserve`: `max_queue`,
-  `batching.max_inflight_cost`; 503 + Retry-After), never concurrently with its scoring;
+- the model thread: the reranker's causal LM (its declared `causal_lm`) is not thread-safe and is
+  busy with rerank batches, so every step that touches the tokenizer or the model runs in that
+  reranker's one model thread (`ModelThread.run`), admitted like a rerank request
+  (`ModelThread.admitted`: `max_queue`, `batching.max_inflight_cost`; 503 + Retry-After), never
+  concurrently with its scoring;
 - bounded slices: the search prompts (K rotations, or the shuffles) are scored in slices of at
   most `batching.max_batch_tokens` prompt tokens, one model-thread call each, so a rerank batch
   arriving meanwhile waits for one slice, not for the whole search (the assembler's memo then
@@ -29,15 +32,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from cisrank.api.batching import (
-    BatchScorer,
-    QueueFullError,
-    estimate_tokens,
-    is_input_error,
-)
+from cisrank.api.batching import estimate_tokens
+from cisrank.api.model_thread import FieldFault
 from cisrank.api.schemas import (
     ContextCandidate,
     ContextDocumentIn,
@@ -50,13 +49,8 @@ from cisrank.api.schemas import (
     GenerateUsage,
     NoiseOut,
 )
-from cisrank.api.service import (
-    BackendFailed,
-    InvalidField,
-    Overloaded,
-    RankingService,
-    TimedOut,
-)
+from cisrank.api.service_errors import BackendFailed, InvalidField
+from cisrank.api.serving import Serving
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError, DataError
 
@@ -68,47 +62,11 @@ if TYPE_CHECKING:
         ContextTemplate,
         Prompt,
     )
-
-T = TypeVar("T")
+    from cisrank.lm.engine import CausalLMEngine
 
 # Characters a rendered passage adds besides its title and text ("Document [12](Title: ) " and
 # the separator), for the cost estimate.
 DOCUMENT_OVERHEAD_CHARS = 32
-
-
-class _FieldFault(CisrankError):
-    """An error in the model thread that names the request field to blame."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def causal_engine(reranker: object) -> Any | None:
-    """The reranker's causal-LM engine (a CIS reranker's), or None."""
-    from cisrank.lm.engine import CausalLMEngine
-
-    engine = getattr(reranker, "engine", None)
-    return engine if isinstance(engine, CausalLMEngine) else None
-
-
-def _context_reranker(service: RankingService, requested: str | None) -> str:
-    """The reranker whose LM assembles: the one named, else the default if it is a CIS
-    reranker, else the first CIS reranker served."""
-    cis = [n for n in service.config.rerankers if causal_engine(service.rerankers.get(n))]
-    if requested is None:
-        default = service.config.default_reranker_name
-        name = default if default in cis or not cis else cis[0]
-    else:
-        name = service.resolve_reranker(requested)
-    service.scorer(name)  # NotReady / LoadFailed before the kind check
-    if name not in cis:
-        raise InvalidField(
-            "model",
-            f"reranker '{name}' has no causal language model: context assembly needs a cis "
-            f"reranker (served here: {', '.join(cis) or 'none'})",
-        )
-    return name
 
 
 def _passages(
@@ -177,51 +135,6 @@ def request_cost(
     return searched + 1 + int(body.pmi), cost
 
 
-async def _noise(
-    service: RankingService, body: ContextRequest, passages: list[Passage]
-) -> list[Passage]:
-    from cisrank.context import sample_noise, sample_store_noise
-
-    spec = body.noise
-    if spec is None or spec.n == 0:
-        return []
-    limits = service.config.limits
-    if spec.n > limits.max_documents:
-        raise InvalidField("noise.n", f"{spec.n} is over the limit of {limits.max_documents}")
-    if (spec.documents is None) == (spec.index is None):
-        raise InvalidField(
-            "noise", "give the pool to draw from: either 'documents' or 'index', not both"
-        )
-    try:
-        if spec.documents is not None:
-            if len(spec.documents) > limits.max_documents:
-                raise InvalidField(
-                    "noise.documents",
-                    f"{len(spec.documents)} documents, over the limit of {limits.max_documents}",
-                )
-            pool = _passages(spec.documents, "noise.documents", limits.max_document_chars, "noise-")
-            return sample_noise(pool, spec.n, spec.seed, exclude=passages)
-        assert spec.index is not None
-        retriever = service.retrievers.get(spec.index)
-        if retriever is None:
-            served = ", ".join(service.retrievers) or "none"
-            raise InvalidField(
-                "noise.index", f"'{spec.index[:100]}' is not served here: choose one of {served}"
-            )
-        store = getattr(retriever, "docs", None)
-        if store is None:
-            raise InvalidField(
-                "noise.index", f"index '{spec.index}' has no document store to draw noise from"
-            )
-        return await asyncio.to_thread(sample_store_noise, store, spec.n, spec.seed, passages)
-    except DataError as exc:
-        raise BackendFailed(
-            f"index '{spec.index}' failed to answer; details are in the server log"
-        ) from exc
-    except CisrankError as exc:
-        raise InvalidField("noise.n", str(exc)) from None
-
-
 def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
     """Consecutive groups of prompts of at most `max_tokens` tokens in all (a longer prompt
     alone): one model-thread call each."""
@@ -237,28 +150,15 @@ def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
     return out
 
 
-async def _in_model(
-    service: RankingService, scorer: BatchScorer, fn: Callable[..., T], *args: Any
-) -> T:
-    """`fn(*args)` in the model thread; its input errors name the field to blame."""
-    try:
-        return await scorer.call(fn, *args)
-    except _FieldFault as exc:
-        raise InvalidField(exc.field, service.redact(str(exc))) from None
-    except DataError:
-        raise
-    except CisrankError as exc:
-        raise InvalidField("documents", service.redact(str(exc))) from None
-    except Exception as exc:
-        if is_input_error(exc):
-            raise InvalidField(
-                "documents", f"the model cannot read this request's text: {str(exc)[:200]}"
-            ) from None
-        raise
+def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
+    """The request's search settings (only /v1/context takes `shuffles` and a `seed`)."""
+    if isinstance(body, ContextRequest):
+        return {"shuffles_n": body.shuffles, "seed": body.seed}
+    return {"shuffles_n": None, "seed": 0}
 
 
 def _prepare(
-    engine: Any,
+    engine: CausalLMEngine,
     template: ContextTemplate,
     body: ContextRequest | GenerateRequest,
     passages: list[Passage],
@@ -269,114 +169,19 @@ def _prepare(
     try:
         asm = ContextAssembler(engine, template, chat=body.chat)
     except CisrankError as exc:
-        raise _FieldFault("chat", str(exc)) from None
+        raise FieldFault("chat", str(exc)) from None
     if not engine.encode(body.query):
-        raise _FieldFault("query", "the query has no tokens for this model")
+        raise FieldFault("query", "the query has no tokens for this model")
     orders = search_orders(body.arrange, len(passages), **_search(body))
     return asm, asm.search_prompts(body.query, passages, orders)
 
 
-def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
-    """The request's search settings (only /v1/context takes `shuffles` and a `seed`)."""
-    return {"shuffles_n": getattr(body, "shuffles", None), "seed": getattr(body, "seed", 0)}
-
-
 def _arrange(
-    asm: ContextAssembler,
-    body: ContextRequest | GenerateRequest,
-    passages: list[Passage],
-    noise: list[Passage],
+    asm: ContextAssembler, body: ContextRequest, passages: list[Passage], noise: list[Passage]
 ) -> AssembledContext:
     return asm.arrange(
-        body.query,
-        passages,
-        body.arrange,
-        noise=noise,
-        pmi=getattr(body, "pmi", False),
-        **_search(body),
+        body.query, passages, body.arrange, noise=noise, pmi=body.pmi, **_search(body)
     )
-
-
-def _common(
-    service: RankingService, body: ContextRequest | GenerateRequest, max_documents: int
-) -> tuple[str, BatchScorer, Any, list[Passage], ContextTemplate]:
-    """The checks both routes make before any model work: (reranker, its scorer, its engine,
-    the passages, the template)."""
-    limits = service.config.limits
-    name = _context_reranker(service, body.model)
-    scorer = service.scorer(name)
-    engine = causal_engine(service.rerankers[name])
-    if len(body.query) > limits.max_query_chars:
-        raise InvalidField(
-            "query", f"{len(body.query)} characters, over the limit of {limits.max_query_chars}"
-        )
-    if len(body.documents) > max_documents:
-        raise InvalidField(
-            "documents", f"{len(body.documents)} documents, over the limit of {max_documents}"
-        )
-    passages = _passages(body.documents, "documents", limits.max_document_chars)
-    return name, scorer, engine, passages, _template(body, limits.max_query_chars)
-
-
-async def assemble_context(service: RankingService, body: ContextRequest) -> ContextResponse:
-    """Arrange, pad, render and gauge one request's passages (see the module docstring)."""
-    config = service.config
-    limits = config.limits
-    if body.shuffles is not None and body.shuffles > limits.max_documents:
-        raise InvalidField("shuffles", f"{body.shuffles} is over the limit {limits.max_documents}")
-    name, scorer, engine, passages, template = _common(service, body, limits.max_documents)
-    noise = await _noise(service, body, passages)
-    prompts_n, cost = request_cost(body, template, passages, noise)
-    if cost > limits.max_request_cost:
-        raise InvalidField(
-            "documents",
-            f"estimated cost {cost} (tokens of the {prompts_n} prompts this arrangement scores, "
-            f"tokens ~ characters / 4) is over the limit of {limits.max_request_cost}: send "
-            "fewer or shorter documents, or a cheaper arrangement",
-        )
-    try:
-        async with asyncio.timeout(config.batching.request_timeout_s):
-            async with scorer.reserve(cost):
-                asm, prompts = await _in_model(
-                    service, scorer, _prepare, engine, template, body, passages
-                )
-                for chunk in slices(prompts, config.batching.max_batch_tokens):
-                    await _in_model(service, scorer, asm.question_logprobs, chunk)
-                result = await _in_model(service, scorer, _arrange, asm, body, passages, noise)
-    except QueueFullError as exc:
-        raise Overloaded(f"{exc}: retry later") from None
-    except TimeoutError:
-        raise TimedOut(
-            f"not assembled within {config.batching.request_timeout_s:g} s: the server is "
-            "overloaded, retry later"
-        ) from None
-    doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
-    ids: list[str | int | None] = [p.docid for p in noise]
-    ids += [doc_ids[i] for i in result.order]
-    return ContextResponse(
-        id=str(uuid.uuid4()),
-        model=name,
-        arrange=result.method,
-        template=template.name,
-        order=result.order,
-        ids=ids,
-        scores=result.scores,
-        candidates=[
-            ContextCandidate(order=c.order, mean_logprob=c.mean_logprob) for c in result.candidates
-        ],
-        noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in noise],
-        gauge=ContextGauge(**result.gauge.to_json()),
-        prompt=result.prompt.text,
-        usage=ContextUsage(
-            documents=len(passages),
-            noise=len(noise),
-            prompts_scored=asm.scored_prompts,
-            prompt_tokens=len(result.prompt.ids),
-        ),
-    )
-
-
-# ---------------------------------------------------------------------------- generation
 
 
 def _generate(
@@ -399,7 +204,7 @@ def _generate(
             max_new_tokens=body.max_new_tokens,
         )
     except CisrankError as exc:
-        raise _FieldFault("layers", str(exc)) from None
+        raise FieldFault("layers", str(exc)) from None
     # the order alone (naive): the final prompt is prefilled by the generation, not gauged too
     answer = answer_question(
         decoder,
@@ -419,74 +224,222 @@ def _generate(
     return answer, longest
 
 
-async def generate_answer(service: RankingService, body: GenerateRequest) -> GenerateResponse:
-    """Greedy RAG generation over the request's passages, bounded in passages
-    (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
-    (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the model
-    thread, so a timed-out request holds the model for at most one more step)."""
-    from cisrank.context import Arrangement
-    from cisrank.context.decoding import DecodingTimeout
+class ContextService:
+    """Answers context and generate requests over the shared `Serving` parts."""
 
-    config = service.config
-    limits = config.limits
-    if body.max_new_tokens > limits.max_new_tokens:
-        raise InvalidField(
-            "max_new_tokens", f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}"
-        )
-    name, scorer, engine, passages, template = _common(service, body, limits.max_generate_documents)
-    if body.decoding == "replug" and (body.scores is None or len(body.scores) != len(passages)):
-        raise InvalidField("scores", "replug needs one score per document")
-    if body.layers is not None and len(body.layers) > engine.num_layers + 1:
-        raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
-    k = len(passages)
-    if body.decoding == "naive":
-        rows, prefill = 1, prompt_cost(template, body.query, passages)
-        if Arrangement(body.arrange).scored:  # K rotations (or K - 1 shuffles and the input)
-            prefill *= 1 + k
-    else:
-        rows = k + 1
-        prefill = prompt_cost(template, body.query, [])
-        prefill += sum(prompt_cost(template, body.query, [p]) for p in passages)
-    cost = prefill + rows * body.max_new_tokens
-    if cost > limits.max_request_cost:
-        raise InvalidField(
-            "documents",
-            f"estimated cost {cost} (prompt tokens and rows x new tokens) is over the limit of "
-            f"{limits.max_request_cost}: send fewer or shorter documents, or fewer new tokens",
-        )
-    timeout = config.batching.request_timeout_s
-    deadline = time.monotonic() + timeout
-    try:
-        async with asyncio.timeout(timeout):
-            async with scorer.reserve(cost):
-                asm, prompts = await _in_model(
-                    service, scorer, _prepare, engine, template, body, passages
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+
+    def _reranker(self, requested: str | None) -> tuple[str, CausalLMEngine]:
+        """The reranker whose LM assembles, and that LM: the one named, else the default if it
+        has a causal LM, else the first served reranker that has one."""
+        serving = self.serving
+        lms = {
+            name: reranker.causal_lm
+            for name in serving.config.rerankers
+            if (reranker := serving.rerankers.get(name)) is not None
+            and reranker.causal_lm is not None
+        }
+        if requested is None:
+            default = serving.config.default_reranker_name
+            name = default if default in lms or not lms else next(iter(lms))
+        else:
+            name = serving.resolve_reranker(requested)
+        serving.scorer(name)  # NotReady / LoadFailed before the kind check
+        engine = lms.get(name)
+        if engine is None:
+            raise InvalidField(
+                "model",
+                f"reranker '{name}' has no causal language model: context assembly needs a cis "
+                f"reranker (served here: {', '.join(lms) or 'none'})",
+            )
+        return name, engine
+
+    def _common(
+        self, body: ContextRequest | GenerateRequest, max_documents: int
+    ) -> tuple[str, CausalLMEngine, list[Passage], ContextTemplate]:
+        """The checks both routes make before any model work: (reranker, its LM, the passages,
+        the template)."""
+        serving = self.serving
+        limits = serving.config.limits
+        name, engine = self._reranker(body.model)
+        serving.check_query(body.query)
+        if len(body.documents) > max_documents:
+            raise InvalidField(
+                "documents", f"{len(body.documents)} documents, over the limit of {max_documents}"
+            )
+        passages = _passages(body.documents, "documents", limits.max_document_chars)
+        return name, engine, passages, _template(body, limits.max_query_chars)
+
+    async def _noise(self, body: ContextRequest, passages: list[Passage]) -> list[Passage]:
+        from cisrank.context import sample_noise, sample_store_noise
+
+        spec = body.noise
+        if spec is None or spec.n == 0:
+            return []
+        limits = self.serving.config.limits
+        retrievers = self.serving.retrievers
+        if spec.n > limits.max_documents:
+            raise InvalidField("noise.n", f"{spec.n} is over the limit of {limits.max_documents}")
+        if (spec.documents is None) == (spec.index is None):
+            raise InvalidField(
+                "noise", "give the pool to draw from: either 'documents' or 'index', not both"
+            )
+        try:
+            if spec.documents is not None:
+                if len(spec.documents) > limits.max_documents:
+                    raise InvalidField(
+                        "noise.documents",
+                        f"{len(spec.documents)} documents, over the limit of "
+                        f"{limits.max_documents}",
+                    )
+                pool = _passages(
+                    spec.documents, "noise.documents", limits.max_document_chars, "noise-"
                 )
-                if body.decoding == "naive":
-                    for chunk in slices(prompts, config.batching.max_batch_tokens):
-                        await _in_model(service, scorer, asm.question_logprobs, chunk)
-                answer, longest = await _in_model(
-                    service, scorer, _generate, asm, body, passages, deadline
+                return sample_noise(pool, spec.n, spec.seed, exclude=passages)
+            assert spec.index is not None
+            retriever = retrievers.get(spec.index)
+            if retriever is None:
+                served = ", ".join(retrievers) or "none"
+                raise InvalidField(
+                    "noise.index",
+                    f"'{spec.index[:100]}' is not served here: choose one of {served}",
                 )
-    except QueueFullError as exc:
-        raise Overloaded(f"{exc}: retry later") from None
-    except (TimeoutError, DecodingTimeout):
-        raise TimedOut(f"not generated within {timeout:g} s: retry later") from None
-    doc_ids = [
-        d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
-        for i, d in enumerate(body.documents)
-    ]
-    order, gen = answer.order, answer.generation
-    ordered_ids = [doc_ids[i] for i in order]
-    return GenerateResponse(
-        id=str(uuid.uuid4()),
-        model=name,
-        decoding=body.decoding,
-        order=order,
-        answer=gen.text,
-        tokens=gen.tokens,
-        attribution=[ordered_ids[s.passage] if s.passage is not None else None for s in gen.steps],
-        weights=[s.weights for s in gen.steps],
-        layers=[s.layer for s in gen.steps],
-        usage=GenerateUsage(documents=k, prompt_tokens=longest, generated_tokens=len(gen.tokens)),
-    )
+            store = retriever.docs
+            if store is None:
+                raise InvalidField(
+                    "noise.index",
+                    f"index '{spec.index}' has no document store to draw noise from",
+                )
+            return await asyncio.to_thread(sample_store_noise, store, spec.n, spec.seed, passages)
+        except DataError as exc:
+            raise BackendFailed(
+                f"index '{spec.index}' failed to answer; details are in the server log"
+            ) from exc
+        except CisrankError as exc:
+            raise InvalidField("noise.n", str(exc)) from None
+
+    async def context(self, body: ContextRequest) -> ContextResponse:
+        """Arrange, pad, render and gauge one request's passages (see the module docstring)."""
+        config = self.serving.config
+        limits = config.limits
+        if body.shuffles is not None and body.shuffles > limits.max_documents:
+            raise InvalidField(
+                "shuffles", f"{body.shuffles} is over the limit {limits.max_documents}"
+            )
+        name, engine, passages, template = self._common(body, limits.max_documents)
+        noise = await self._noise(body, passages)
+        prompts_n, cost = request_cost(body, template, passages, noise)
+        if cost > limits.max_request_cost:
+            raise InvalidField(
+                "documents",
+                f"estimated cost {cost} (tokens of the {prompts_n} prompts this arrangement "
+                f"scores, tokens ~ characters / 4) is over the limit of "
+                f"{limits.max_request_cost}: send fewer or shorter documents, or a cheaper "
+                "arrangement",
+            )
+        model = self.serving.model_thread(name)
+        late = (
+            f"not assembled within {config.batching.request_timeout_s:g} s: the server is "
+            "overloaded, retry later"
+        )
+        async with model.admitted(cost, late):
+            asm, prompts = await model.run(_prepare, engine, template, body, passages)
+            for chunk in slices(prompts, config.batching.max_batch_tokens):
+                await model.run(asm.question_logprobs, chunk)
+            result = await model.run(_arrange, asm, body, passages, noise)
+        doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
+        ids: list[str | int | None] = [p.docid for p in noise]
+        ids += [doc_ids[i] for i in result.order]
+        return ContextResponse(
+            id=str(uuid.uuid4()),
+            model=name,
+            arrange=result.method,
+            template=template.name,
+            order=result.order,
+            ids=ids,
+            scores=result.scores,
+            candidates=[
+                ContextCandidate(order=c.order, mean_logprob=c.mean_logprob)
+                for c in result.candidates
+            ],
+            noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in noise],
+            gauge=ContextGauge(**result.gauge.to_json()),
+            prompt=result.prompt.text,
+            usage=ContextUsage(
+                documents=len(passages),
+                noise=len(noise),
+                prompts_scored=asm.scored_prompts,
+                prompt_tokens=len(result.prompt.ids),
+            ),
+        )
+
+    async def generate(self, body: GenerateRequest) -> GenerateResponse:
+        """Greedy RAG generation over the request's passages, bounded in passages
+        (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
+        (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the
+        model thread, so a timed-out request holds the model for at most one more step)."""
+        from cisrank.context import Arrangement
+        from cisrank.context.decoding import DecodingTimeout
+
+        config = self.serving.config
+        limits = config.limits
+        if body.max_new_tokens > limits.max_new_tokens:
+            raise InvalidField(
+                "max_new_tokens",
+                f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
+            )
+        name, engine, passages, template = self._common(body, limits.max_generate_documents)
+        if body.decoding == "replug" and (body.scores is None or len(body.scores) != len(passages)):
+            raise InvalidField("scores", "replug needs one score per document")
+        if body.layers is not None and len(body.layers) > engine.num_layers + 1:
+            raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+        k = len(passages)
+        if body.decoding == "naive":
+            rows, prefill = 1, prompt_cost(template, body.query, passages)
+            if Arrangement(body.arrange).scored:  # K rotations (or K - 1 shuffles and the input)
+                prefill *= 1 + k
+        else:
+            rows = k + 1
+            prefill = prompt_cost(template, body.query, [])
+            prefill += sum(prompt_cost(template, body.query, [p]) for p in passages)
+        cost = prefill + rows * body.max_new_tokens
+        if cost > limits.max_request_cost:
+            raise InvalidField(
+                "documents",
+                f"estimated cost {cost} (prompt tokens and rows x new tokens) is over the limit "
+                f"of {limits.max_request_cost}: send fewer or shorter documents, or fewer new "
+                "tokens",
+            )
+        timeout = config.batching.request_timeout_s
+        deadline = time.monotonic() + timeout
+        model = self.serving.model_thread(name)
+        late = f"not generated within {timeout:g} s: retry later"
+        async with model.admitted(cost, late, late_errors=(DecodingTimeout,)):
+            asm, prompts = await model.run(_prepare, engine, template, body, passages)
+            if body.decoding == "naive":
+                for chunk in slices(prompts, config.batching.max_batch_tokens):
+                    await model.run(asm.question_logprobs, chunk)
+            answer, longest = await model.run(_generate, asm, body, passages, deadline)
+        doc_ids = [
+            d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
+            for i, d in enumerate(body.documents)
+        ]
+        order, gen = answer.order, answer.generation
+        ordered_ids = [doc_ids[i] for i in order]
+        return GenerateResponse(
+            id=str(uuid.uuid4()),
+            model=name,
+            decoding=body.decoding,
+            order=order,
+            answer=gen.text,
+            tokens=gen.tokens,
+            attribution=[
+                ordered_ids[s.passage] if s.passage is not None else None for s in gen.steps
+            ],
+            weights=[s.weights for s in gen.steps],
+            layers=[s.layer for s in gen.steps],
+            usage=GenerateUsage(
+                documents=k, prompt_tokens=longest, generated_tokens=len(gen.tokens)
+            ),
+        )

@@ -19,10 +19,10 @@ How a round works (`BatchScorer._run`):
    planned first, oldest first, and gets its chunk whatever its size; then its clock restarts.
    A large request thus advances by a chunk at least every `max_age_ms` plus a model call or
    so, instead of waiting for the stream of small ones to pause (or for its own timeout).
-3. The batch is scored in the model thread: with one `score_batch([(query, passages), ...])`
-   call when the reranker offers it (one model batch across requests), else one `score` per job
-   chunk in the same thread hop. Scores of a chunk equal scores of the whole because the reranker
-   contract makes scores independent of batch composition.
+3. The batch is scored in the model thread with one `score_batch([(query, passages), ...])` call
+   (the one primitive of the reranker contract: one model batch across requests). Scores of a
+   chunk equal scores of the whole because the reranker contract makes scores independent of
+   batch composition.
 4. Isolation: when that model batch raises, each request's chunk is scored again alone, in the
    same thread hop (`score_isolated`), so one request whose text the model cannot take (a
    tokenizer error, say) fails alone with `ScoringFailed`, and the requests that happened to share
@@ -33,9 +33,9 @@ How a round works (`BatchScorer._run`):
 Cost: a request costs the sum over its passages of the estimated tokens of (query, passage), the
 pair a cross-encoder reads. Tokens are *estimated* as characters / 4 (rounded up), not counted:
 counting needs the tokenizer, in the model's thread, which is the resource being protected, and
-the estimate is within a small factor for English BPE/WordPiece text. Where the reranker exposes
-its truncation length (`max_length` of a cross-encoder, `encoder.max_seq_length` of the dense
-one), a pair is capped at that many tokens, since the model never reads more. `pair_tokens` is the one place
+the estimate is within a small factor for English BPE/WordPiece text. Where the reranker declares
+a `pair_token_limit` (a cross-encoder's `max_length`, the dense encoder's `max_seq_length`), a pair
+is capped at that many tokens, since the model never reads more. `pair_tokens` is the one place
 this is computed; the service uses it for the per-request budget.
 
 Admission control: at most `max_queue` unfinished requests per reranker, and at most
@@ -56,7 +56,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar
 
 from cisrank.api.config import BatchingConfig
 from cisrank.rerank.base import Reranker
@@ -107,18 +107,6 @@ def estimate_tokens(chars: int) -> int:
     return max(1, -(-chars // CHARS_PER_TOKEN))
 
 
-def model_token_limit(reranker: object) -> int | None:
-    """The most tokens the model reads per (query, passage) pair, where the reranker says so:
-    a cross-encoder's `max_length`, a sentence-transformers encoder's `max_seq_length`."""
-    for limit in (
-        getattr(reranker, "max_length", None),
-        getattr(getattr(reranker, "encoder", None), "max_seq_length", None),
-    ):
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            return limit
-    return None
-
-
 def pair_tokens(
     query: str,
     passages: Sequence[str],
@@ -135,13 +123,6 @@ def pair_tokens(
             p = min(p, max_tokens_per_doc)
         out.append(min(q + p, cap) if cap is not None else q + p)
     return out
-
-
-@runtime_checkable
-class MultiQueryScorer(Protocol):
-    """Optional reranker extension: score several (query, passages) pairs in one model batch."""
-
-    def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]: ...
 
 
 class BatchObserver(Protocol):
@@ -182,11 +163,8 @@ def _remaining(job: _Job) -> int:
 def score_chunks(
     reranker: Reranker, chunks: Sequence[tuple[str, Sequence[str]]]
 ) -> list[list[float]]:
-    """Score (query, passages) pairs in the calling thread, as one batch where the model can."""
-    if isinstance(reranker, MultiQueryScorer):
-        out = reranker.score_batch(chunks)
-    else:
-        out = [reranker.score(q, list(p)) for q, p in chunks]
+    """Score (query, passages) pairs in the calling thread, as one model batch."""
+    out = reranker.score_batch(chunks)
     for (_, passages), scores in zip(chunks, out, strict=True):
         if len(scores) != len(passages):
             raise RuntimeError(
@@ -245,7 +223,7 @@ class BatchScorer:
         self._unfinished = 0
         self._inflight_cost = 0
         self._closed = False
-        self.token_cap = model_token_limit(reranker)
+        self.token_cap = reranker.pair_token_limit
 
     # ------------------------------------------------------------------ public
 
@@ -307,7 +285,8 @@ class BatchScorer:
     @contextlib.asynccontextmanager
     async def reserve(self, cost: int) -> AsyncIterator[None]:
         """Admit work that runs in this model's thread through `call` instead of the batch
-        queue (RAG context assembly: prompts of their own shape, scored in slices), under the
+        queue (`cisrank.api.model_thread.ModelThread.admitted`: the `max_tokens_per_doc` cut,
+        RAG context assembly with prompts of their own shape, scored in slices), under the
         rules of `score`: inside the block it counts as one request toward `max_queue` and as
         `cost` estimated tokens toward `max_inflight_cost`; `QueueFullError` when either is
         full or the scorer is shutting down. Its model calls go through the same one-thread

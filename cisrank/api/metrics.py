@@ -20,15 +20,18 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cisrank.rerank.base import Reranker
+
 CLIENT_CLOSED_REQUEST = 499
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
-def prior_store_stats(reranker: object) -> dict[str, int] | None:
-    """`{"hits", "misses"}` of a reranker's prior store (CIS caches log p(K)), or None."""
-    store = getattr(reranker, "prior_store", None)
-    if store is None or not callable(getattr(store, "stats", None)):
+def prior_store_stats(reranker: Reranker) -> dict[str, int] | None:
+    """`{"hits", "misses"}` of the prior store a reranker declares (CIS caches log p(K)), or
+    None where it declares none."""
+    store = reranker.prior_store
+    if store is None:
         return None
     stats = store.stats()
     return {"hits": int(stats.get("hits", 0)), "misses": int(stats.get("misses", 0))}
@@ -37,7 +40,7 @@ def prior_store_stats(reranker: object) -> dict[str, int] | None:
 class _PriorStoreCollector(Collector):
     """Reads the prior stores at scrape time: the hit rate is always current, never stale."""
 
-    def __init__(self, rerankers: Callable[[], Mapping[str, object]]) -> None:
+    def __init__(self, rerankers: Callable[[], Mapping[str, Reranker]]) -> None:
         self._rerankers = rerankers
 
     def collect(self) -> Iterable:
@@ -66,7 +69,7 @@ class _PriorStoreCollector(Collector):
 class Metrics:
     """The app's metrics; also the batcher's `BatchObserver`."""
 
-    def __init__(self, rerankers: Callable[[], Mapping[str, object]] | None = None) -> None:
+    def __init__(self, rerankers: Callable[[], Mapping[str, Reranker]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(

@@ -1,5 +1,6 @@
-"""The HTTP routes. Thin on purpose: validate (pydantic, through FastAPI), call the service in
-`cisrank.api.service`, and map its errors to status codes, which only this module knows.
+"""The HTTP routes. Thin on purpose: validate (pydantic, through FastAPI), call a service
+(`cisrank.api.service` for rerank and search, `cisrank.api.assembly` for context and generate),
+and map its errors (`cisrank.api.service_errors`) to status codes, which only this module knows.
 
 Status codes: 400 a body that is not UTF-8 JSON (the body says why), 401 missing/wrong API key,
 415 a body sent as something else than JSON, 422 a field out of its limits or holding a lone
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from cisrank.api.assembly import ContextService
 from cisrank.api.auth import KeyChecker
 from cisrank.api.body import BodyError, read_json_body
 from cisrank.api.errors import ApiError
@@ -37,16 +39,17 @@ from cisrank.api.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from cisrank.api.service import (
+from cisrank.api.service import RankingService
+from cisrank.api.service_errors import (
     BackendFailed,
     InvalidField,
     LoadFailed,
     NotReady,
     Overloaded,
-    RankingService,
     ServiceError,
     TimedOut,
 )
+from cisrank.api.serving import Serving
 
 _bearer = HTTPBearer(auto_error=False, description="API key, when CISRANK_API_KEYS is set.")
 
@@ -81,16 +84,24 @@ def api_error(exc: ServiceError, retry_after_s: int) -> ApiError:
     return ApiError(503, code, exc.message, headers={"Retry-After": str(retry_after_s)})
 
 
-def _service(request: Request) -> RankingService:
+def _serving(request: Request) -> Serving:
     return request.app.state.serving
 
 
+def _ranking(request: Request) -> RankingService:
+    return request.app.state.ranking
+
+
+def _context(request: Request) -> ContextService:
+    return request.app.state.context
+
+
 @contextmanager
-def _answering(service: RankingService) -> Iterator[None]:
+def _answering(request: Request) -> Iterator[None]:
     try:
         yield
     except ServiceError as exc:
-        raise api_error(exc, service.config.batching.retry_after_s) from None
+        raise api_error(exc, _serving(request).config.batching.retry_after_s) from None
 
 
 class _ParsedRequest(Request):
@@ -156,24 +167,24 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Health, tags=["ops"], responses={503: {"model": Health}})
 async def readyz(request: Request) -> Response:
     """Readiness: every configured model and index is loaded."""
-    service = _service(request)
-    if service.ready:
+    serving = _serving(request)
+    if serving.ready:
         return JSONResponse(Health(status="ready").model_dump())
-    if service.error:
+    if serving.error:
         return JSONResponse(
-            Health(status="failed", detail={"error": service.error}).model_dump(), status_code=503
+            Health(status="failed", detail={"error": serving.error}).model_dump(), status_code=503
         )
     return JSONResponse(
         Health(status="loading").model_dump(),
         status_code=503,
-        headers={"Retry-After": str(service.config.batching.retry_after_s)},
+        headers={"Retry-After": str(serving.config.batching.retry_after_s)},
     )
 
 
 @router.get("/v1/models", response_model=ModelList, dependencies=protected, tags=["meta"])
 async def models(request: Request) -> ModelList:
     """The rerankers (by the name a request's `model` takes) and indexes served here."""
-    return _service(request).models()
+    return _ranking(request).models()
 
 
 @router.get("/metrics", dependencies=protected, tags=["ops"], response_class=Response)
@@ -188,9 +199,8 @@ async def prometheus(request: Request) -> Response:
 
 async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
     """Rank `documents` for `query`, most relevant first (Cohere v1/v2, Jina, vLLM shape)."""
-    service = _service(request)
-    with _answering(service):
-        return await service.rerank(body)
+    with _answering(request):
+        return await _ranking(request).rerank(body)
 
 
 _rerank_kwargs: dict[str, Any] = {
@@ -210,9 +220,8 @@ router.post("/rerank", include_in_schema=False, **_rerank_kwargs)(rerank)
 @router.post("/v1/search", response_model=SearchResponse, dependencies=protected, tags=["search"])
 async def search(body: SearchRequest, request: Request) -> SearchResponse:
     """First-stage search over a configured index, optionally reranked."""
-    service = _service(request)
-    with _answering(service):
-        return await service.search(body)
+    with _answering(request):
+        return await _ranking(request).search(body)
 
 
 # ---- RAG context assembly
@@ -224,9 +233,8 @@ async def search(body: SearchRequest, request: Request) -> SearchResponse:
 async def context(body: ContextRequest, request: Request) -> ContextResponse:
     """Arrange passages into a RAG prompt with a CIS reranker's causal LM: the order, the
     per-passage scores (curvature), the question-likelihood gauge and the prompt."""
-    service = _service(request)
-    with _answering(service):
-        return await service.context(body)
+    with _answering(request):
+        return await _context(request).context(body)
 
 
 @router.post(
@@ -235,6 +243,5 @@ async def context(body: ContextRequest, request: Request) -> ContextResponse:
 async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
     """Answer a question over passages, greedy, with naive or entropy-based decoding (seed
     004), bounded in passages, new tokens and time."""
-    service = _service(request)
-    with _answering(service):
-        return await service.generate(body)
+    with _answering(request):
+        return await _context(request).generate(body)

@@ -6,32 +6,23 @@ to reach them. Keeping this module free of any web framework (an import-linter c
 it) lets it be driven by other transports and tested without a server, and keeps the routes in
 `cisrank.api.routes` thin: validate, call the service, map its errors to status codes.
 
-Errors are raised as `ServiceError` subclasses that say what went wrong, never which status code
-it is; `cisrank.api.routes` owns that mapping.
+The service is composed from the parts every service shares (`cisrank.api.serving.Serving`:
+rerankers, batchers, indexes, limits, readiness) and does its model work through
+`cisrank.api.model_thread.ModelThread`. Errors are raised as `ServiceError` subclasses
+(`cisrank.api.service_errors`) that say what went wrong, never which status code it is;
+`cisrank.api.routes` owns that mapping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import math
-import os
-import threading
-import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from cisrank.api.batching import BatchScorer, QueueFullError, ScoringFailed, ScoringTimeout
-from cisrank.api.config import RerankerSpec, ServerConfig
-from cisrank.api.metrics import Metrics
 from cisrank.api.schemas import (
-    ContextRequest,
-    ContextResponse,
     DocumentIn,
-    GenerateRequest,
-    GenerateResponse,
     IndexCard,
     ModelCard,
     ModelList,
@@ -44,82 +35,12 @@ from cisrank.api.schemas import (
     SearchResult,
     Usage,
 )
-from cisrank.api.truncate import find_tokenizer, truncate_texts
+from cisrank.api.service_errors import BackendFailed, InvalidField
+from cisrank.api.serving import Serving, public_model_id
+from cisrank.api.truncate import truncate_texts
 from cisrank.data.types import rank_order
-from cisrank.errors import CisrankError
-from cisrank.rerank.base import Reranker
-from cisrank.retrieval.base import Retriever
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------- errors
-
-
-class ServiceError(Exception):
-    """A request the service cannot answer; the transport decides how to say so."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class InvalidField(ServiceError):
-    """A field of the request is out of its limits or names something not served here."""
-
-    def __init__(self, field: str, detail: str) -> None:
-        super().__init__(f"{field}: {detail}")
-        self.field = field
-        self.detail = detail
-
-
-class NotReady(ServiceError):
-    """The models are still loading, or loading them failed."""
-
-
-class LoadFailed(ServiceError):
-    """A configured model or index failed to load: permanent until the server is restarted with
-    a fixed configuration, so never answered with "retry in N seconds"."""
-
-
-class Overloaded(ServiceError):
-    """Too many requests are already waiting for the reranker."""
-
-
-class TimedOut(ServiceError):
-    """The request was not scored within its timeout."""
-
-
-class BackendFailed(ServiceError):
-    """A served component (an index, its document store) failed: the server's fault, not the
-    request's. The message names the component only; the exception is logged."""
-
-
-# --------------------------------------------------------------------------- model loading
-
-
-def build_reranker(spec: RerankerSpec) -> Reranker:
-    """A reranker from its spec: a registry kind, or a `module:factory` import path."""
-    if ":" in spec.kind:
-        module_name, _, attr = spec.kind.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise CisrankError(f"reranker kind '{spec.kind}' cannot be imported: {exc}") from exc
-        return factory(spec.model, **spec.options)
-    from cisrank.rerank.registry import load_reranker
-
-    reranker = load_reranker(spec.kind, spec.model, **spec.options)
-    if reranker.keeps_order:
-        raise CisrankError("reranker kind 'none' cannot be served: pick dense, cis, ...")
-    return reranker
-
-
-def open_retriever(path: os.PathLike[str] | str) -> Retriever:
-    """Open an index folder with `cisrank.indexes.kinds.open_index` (imported when first used)."""
-    from cisrank.indexes.kinds import open_index
-
-    return open_index(os.fspath(path))
 
 
 # ------------------------------------------------------------------------------- scores
@@ -152,193 +73,50 @@ def _finite(scores: Sequence[float]) -> list[float]:
     return out
 
 
-def public_model_id(model: str | None) -> str | None:
-    """The model id as `/v1/models` shows it: a Hugging Face id as is, a local folder by its
-    name only (a server path is nobody's business outside it)."""
-    if model is None:
-        return None
-    if os.path.isabs(model) or model.startswith(("~", "./", "../")):
-        return os.path.basename(os.path.normpath(os.path.expanduser(model))) or model
-    return model
-
-
-def _check_query(query: str, max_chars: int) -> None:
-    if len(query) > max_chars:
-        raise InvalidField("query", f"{len(query)} characters, over the limit of {max_chars}")
-
-
-# ------------------------------------------------------------------------------- service
-
-
 class RankingService:
-    """Rerankers, their batchers, indexes and readiness; answers rerank and search requests."""
+    """Answers rerank, search and model-list requests over the shared `Serving` parts."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        metrics: Metrics,
-        rerankers: Mapping[str, Reranker] | None = None,
-        retrievers: Mapping[str, Retriever] | None = None,
-    ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.rerankers: dict[str, Reranker] = {}
-        self.scorers: dict[str, BatchScorer] = {}
-        self.retrievers: dict[str, Retriever] = dict(retrievers or {})
-        self.tokenizers: dict[str, Any] = {}
-        self.error: str | None = None
-        """Why loading failed, naming the component only (it is shown to clients)."""
-        self._ready = threading.Event()
-        self._loader: threading.Thread | None = None
-        if rerankers is not None:
-            self._install(dict(rerankers))
-            if retrievers is None and config.indexes:
-                self.retrievers = {n: open_retriever(s.path) for n, s in config.indexes.items()}
-            self._ready.set()
-
-    # ---- readiness and loading
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set() and self.error is None
-
-    def _install(self, rerankers: dict[str, Reranker]) -> None:
-        for name, reranker in rerankers.items():
-            self.tokenizers[name] = find_tokenizer(reranker)
-            self.scorers[name] = BatchScorer(reranker, name, self.config.batching, self.metrics)
-        self.rerankers = rerankers
-
-    def start_loading(self) -> None:
-        """Load models in a thread so that /healthz answers while they load."""
-        if self._ready.is_set() or self._loader is not None:
-            return
-        self._loader = threading.Thread(target=self._load, name="cisrank-loader", daemon=True)
-        self._loader.start()
-
-    def _load(self) -> None:
-        component = "the server"
-        try:
-            loaded: dict[str, Reranker] = {}
-            for name, spec in self.config.rerankers.items():
-                component = f"reranker '{name}'"
-                started = time.perf_counter()
-                loaded[name] = build_reranker(spec)
-                log.info(
-                    "loaded reranker %s (%s, %s) in %.1f s",
-                    name,
-                    spec.kind,
-                    spec.model,
-                    time.perf_counter() - started,
-                )
-            retrievers = {}
-            for name, index in self.config.indexes.items():
-                component = f"index '{name}'"
-                retrievers[name] = open_retriever(index.path)
-                log.info("opened index %s", name)
-            self._install(loaded)
-            self.retrievers = retrievers
-        except Exception as exc:
-            # The exception's text (paths, file names) goes to the log; clients see the component.
-            self.error = f"{component} failed to load; details are in the server log"
-            log.error("loading %s failed: %s: %s", component, type(exc).__name__, exc)
-        finally:
-            self._ready.set()
-
-    def wait_ready(self, timeout: float) -> bool:
-        return self._ready.wait(timeout) and self.error is None
-
-    def open(self) -> None:
-        """Accept requests again (an app whose lifespan runs more than once)."""
-        for scorer in self.scorers.values():
-            scorer.open()
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(s.aclose() for s in self.scorers.values()))
-
-    # ---- lookups
-
-    def scorer(self, name: str) -> BatchScorer:
-        if self.error is not None:
-            raise LoadFailed(self.error)
-        if not self.ready:
-            raise NotReady("models are still loading: retry shortly")
-        return self.scorers[name]
-
-    def resolve_reranker(self, requested: str | None, field: str = "model") -> str:
-        """A configured reranker name from a request's `model` (its name or its model id)."""
-        if requested is None:
-            return self.config.default_reranker_name
-        if requested in self.config.rerankers:
-            return requested
-        for name, spec in self.config.rerankers.items():
-            if spec.model is not None and requested in (spec.model, public_model_id(spec.model)):
-                return name
-        choices = ", ".join(self.config.rerankers)
-        raise InvalidField(
-            field, f"'{requested[:100]}' is not served here: choose one of {choices}"
-        )
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
 
     def models(self) -> ModelList:
         """The rerankers (by the name a request's `model` takes) and indexes served here."""
+        serving = self.serving
+        config = serving.config
         cards = []
-        for name, spec in self.config.rerankers.items():
-            loaded = self.rerankers.get(name)
-            model_id = public_model_id(spec.model or getattr(loaded, "model_name", None)) or ""
-            cards.append(ModelCard(id=name, kind=spec.kind, model=model_id, ready=self.ready))
-        names = list(self.config.indexes) or list(self.retrievers)
-        indexes = [
-            IndexCard(id=n, kind=getattr(self.retrievers.get(n), "name", None)) for n in names
-        ]
-        return ModelList(data=cards, indexes=indexes, default=self.config.default_reranker_name)
-
-    def redact(self, text: str) -> str:
-        """`text` with the configured server paths (index folders, local model folders, path
-        options) replaced by the component's name, for a message that goes to a client."""
-        paths: dict[str, str] = {}
-        for name, index in self.config.indexes.items():
-            for form in (str(index.path), str(index.path.expanduser().resolve())):
-                paths[form] = f"<index {name}>"
-        for name, spec in self.config.rerankers.items():
-            values = [spec.model, *spec.options.values()]
-            for value in values:
-                if isinstance(value, str) and public_model_id(value) != value:
-                    for form in (value, os.path.realpath(os.path.expanduser(value))):
-                        paths[form] = f"<{name} file {public_model_id(value)}>"
-        for path in sorted(paths, key=len, reverse=True):
-            if len(path) > 1:
-                text = text.replace(path, paths[path])
-        return text
+        for name, spec in config.rerankers.items():
+            loaded = serving.rerankers.get(name)
+            model_id = spec.model or (loaded.model_name if loaded is not None else None)
+            cards.append(
+                ModelCard(
+                    id=name,
+                    kind=spec.kind,
+                    model=public_model_id(model_id) or "",
+                    ready=serving.ready,
+                )
+            )
+        names = list(config.indexes) or list(serving.retrievers)
+        indexes = []
+        for n in names:
+            retriever = serving.retrievers.get(n)
+            indexes.append(IndexCard(id=n, kind=retriever.name if retriever is not None else None))
+        return ModelList(data=cards, indexes=indexes, default=config.default_reranker_name)
 
     # ---- scoring
 
     async def _score(
         self, name: str, query: str, texts: list[str], field: str = "documents"
     ) -> list[float]:
-        """Scores through the batcher. The model failing on this request's own text (scored
-        alone, so no other request is to blame) is a 4xx naming `field` when it is an input
-        error (`cisrank.api.batching.is_input_error`), else the original error (500, logged).
-        In a search, `field` is `query`: the only text of the request the client sent."""
-        scorer = self.scorer(name)
-        try:
-            return _finite(await scorer.score(query, texts))
-        except QueueFullError as exc:
-            raise Overloaded(f"{exc}: retry later") from None
-        except ScoringTimeout as exc:
-            raise TimedOut(str(exc)) from None
-        except ScoringFailed as exc:
-            if exc.input_error:
-                raise InvalidField(
-                    field, f"the reranker cannot read this request's text: {exc}"
-                ) from None
-            assert exc.__cause__ is not None
-            raise exc.__cause__ from None
+        """Scores through the batcher (`ModelThread.score`), finite for JSON."""
+        return _finite(await self.serving.model_thread(name).score(query, texts, field))
 
     def _check_cost(
         self, name: str, query: str, texts: Sequence[str], field: str, per_doc: int | None = None
-    ) -> None:
-        """The per-request budget, before any model work (see `cisrank.api.batching`)."""
-        budget = self.config.limits.max_request_cost
-        cost = self.scorer(name).cost(query, texts, per_doc)
+    ) -> int:
+        """The per-request budget, before any model work (see `cisrank.api.batching`); returns
+        the request's estimated cost."""
+        budget = self.serving.config.limits.max_request_cost
+        cost = self.serving.scorer(name).cost(query, texts, per_doc)
         if cost > budget:
             raise InvalidField(
                 field,
@@ -346,12 +124,28 @@ class RankingService:
                 f"the limit of {budget}: send fewer or shorter documents, or set "
                 "max_tokens_per_doc",
             )
+        return cost
+
+    async def _truncate(
+        self, name: str, texts: list[str], max_tokens: int, cost: int
+    ) -> tuple[list[str], int]:
+        """`texts` cut to `max_tokens` tokens of the reranker's own tokenizer (whitespace words
+        where it declares none), in its model thread: a fast tokenizer must not be used from two
+        threads. Admitted like the scoring that follows it."""
+        serving = self.serving
+        model = serving.model_thread(name)
+        timeout = serving.config.batching.request_timeout_s
+        late = f"not scored within {timeout:g} s: the server is overloaded, retry later"
+        async with model.admitted(cost, late):
+            tokenizer = serving.rerankers[name].fast_tokenizer
+            return await model.run(truncate_texts, tokenizer, texts, max_tokens)
 
     async def rerank(self, body: RerankRequest) -> RerankResponse:
         """Rank `documents` for `query`, most relevant first."""
-        limits = self.config.limits
-        name = self.resolve_reranker(body.model)
-        _check_query(body.query, limits.max_query_chars)
+        serving = self.serving
+        limits = serving.config.limits
+        name = serving.resolve_reranker(body.model)
+        serving.check_query(body.query)
         if len(body.documents) > limits.max_documents:
             raise InvalidField(
                 "documents",
@@ -369,15 +163,13 @@ class RankingService:
                     "split the document",
                 )
             texts.append(text)
-        self._check_cost(name, body.query, texts, "documents", body.max_tokens_per_doc)
+        cost = self._check_cost(name, body.query, texts, "documents", body.max_tokens_per_doc)
         truncated = 0
         scored = texts
         if body.max_tokens_per_doc is not None:
-            scored, truncated = await self.scorer(name).call(
-                truncate_texts, self.tokenizers.get(name), texts, body.max_tokens_per_doc
-            )
+            scored, truncated = await self._truncate(name, texts, body.max_tokens_per_doc, cost)
         raw = await self._score(name, body.query, scored)
-        shown = normalize_scores(raw, body.normalize or self.config.normalize)
+        shown = normalize_scores(raw, body.normalize or serving.config.normalize)
         results = []
         for i in rank_order(raw)[: body.top_n]:
             doc = body.documents[i]
@@ -398,36 +190,23 @@ class RankingService:
             usage=Usage(documents=len(texts), truncated_documents=truncated),
         )
 
-    async def context(self, body: ContextRequest) -> ContextResponse:
-        """Arrange `documents` into a RAG prompt with a CIS reranker's causal LM, gauge it
-        (`cisrank.api.assembly`)."""
-        from cisrank.api.assembly import assemble_context
-
-        return await assemble_context(self, body)
-
-    async def generate(self, body: GenerateRequest) -> GenerateResponse:
-        """Answer over `documents` with naive or entropy-based decoding, bounded in passages,
-        new tokens and time (`cisrank.api.assembly`)."""
-        from cisrank.api.assembly import generate_answer
-
-        return await generate_answer(self, body)
-
     async def search(self, body: SearchRequest) -> SearchResponse:
         """First-stage search over a configured index, optionally reranked."""
-        config = self.config
+        serving = self.serving
+        config = serving.config
         limits = config.limits
-        if not self.ready:
-            self.scorer(config.default_reranker_name)  # raises NotReady
-        if not self.retrievers:
+        retrievers = serving.retrievers
+        serving.check_ready()
+        if not retrievers:
             raise InvalidField("index", "no index is configured on this server")
-        index = body.index or config.default_index_name or next(iter(self.retrievers))
-        if index not in self.retrievers:
+        index = body.index or config.default_index_name or next(iter(retrievers))
+        if index not in retrievers:
             raise InvalidField(
                 "index",
-                f"'{index[:100]}' is not served here: choose one of {', '.join(self.retrievers)}",
+                f"'{index[:100]}' is not served here: choose one of {', '.join(retrievers)}",
             )
-        reranker = self.resolve_reranker(body.rerank, "rerank") if body.rerank else None
-        _check_query(body.query, limits.max_query_chars)
+        reranker = serving.resolve_reranker(body.rerank, "rerank") if body.rerank else None
+        serving.check_query(body.query)
         if body.top_n > limits.max_search_top_n:
             raise InvalidField(
                 "top_n", f"{body.top_n} is over the limit of {limits.max_search_top_n}"
@@ -439,7 +218,7 @@ class RankingService:
         if depth < body.top_n:
             raise InvalidField("depth", f"{depth} is smaller than top_n={body.top_n}")
         try:
-            hits = await asyncio.to_thread(self.retrievers[index].search, body.query, depth)
+            hits = await asyncio.to_thread(retrievers[index].search, body.query, depth)
         except Exception as exc:
             # A damaged index or document store: the server's fault, never the client's.
             log.error("index %s failed on a search: %s", index, exc, exc_info=True)

@@ -1,9 +1,10 @@
 """`max_tokens_per_doc`: cut documents to N tokens of the reranker's own tokenizer.
 
 The cut is made in the original text at the end offset of token N, so the reranker scores the
-exact prefix the user sent (not a detokenized, lower-cased or re-spaced version of it). Rerankers
-without a fast tokenizer fall back to whitespace-separated words as tokens. Runs in the model's
-thread (`BatchScorer.call`): a Hugging Face fast tokenizer must not be used from two threads.
+exact prefix the user sent (not a detokenized, lower-cased or re-spaced version of it). The
+tokenizer is the one the reranker declares (`Reranker.fast_tokenizer`); rerankers without one fall
+back to whitespace-separated words as tokens. Runs in the model's thread (`ModelThread.run`): a
+Hugging Face fast tokenizer must not be used from two threads.
 """
 
 from __future__ import annotations
@@ -13,20 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 _WORD = re.compile(r"\S+")
-
-
-def find_tokenizer(reranker: object) -> Any | None:
-    """The reranker's fast tokenizer, where it exposes one (directly, or via encoder/engine)."""
-    for holder in (
-        reranker,
-        getattr(reranker, "encoder", None),
-        getattr(reranker, "engine", None),
-        getattr(reranker, "model", None),
-    ):
-        tok = getattr(holder, "tokenizer", None) if holder is not None else None
-        if tok is not None and getattr(tok, "is_fast", False):
-            return tok
-    return None
 
 
 def truncate_words(text: str, max_tokens: int) -> str:

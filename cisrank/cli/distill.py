@@ -16,6 +16,8 @@ from cisrank.cli.options import (
     ActorsOpt,
     EngineOpt,
     RayAddressOpt,
+    ThreadsPerWorkerOpt,
+    WorkersOpt,
 )
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
@@ -65,6 +67,18 @@ DevOpt = Annotated[str | None, typer.Option("--dev-dataset", help=field_help(T, 
 DevDepthOpt = Annotated[int | None, typer.Option("--dev-depth", help=field_help(T, "dev_depth"))]
 EvalStepsOpt = Annotated[int | None, typer.Option("--eval-steps", help=field_help(T, "eval_steps"))]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help=field_help(T, "seed", ""))]
+ListDepthOpt = Annotated[
+    int | None, typer.Option("--list-depth", min=2, help=field_help(T, "list_depth"))
+]
+TemperatureOpt = Annotated[
+    float | None, typer.Option("--temperature", help=field_help(T, "temperature"))
+]
+TeacherFuseOpt = Annotated[
+    str | None, typer.Option("--teacher-fuse", help=field_help(T, "teacher_fuse"))
+]
+TeacherFusionOpt = Annotated[
+    str | None, typer.Option("--teacher-fusion", help=field_help(T, "teacher_fusion"))
+]
 
 
 teacher_flags = reranker_flags(role="teacher", kinds=["cis"], omit=["normalize"])
@@ -147,14 +161,17 @@ def generate_cmd(
     actors: ActorsOpt = None,
     actor_gpus: ActorGpusOpt = None,
     actor_cpus: ActorCpusOpt = None,
+    workers: WorkersOpt = None,
+    threads_per_worker: ThreadsPerWorkerOpt = None,
     quiet: QuietOpt = False,
     **options: Any,
 ) -> None:
     """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
-    from cisrank.cli.options import ray_options
+    from cisrank.cli.options import ray_options, worker_options
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import load_source
-    from cisrank.distill.teachers import TeacherSpec
+    from cisrank.distill.teachers import SCORES_TEACHER, TeacherSpec
+    from cisrank.workers import WorkerOptions, for_device, set_threads
 
     ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
 
@@ -167,11 +184,16 @@ def generate_cmd(
         first_stage=first_stage,
         depth=depth,
     )
-    # Each Ray actor builds its own teacher from the spec; here, it is built once, now.
+    pool = for_device(worker_options(workers, threads_per_worker), device)
+    if teacher == SCORES_TEACHER:  # scores read from a file: no model to spread
+        pool = WorkerOptions(workers=1, threads_per_worker=pool.threads_per_worker)
+    # Each Ray actor or worker builds its own teacher from the spec; alone, it is built now.
     spec = TeacherSpec.of(
         teacher, model, scores_file, batch_size=batch_size, device=device, **options
     )
-    t: Any = spec if ray is not None else spec.load()
+    if ray is None and pool.count == 1:
+        set_threads(pool.threads_per_worker)
+    t: Any = spec if ray is not None or pool.count > 1 else spec.load()
     res = generate(
         source,
         t,
@@ -181,6 +203,7 @@ def generate_cmd(
         progress=not quiet,
         engine=engine,
         ray=ray,
+        workers=pool if ray is None else None,
     )
     m = res.manifest
     typer.echo(
@@ -201,12 +224,70 @@ def _config(flags: dict) -> TrainConfig:
     )
 
 
+@distill_app.command("pack")
+def pack_cmd(
+    component: Annotated[
+        list[str],
+        typer.Option(
+            "--component",
+            help="NAME=FOLDER: a teacher component (cis, dense, ...) as a distill generate "
+            "output; repeat for each, all over the same pairs.",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The teacher set's Parquet file.")],
+    pool: Annotated[
+        Path | None,
+        typer.Option("--pool", help="Texts: the training pool folder (distill pool) ..."),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="... or the named dataset the pairs are from.")
+    ] = None,
+    note: Annotated[str, typer.Option("--note", help="Recorded in the provenance.")] = "",
+) -> None:
+    """Pack teacher components into one compact teacher set (ids, ranks, scores, provenance; no
+    text) that the repository can carry and `distill train --teacher-set` reads."""
+    from cisrank.distill.teacher_set import pack
+    from cisrank.errors import DataError
+
+    if (pool is None) == (dataset is None):
+        raise DataError("say where the texts are: --pool FOLDER or --dataset NAME")
+    parts = {}
+    for spec in component:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise DataError(f"--component {spec!r}: expected NAME=FOLDER")
+        parts[name] = folder
+    texts: dict[str, str] = {"pool": str(pool)} if pool is not None else {"dataset": str(dataset)}
+    ts = pack(parts, out, texts, note)
+    size = out.stat().st_size
+    typer.echo(
+        f"{out}: {len(ts)} pairs of {ts.provenance['queries']} queries, components "
+        f"{', '.join(ts.components)}, {size / 1e6:.2f} MB"
+    )
+
+
 @distill_app.command("train")
 def train_cmd(
-    data: Annotated[
-        list[Path], typer.Option("--data", help="generate output folder (repeatable).")
-    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained student.")],
+    data: Annotated[
+        list[Path] | None, typer.Option("--data", help="generate output folder (repeatable).")
+    ] = None,
+    teacher_set: Annotated[
+        list[Path] | None,
+        typer.Option("--teacher-set", help="A packed teacher set (distill pack; repeatable)."),
+    ] = None,
+    pool: Annotated[
+        Path | None,
+        typer.Option(
+            "--pool",
+            help="The training pool folder whose texts teacher sets name (default: the folder "
+            "each set recorded).",
+        ),
+    ] = None,
+    teacher_fuse: TeacherFuseOpt = None,
+    teacher_fusion: TeacherFusionOpt = None,
+    list_depth: ListDepthOpt = None,
+    temperature: TemperatureOpt = None,
     base_model: BaseModelOpt = None,
     epochs: EpochsOpt = None,
     lr: LrOpt = None,
@@ -223,11 +304,20 @@ def train_cmd(
     ] = False,
     device: DeviceOpt = None,
 ) -> None:
-    """Train a CrossEncoder on teacher rows (MSE on raw or per-query standardized scores)."""
+    """Train a CrossEncoder on teacher rows or teacher sets (MSE, margin-MSE or listwise)."""
     from cisrank.distill.train import train
 
     cfg = _config(locals())
-    record = train(data, out, cfg, _dev(cfg.dev_dataset), resume=resume, device=device)
+    record = train(
+        data or [],
+        out,
+        cfg,
+        _dev(cfg.dev_dataset),
+        teacher_sets=teacher_set or [],
+        pool=pool,
+        resume=resume,
+        device=device,
+    )
     typer.echo(
         f"{out}: {record['examples']} examples, {record['train_seconds']:.0f} s; "
         f"best dev nDCG@10 {record['best_dev_metric']}; load with CrossEncoder('{out}')"

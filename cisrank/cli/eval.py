@@ -23,6 +23,9 @@ from cisrank.cli.options import (
     OutputOpt,
     QuietOpt,
     RerankerOpt,
+    ThreadsPerWorkerOpt,
+    WorkersOpt,
+    worker_options,
 )
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
@@ -57,13 +60,16 @@ def _evaluate(
     files: _Files | None = None,
     options: dict[str, Any],
     first_stage: list[Path] | None = None,
+    workers: int | None = None,
+    threads_per_worker: int | None = None,
 ) -> None:
     from rich.console import Console
 
     from cisrank.data import datasets
     from cisrank.eval.pipeline import RERANKED, run_eval
     from cisrank.eval.report import metrics_table
-    from cisrank.rerank.registry import check_name, load_reranker
+    from cisrank.rerank.pooled import load_on_workers
+    from cisrank.rerank.registry import check_name
 
     check_name(reranker)
     if files is not None:
@@ -74,9 +80,15 @@ def _evaluate(
         from cisrank.indexes.first_stage import with_first_stage
 
         dataset = with_first_stage(dataset, first_stage, depth)
-    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device, **options)
+    pool = worker_options(workers, threads_per_worker)
+    model_obj = load_on_workers(
+        reranker, model, pool, batch_size=batch_size, device=device, **options
+    )
     output = output or Path("out") / f"eval-{name}-{reranker}"
-    result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
+    try:
+        result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
+    finally:
+        model_obj.close()
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -108,6 +120,8 @@ def _dataset_command(name: str, doc: str):
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
         first_stage: FirstStageOpt = None,
+        workers: WorkersOpt = None,
+        threads_per_worker: ThreadsPerWorkerOpt = None,
         **options: Any,
     ) -> None:
         _evaluate(
@@ -123,6 +137,8 @@ def _dataset_command(name: str, doc: str):
             as_json,
             options=options,
             first_stage=first_stage,
+            workers=workers,
+            threads_per_worker=threads_per_worker,
         )
 
     command.__doc__ = doc
@@ -159,6 +175,8 @@ def eval_run(
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     first_stage: FirstStageOpt = None,
+    workers: WorkersOpt = None,
+    threads_per_worker: ThreadsPerWorkerOpt = None,
     **options: Any,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
@@ -188,6 +206,8 @@ def eval_run(
         files=files,
         options=options,
         first_stage=first_stage,
+        workers=workers,
+        threads_per_worker=threads_per_worker,
     )
 
 

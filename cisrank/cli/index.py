@@ -23,7 +23,10 @@ from cisrank.cli.options import (
     ActorsOpt,
     EngineOpt,
     RayAddressOpt,
+    ThreadsPerWorkerOpt,
+    WorkersOpt,
     ray_options,
+    worker_options,
 )
 from cisrank.indexes.kinds import KINDS
 from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
@@ -247,6 +250,8 @@ def build_prior(
             f"keeps (default {DEFAULT_SHARD_SIZE}).",
         ),
     ] = None,
+    workers: WorkersOpt = None,
+    threads_per_worker: ThreadsPerWorkerOpt = None,
     fmt: FormatOpt = None,
     on_error: OnErrorOpt = "raise",
     overwrite: OverwriteOpt = False,
@@ -261,6 +266,10 @@ def build_prior(
 
         raise CisrankError("--shard-size needs --engine ray")
     params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype}
+    from cisrank.workers import for_device, set_threads
+
+    pool = for_device(worker_options(workers, threads_per_worker), device)
+    set_threads(pool.threads_per_worker)
     _run(
         "prior",
         corpus,
@@ -276,6 +285,7 @@ def build_prior(
             "engine": engine,
             "ray": ray,
             "shard_size": shard_size,
+            "workers": pool if ray is None else None,
         },
     )
 

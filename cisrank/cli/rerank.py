@@ -8,7 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from cisrank.cli.options import BatchOpt, DeviceOpt, JsonOpt, ModelOpt, RerankerOpt
+from cisrank.cli.options import (
+    BatchOpt,
+    DeviceOpt,
+    JsonOpt,
+    ModelOpt,
+    RerankerOpt,
+    ThreadsPerWorkerOpt,
+    WorkersOpt,
+    worker_options,
+)
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.cli.tables import print_ranking
 from cisrank.errors import CisrankError
@@ -40,19 +49,27 @@ def rerank(
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     as_json: JsonOpt = False,
+    workers: WorkersOpt = None,
+    threads_per_worker: ThreadsPerWorkerOpt = None,
     **options: Any,
 ) -> None:
     """Rank passages for one query, most relevant first."""
-    from cisrank.rerank.registry import NO_RERANKER, check_name, load_reranker
+    from cisrank.rerank.pooled import load_on_workers
+    from cisrank.rerank.registry import NO_RERANKER, check_name
 
     if check_name(reranker) == NO_RERANKER:
         raise CisrankError("`rerank` needs a reranker: --reranker dense, ...")
     if not query.strip():
         raise CisrankError("--query is empty")
     texts, ids = _read_passages(passages)
-    model_obj = load_reranker(reranker, model, batch_size=batch_size, device=device, **options)
-    assert model_obj is not None  # `none` was rejected above
-    ranked = model_obj.rerank(query, texts, top_n=top_n)
+    pool = worker_options(workers, threads_per_worker)
+    model_obj = load_on_workers(
+        reranker, model, pool, batch_size=batch_size, device=device, **options
+    )
+    try:
+        ranked = model_obj.rerank(query, texts, top_n=top_n)
+    finally:
+        model_obj.close()
     if as_json:
         rows = [
             {"rank": r, "index": p.index, "id": ids[p.index], "score": p.score, "text": p.text}

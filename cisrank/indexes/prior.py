@@ -35,6 +35,7 @@ from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
 from cisrank.data.shards import claim_shard_dir, resume_shards
 from cisrank.errors import CisrankError
+from cisrank.workers import WorkerOptions, WorkerPool
 from cisrank.ray_engine import (
     POS,
     SHARD,
@@ -112,8 +113,13 @@ def build_prior(
     ray: RayOptions | None = None,
     shard_size: int | None = None,
     job_wrapper: Callable[[Any], Any] | None = None,
+    workers: WorkerOptions | None = None,
 ) -> BuildOutput:
     """Stream the corpus in batches and store log p(K) of every passage not stored yet.
+
+    With several `workers`, this process scores every N-th batch and N - 1 worker processes
+    the others, each with its own model and its own connection to the same store (SQLite in WAL
+    mode takes concurrent writers; a key is written once whoever scores it).
 
     `engine="ray"` scores the corpus on a Ray actor pool instead, into the Parquet prior table
     `priors.parquet` (see `build_prior_ray`).
@@ -162,15 +168,47 @@ def build_prior(
         if stored_before:
             log.info("%s: %d priors already stored, computing the rest", out, stored_before)
         passages = 0
-        with tqdm(desc="prior", unit="passage", disable=not progress) as bar:
-            for texts in _batched((p.contents for p in reader), batch_size):
-                # the reranker's own path: store lookup, misses scored from [BOS], written back
-                reranker.summed_log_priors(reranker.passage_ids(texts))
-                passages += len(texts)
-                bar.set_postfix(reused=store.hits, computed=store.misses, refresh=False)
-                bar.update(len(texts))
+        pool = workers.count if workers is not None else 1
+        extra = (
+            WorkerPool(
+                PriorStoreJob(
+                    str(config.model),
+                    config.max_doc_tokens,
+                    config.dtype,
+                    str(out / PRIOR_FILE),
+                    batch_tokens,
+                    device,
+                ),
+                pool - 1,
+                workers.threads_per_worker if workers is not None else 1,
+            )
+            if pool > 1
+            else None
+        )
+        pending: list[Any] = []
+        try:
+            with tqdm(desc="prior", unit="passage", disable=not progress) as bar:
+                for i, texts in enumerate(_batched((p.contents for p in reader), batch_size)):
+                    if extra is not None and i % pool:
+                        pending.append(extra.submit(texts))
+                        while len(pending) > 2 * pool:  # bounded: the corpus streams
+                            bar.update(pending.pop(0).result())
+                    else:
+                        # the reranker's own path: store lookup, misses scored from [BOS],
+                        # written back
+                        reranker.summed_log_priors(reranker.passage_ids(texts))
+                        bar.update(len(texts))
+                    passages += len(texts)
+                    bar.set_postfix(
+                        computed=store.count(fingerprint) - stored_before, refresh=False
+                    )
+                for future in pending:
+                    bar.update(future.result())
+        finally:
+            if extra is not None:
+                extra.close()
         stored = store.count(fingerprint)
-        reused = store.hits
+        reused = passages - (stored - stored_before)
     finally:
         store.close()  # the last connection checkpoints the WAL: priors.sqlite is self-contained
     computed = stored - stored_before
@@ -198,6 +236,39 @@ def build_prior(
             "priors_stored": stored,
         },
     )
+
+
+@dataclass(frozen=True)
+class PriorStoreJob:
+    """A worker of the local prior job: its own model and its own connection to the store,
+    scoring batches through the reranker's prior path (lookup, misses scored, written back)."""
+
+    model: str
+    max_doc_tokens: int
+    dtype: str | None
+    store: str
+    batch_tokens: int | None = None
+    device: str | None = None
+
+    def load(self) -> Any:
+        from cisrank.lm.engine import CausalLMEngine
+        from cisrank.rerank.cis import CISReranker
+        from cisrank.rerank.prior_store import PriorStore
+
+        engine = CausalLMEngine(
+            self.model, device=self.device, dtype=self.dtype, batch_tokens=self.batch_tokens
+        )
+        return CISReranker(
+            self.model,
+            max_doc_tokens=self.max_doc_tokens,
+            normalize="sum",
+            prior_store=PriorStore(self.store),
+            engine=engine,
+        )
+
+    def score(self, reranker: Any, texts: list[str]) -> int:
+        reranker.summed_log_priors(reranker.passage_ids(texts))
+        return len(texts)
 
 
 # ---------------------------------------------------------------------------------- Ray engine

@@ -6,17 +6,42 @@ passages of different queries into shared batches, and every caller (API batcher
 distillation) gets that without asking whether the reranker can. `score` and `rerank` derive from
 it. Ranking is derived from scores in one place (`rank_order`) so that every caller breaks ties
 the same deterministic way.
+
+Besides scores, a reranker declares its capabilities: what a caller may use of it, typed, `None`
+where it has none (`BaseReranker` gives those empty defaults, each reranker sets its own):
+
+- `fast_tokenizer`: the Hugging Face fast tokenizer its model reads with (character offsets: the
+  API cuts documents to `max_tokens_per_doc` tokens with it);
+- `pair_token_limit`: the most tokens its model reads of one (query, passage) pair (the API caps
+  a pair's estimated cost at it);
+- `causal_lm`: its causal-LM engine (RAG context assembly and generation run on it);
+- `prior_store`: where it keeps log p(K) (the API reports its hit rate).
+
+Callers read these; they never probe a reranker for attributes. This module stays light (no torch
+or transformers at import): the types are imported for type checkers only.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cisrank.data.types import RankedPassage, rank_order
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+    from cisrank.lm.engine import CausalLMEngine
+    from cisrank.rerank.prior_table import Priors
+
 Request = tuple[str, Sequence[str]]
+
+
+def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
+    """`tokenizer` where it is a Hugging Face fast tokenizer (one that reports character
+    offsets), else None: what a reranker declares as its `fast_tokenizer`."""
+    return tokenizer if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
 
 
 @runtime_checkable
@@ -28,6 +53,27 @@ class Reranker(Protocol):
     # True only for a reranker whose scores restate the input order (`IdentityReranker`):
     # callers may then skip it, as eval does, and report the first stage alone.
     keeps_order: bool
+
+    # Capabilities (see the module docstring); None where the reranker has none.
+    @property
+    def fast_tokenizer(self) -> PreTrainedTokenizerFast | None:
+        """The fast tokenizer the model reads with."""
+        ...
+
+    @property
+    def pair_token_limit(self) -> int | None:
+        """The most tokens the model reads of one (query, passage) pair."""
+        ...
+
+    @property
+    def causal_lm(self) -> CausalLMEngine | None:
+        """The causal-LM engine the reranker scores with."""
+        ...
+
+    @property
+    def prior_store(self) -> Priors | None:
+        """Where the reranker keeps log p(K)."""
+        ...
 
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         """One list of floats per (query, passages) request, in input order, one float per
@@ -44,6 +90,10 @@ class Reranker(Protocol):
         """Passages most relevant first, at most `top_n` of them."""
         ...
 
+    def close(self) -> None:
+        """Release worker processes or other resources (`BaseReranker`: nothing to release)."""
+        ...
+
 
 class BaseReranker(ABC):
     """Derives `score` and `rerank` from `score_batch`; subclasses only say how to score."""
@@ -51,6 +101,11 @@ class BaseReranker(ABC):
     name: str = "base"
     model_name: str = ""
     keeps_order: bool = False
+    # The capabilities a reranker without them declares; a reranker sets its own in __init__.
+    fast_tokenizer: PreTrainedTokenizerFast | None = None
+    pair_token_limit: int | None = None
+    causal_lm: CausalLMEngine | None = None
+    prior_store: Priors | None = None
 
     @abstractmethod
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]: ...
@@ -66,6 +121,10 @@ class BaseReranker(ABC):
         scores = self.score(query, passages) if passages else []
         order = rank_order(scores)[:top_n]
         return [RankedPassage(i, float(scores[i]), passages[i]) for i in order]
+
+    def close(self) -> None:  # noqa: B027 - a hook, deliberately empty by default
+        """Release what the reranker holds beyond its memory (worker processes); a no-op for
+        one that holds nothing more."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model_name!r})"

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cisrank.errors import CisrankError
+from cisrank.lm.backends import load_engine
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.lm.prompts import (
     CHAT,
@@ -36,7 +37,7 @@ from cisrank.lm.prompts import (
     resolve_forward,
     resolve_reverse,
 )
-from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import CISRerankerConfig
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
 from cisrank.rerank.prior_table import Priors, open_prior_store
@@ -73,8 +74,9 @@ class CISReranker(BaseReranker):
         self.config = (config or CISRerankerConfig()).replace(
             model=model, prior_store=path, **options
         )
-        self.engine = engine or CausalLMEngine(
+        self.engine = engine or load_engine(
             self.config.model,
+            backend=self.config.backend,
             device=self.config.device,
             dtype=self.config.dtype,
             batch_size=self.config.batch_size,
@@ -83,6 +85,10 @@ class CISReranker(BaseReranker):
             padding_side=self.config.padding_side,
         )
         self.model_name = self.config.model if engine is None else engine.model_name
+        # Capabilities: the LM and its tokenizer, and (below) the prior store. No pair-token
+        # limit: a passage is cut to `max_doc_tokens`, the templated query is not cut.
+        self.causal_lm = self.engine
+        self.fast_tokenizer = fast_only(self.engine.tokenizer)
         if store_obj is not None:
             self.prior_store: Priors | None = store_obj
         elif self.config.prior_store:

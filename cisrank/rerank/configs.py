@@ -74,7 +74,17 @@ class CISRerankerConfig(ComponentConfig):
         default=None, ge=0.0, lt=1.0, description="Padding a row may carry (0.05 CPU, 0.25 GPU)."
     )
     device: str | None = None
-    dtype: str | None = None
+    backend: Annotated[Literal["torch", "ctranslate2", "onnx"], Flag()] = Field(
+        default="torch",
+        description="Runtime of the causal LM: torch (exact, CPU or GPU), ctranslate2 or onnx "
+        "(CPU; extras of those names; measured in bench/lm_backends.py).",
+    )
+    dtype: Annotated[str | None, Flag()] = Field(
+        default=None,
+        description="Compute type: float32 (CPU default) or bfloat16/float16 (GPU default "
+        "bf16) for torch; float32, int8_float32 or int8 for ctranslate2; float32 or int8 "
+        "for onnx.",
+    )
     prior_store: Annotated[str | None, Flag(path=True)] = Field(
         default=None,
         description="Stored log p(K): a SQLite file (created if absent, caches new passages), a "

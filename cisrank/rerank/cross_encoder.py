@@ -37,7 +37,7 @@ from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
 from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
 from cisrank.models.resolve import resolve_model
-from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import CPU_BATCH_SIZE, GPU_BATCH_SIZE, CrossEncoderRerankerConfig
 
 _UNSET_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
@@ -241,6 +241,9 @@ class CrossEncoderReranker(BaseReranker):
         self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._pad_type_id = getattr(self.tokenizer, "pad_token_type_id", 0) or 0
         self._pad_left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        # Capabilities: the tokenizer the pairs are read with, and their truncation length.
+        self.fast_tokenizer = fast_only(self.tokenizer)
+        self.pair_token_limit = self.max_length
 
     def _resolve_dtype(self) -> torch.dtype:
         if self.config.dtype not in (None, "auto"):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from cisrank.models.encoders import load_sentence_transformer
-from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import DenseRerankerConfig
 
 
@@ -31,6 +31,10 @@ class DenseReranker(BaseReranker):
         )
         on_gpu = self.encoder.device.type == "cuda"
         self.batch_size = self.config.batch_size or (128 if on_gpu else 16)
+        # Capabilities: the encoder's tokenizer, and its sequence length as the pair limit.
+        self.fast_tokenizer = fast_only(self.encoder.tokenizer)
+        limit = self.encoder.max_seq_length
+        self.pair_token_limit = limit if isinstance(limit, int) and limit > 0 else None
 
     def embed(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
         """L2-normalized float32 embeddings; sentence-transformers sorts by length internally."""

@@ -106,6 +106,8 @@ class HybridReranker(BaseReranker):
             f"{kind}({r.model_name})" if r.model_name else kind
             for kind, r in self.components.items()
         )
+        # Capabilities: none of its own. Its components read with several tokenizers and limits,
+        # and a fused score is not one LM's: the `BaseReranker` defaults (None) stand.
 
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         """Every component scores all requests in one call (keeping its own cross-request

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cisrank.rerank.base import BaseReranker, Request, Reranker
-from cisrank.workers import WorkerOptions, WorkerPool, balanced_split, set_threads
+from cisrank.workers import WorkerOptions, WorkerPool, balanced_split, for_device, set_threads
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,12 @@ class PooledReranker(BaseReranker):
         self.name = self.local.name
         self.model_name = self.local.model_name
         self.keeps_order = self.local.keeps_order
+        # Capabilities: the local copy's (its tokenizer and LM run in this process; its prior
+        # store counts the lookups of this process's share only).
+        self.fast_tokenizer = self.local.fast_tokenizer
+        self.pair_token_limit = self.local.pair_token_limit
+        self.causal_lm = self.local.causal_lm
+        self.prior_store = self.local.prior_store
         extra = self.workers.count - 1
         self.pool = (
             WorkerPool(self.job, extra, self.workers.threads_per_worker) if extra > 0 else None
@@ -109,3 +115,20 @@ def _plan(
         (requests[r][0], [requests[r][1][j] for j in js]) for r, js in where
     ]
     return subrequests, where
+
+
+def load_on_workers(
+    kind: str, model: str | None = None, workers: WorkerOptions | None = None, **options: Any
+) -> Reranker:
+    """`load_reranker(kind, model, **options)` spread over `workers` (a `PooledReranker`), or
+    one copy in this process when one worker is asked or the work runs on a GPU (where one
+    process already fills the device). The reranker `none` has no model: always one copy."""
+    from cisrank.rerank.registry import NO_RERANKER, load_reranker
+
+    workers = for_device(workers or WorkerOptions(), options.get("device"))
+    if kind == NO_RERANKER:
+        return load_reranker(kind, model, **options)
+    if workers.count <= 1:
+        set_threads(workers.threads_per_worker)
+        return load_reranker(kind, model, **options)
+    return PooledReranker(kind, model, workers, **options)

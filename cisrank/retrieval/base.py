@@ -2,6 +2,8 @@
 and every index kind declares its parameters the same way (`IndexConfig`).
 
 The reranker needs passage text, so a search hit carries it (from the index's document store).
+A retriever also declares that store (`docs`, None where it has none of its own): callers that
+draw passages from an index (the API's noise passages) read it, never probe for it.
 """
 
 from __future__ import annotations
@@ -14,11 +16,26 @@ from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError
 
 
+class DocumentStore(Protocol):
+    """An index's passages by row number (`cisrank.retrieval.docstore.DocStore`)."""
+
+    def __len__(self) -> int: ...
+
+    def get(self, indices: Sequence[int]) -> list[tuple[str, str]]:
+        """(docid, text) of each row, in the order given."""
+        ...
+
+
 @runtime_checkable
 class Retriever(Protocol):
     """Top-k search over one corpus; hits best first with strictly comparable scores."""
 
     name: str
+
+    @property
+    def docs(self) -> DocumentStore | None:
+        """The index's document store, or None where the retriever has none of its own."""
+        ...
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]: ...
 

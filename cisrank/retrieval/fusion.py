@@ -15,7 +15,7 @@ from pydantic import Field
 from cisrank.config import ComponentConfig
 from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError
-from cisrank.retrieval.base import Retriever
+from cisrank.retrieval.base import DocumentStore, Retriever
 
 
 class FusionConfig(ComponentConfig):
@@ -45,6 +45,7 @@ class FusionRetriever:
     """Several retrievers over the same corpus, fused by RRF over each one's top `depth`."""
 
     name = "rrf"
+    docs: DocumentStore | None = None  # no store of its own (each fused index has one)
 
     def __init__(
         self, retrievers: Sequence[Retriever], k: float | None = None, depth: int | None = None

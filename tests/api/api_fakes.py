@@ -95,6 +95,7 @@ class ListRetriever:
     """Brute-force search over a small in-memory corpus by `overlap` (best first, docid ties)."""
 
     name = "list"
+    docs = None  # no document store (the `Retriever` contract declares it)
 
     def __init__(self, corpus: dict[str, str]) -> None:
         self.corpus = corpus

@@ -230,3 +230,22 @@ def test_bad_model_and_bad_params_are_clear_errors(
         build_index("prior", corpus, tmp_path / "p2", {"model": "x", "batch_size": 8})
     with pytest.raises(CisrankError, match="needs a causal LM"):
         build_index("prior", corpus, tmp_path / "p3", {})
+
+
+def test_two_workers_store_the_priors_of_one(tmp_path, corpus, tiny_gpt2_dir, ref):
+    from cisrank.workers import WorkerOptions
+
+    out = tmp_path / "prior2"
+    m = build_index(
+        "prior",
+        corpus,
+        out,
+        {"model": str(tiny_gpt2_dir)},
+        progress=False,
+        options={"batch_size": 2, "workers": WorkerOptions(workers=2)},
+    )
+    assert m.build["passages"] == len(ROWS)
+    assert m.build["priors_computed"] == m.build["priors_stored"] == DISTINCT
+    assert m.build["priors_reused"] == len(ROWS) - DISTINCT
+    stored = _stored(out / PRIOR_FILE, ref, CONTENTS)
+    assert np.abs(np.array([lp for lp, _ in stored]) - ref.log_prior(CONTENTS)).max() <= TOL

@@ -1,0 +1,215 @@
+"""What the services of one app share: the loaded rerankers and their batchers, the indexes, the
+configuration, the metrics, readiness, the request checks every route makes, and the redaction of
+server paths.
+
+Why apart: the ranking service (`cisrank.api.service`) and the context service
+(`cisrank.api.assembly`) are both composed from these parts, so neither reaches into the other.
+`cisrank.api.app` builds one `Serving` per app and both services over it. No web framework here
+(an import-linter contract).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+
+from cisrank.api.batching import BatchScorer
+from cisrank.api.config import RerankerSpec, ServerConfig
+from cisrank.api.metrics import Metrics
+from cisrank.api.model_thread import ModelThread
+from cisrank.api.service_errors import InvalidField, LoadFailed, NotReady
+from cisrank.errors import CisrankError
+from cisrank.rerank.base import Reranker
+from cisrank.retrieval.base import Retriever
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- model loading
+
+
+def build_reranker(spec: RerankerSpec) -> Reranker:
+    """A reranker from its spec: a registry kind, or a `module:factory` import path."""
+    if ":" in spec.kind:
+        module_name, _, attr = spec.kind.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise CisrankError(f"reranker kind '{spec.kind}' cannot be imported: {exc}") from exc
+        built = factory(spec.model, **spec.options)
+        if not isinstance(built, Reranker):  # the services read the contract's capabilities
+            raise CisrankError(
+                f"reranker kind '{spec.kind}' built a {type(built).__name__}, which is not a "
+                "Reranker: subclass cisrank.rerank.base.BaseReranker"
+            )
+        return built
+    from cisrank.rerank.registry import load_reranker
+
+    reranker = load_reranker(spec.kind, spec.model, **spec.options)
+    if reranker.keeps_order:
+        raise CisrankError("reranker kind 'none' cannot be served: pick dense, cis, ...")
+    return reranker
+
+
+def open_retriever(path: os.PathLike[str] | str) -> Retriever:
+    """Open an index folder with `cisrank.indexes.kinds.open_index` (imported when first used)."""
+    from cisrank.indexes.kinds import open_index
+
+    return open_index(os.fspath(path))
+
+
+def public_model_id(model: str | None) -> str | None:
+    """The model id as `/v1/models` shows it: a Hugging Face id as is, a local folder by its
+    name only (a server path is nobody's business outside it)."""
+    if model is None:
+        return None
+    if os.path.isabs(model) or model.startswith(("~", "./", "../")):
+        return os.path.basename(os.path.normpath(os.path.expanduser(model))) or model
+    return model
+
+
+# ------------------------------------------------------------------------------- serving
+
+
+class Serving:
+    """Rerankers, their batchers, indexes and readiness, for every service of one app."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        metrics: Metrics,
+        rerankers: Mapping[str, Reranker] | None = None,
+        retrievers: Mapping[str, Retriever] | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.rerankers: dict[str, Reranker] = {}
+        self.scorers: dict[str, BatchScorer] = {}
+        self.retrievers: dict[str, Retriever] = dict(retrievers or {})
+        self.error: str | None = None
+        """Why loading failed, naming the component only (it is shown to clients)."""
+        self._ready = threading.Event()
+        self._loader: threading.Thread | None = None
+        if rerankers is not None:
+            self._install(dict(rerankers))
+            if retrievers is None and config.indexes:
+                self.retrievers = {n: open_retriever(s.path) for n, s in config.indexes.items()}
+            self._ready.set()
+
+    # ---- readiness and loading
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self.error is None
+
+    def _install(self, rerankers: dict[str, Reranker]) -> None:
+        for name, reranker in rerankers.items():
+            self.scorers[name] = BatchScorer(reranker, name, self.config.batching, self.metrics)
+        self.rerankers = rerankers
+
+    def start_loading(self) -> None:
+        """Load models in a thread so that /healthz answers while they load."""
+        if self._ready.is_set() or self._loader is not None:
+            return
+        self._loader = threading.Thread(target=self._load, name="cisrank-loader", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        component = "the server"
+        try:
+            loaded: dict[str, Reranker] = {}
+            for name, spec in self.config.rerankers.items():
+                component = f"reranker '{name}'"
+                started = time.perf_counter()
+                loaded[name] = build_reranker(spec)
+                log.info(
+                    "loaded reranker %s (%s, %s) in %.1f s",
+                    name,
+                    spec.kind,
+                    spec.model,
+                    time.perf_counter() - started,
+                )
+            retrievers = {}
+            for name, index in self.config.indexes.items():
+                component = f"index '{name}'"
+                retrievers[name] = open_retriever(index.path)
+                log.info("opened index %s", name)
+            self._install(loaded)
+            self.retrievers = retrievers
+        except Exception as exc:
+            # The exception's text (paths, file names) goes to the log; clients see the component.
+            self.error = f"{component} failed to load; details are in the server log"
+            log.error("loading %s failed: %s: %s", component, type(exc).__name__, exc)
+        finally:
+            self._ready.set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout) and self.error is None
+
+    def open(self) -> None:
+        """Accept requests again (an app whose lifespan runs more than once)."""
+        for scorer in self.scorers.values():
+            scorer.open()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(s.aclose() for s in self.scorers.values()))
+
+    # ---- lookups and the checks every route makes
+
+    def check_ready(self) -> None:
+        """`LoadFailed` if loading failed, `NotReady` while the models load."""
+        if self.error is not None:
+            raise LoadFailed(self.error)
+        if not self.ready:
+            raise NotReady("models are still loading: retry shortly")
+
+    def scorer(self, name: str) -> BatchScorer:
+        self.check_ready()
+        return self.scorers[name]
+
+    def model_thread(self, name: str) -> ModelThread:
+        """Reranker `name`'s model thread, for one request's model work."""
+        return ModelThread(self.scorer(name), self.config.batching.request_timeout_s, self.redact)
+
+    def resolve_reranker(self, requested: str | None, field: str = "model") -> str:
+        """A configured reranker name from a request's `model` (its name or its model id)."""
+        if requested is None:
+            return self.config.default_reranker_name
+        if requested in self.config.rerankers:
+            return requested
+        for name, spec in self.config.rerankers.items():
+            if spec.model is not None and requested in (spec.model, public_model_id(spec.model)):
+                return name
+        choices = ", ".join(self.config.rerankers)
+        raise InvalidField(
+            field, f"'{requested[:100]}' is not served here: choose one of {choices}"
+        )
+
+    def check_query(self, query: str) -> None:
+        """The query's length, against `limits.max_query_chars` (every route takes a query)."""
+        max_chars = self.config.limits.max_query_chars
+        if len(query) > max_chars:
+            raise InvalidField("query", f"{len(query)} characters, over the limit of {max_chars}")
+
+    def redact(self, text: str) -> str:
+        """`text` with the configured server paths (index folders, local model folders, path
+        options) replaced by the component's name, for a message that goes to a client."""
+        paths: dict[str, str] = {}
+        for name, index in self.config.indexes.items():
+            for form in (str(index.path), str(index.path.expanduser().resolve())):
+                paths[form] = f"<index {name}>"
+        for name, spec in self.config.rerankers.items():
+            values = [spec.model, *spec.options.values()]
+            for value in values:
+                if isinstance(value, str) and public_model_id(value) != value:
+                    for form in (value, os.path.realpath(os.path.expanduser(value))):
+                        paths[form] = f"<{name} file {public_model_id(value)}>"
+        for path in sorted(paths, key=len, reverse=True):
+            if len(path) > 1:
+                text = text.replace(path, paths[path])
+        return text
