@@ -77,6 +77,8 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/cis_engine.py
 	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
 	$(PY) bench/cis_engine.py --model smollm2-135m-instruct --queries 2 --passages 20 --memory-passages 0
+	$(PY) bench/lm_backends.py --model smollm2-135m-instruct --dataset trec-dl21 --depth 20
+	$(PY) bench/serve_cis.py --model smollm2-135m-instruct
 	$(PY) bench/context_speed.py
 	$(PY) bench/cross_encoder.py
 	$(PY) bench/retrieval.py

@@ -110,6 +110,13 @@ def _start(job: WorkerJob, threads: int) -> None:
         _STATE["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
 
 
+def _loaded(_: Any) -> int:
+    """A task that returns once its worker has loaded its model (the initializer runs first)."""
+    if "error" in _STATE:
+        raise CisrankError(f"a worker could not load its model: {_STATE['error']}")
+    return os.getpid()
+
+
 def _run(item: Any) -> Any:
     if "error" in _STATE:
         raise CisrankError(f"a worker could not load its model: {_STATE['error']}")
@@ -134,6 +141,19 @@ class WorkerPool:
 
     def submit(self, item: Any) -> Future[Any]:
         return self._executor.submit(_run, item)
+
+    def warm(self, timeout_s: float = 600.0) -> None:
+        """Start every process and wait until each has loaded its model (or say why one could
+        not): a server is ready, and a timed request starts, with the workers already loaded."""
+        import time
+
+        seen: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(seen) < self.processes and time.monotonic() < deadline:
+            pending = [self._executor.submit(_loaded, None) for _ in range(self.processes)]
+            seen.update(f.result() for f in pending)
+            if len(seen) < self.processes:
+                time.sleep(0.05)  # another process is still loading its model
 
     def map(self, items: Sequence[Any]) -> list[Any]:
         """`job.score` of every item, in input order."""

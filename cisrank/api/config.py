@@ -53,6 +53,18 @@ class RerankerSpec(ComponentConfig):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options passed to the reranker factory."
     )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Processes this reranker's model work runs on, each with its own copy of "
+        "the model (`cisrank.workers`): one request's passages are shared among them. Default: "
+        "one per CPU core for the causal-LM kinds (cis, hybrid), whose 100-passage requests "
+        "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
+        "(N HTTP processes, each with its own rerankers), set it to cores / N.",
+    )
+    threads_per_worker: int | None = Field(
+        default=None, ge=1, description="Torch threads of each of those processes (default 1)."
+    )
 
 
 class IndexSpec(ComponentConfig):

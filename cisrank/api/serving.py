@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- model loading
 
 
+LM_KINDS = ("cis", "hybrid")
+"""Kinds whose scoring runs a causal LM: served on a worker per core unless told otherwise."""
+
+
 def build_reranker(spec: RerankerSpec) -> Reranker:
     """A reranker from its spec: a registry kind, or a `module:factory` import path."""
     if ":" in spec.kind:
@@ -48,9 +52,14 @@ def build_reranker(spec: RerankerSpec) -> Reranker:
                 "Reranker: subclass cisrank.rerank.base.BaseReranker"
             )
         return built
-    from cisrank.rerank.registry import load_reranker
+    from cisrank.rerank.pooled import load_on_workers
+    from cisrank.workers import WorkerOptions
 
-    reranker = load_reranker(spec.kind, spec.model, **spec.options)
+    workers = spec.workers
+    if workers is None and spec.kind not in LM_KINDS:
+        workers = 1  # an encoder scores a request in milliseconds: no worker round trip
+    pool = WorkerOptions(workers=workers, threads_per_worker=spec.threads_per_worker or 1)
+    reranker = load_on_workers(spec.kind, spec.model, pool, **spec.options)
     if reranker.keeps_order:
         raise CisrankError("reranker kind 'none' cannot be served: pick dense, cis, ...")
     return reranker
@@ -158,6 +167,8 @@ class Serving:
 
     async def aclose(self) -> None:
         await asyncio.gather(*(s.aclose() for s in self.scorers.values()))
+        for reranker in self.rerankers.values():
+            reranker.close()  # worker processes go with the server
 
     # ---- lookups and the checks every route makes
 

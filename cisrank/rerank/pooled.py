@@ -63,14 +63,22 @@ class PooledReranker(BaseReranker):
         self.pair_token_limit = self.local.pair_token_limit
         self.causal_lm = self.local.causal_lm
         self.prior_store = self.local.prior_store
+        self.pool: WorkerPool | None = None
+        self._start()
+
+    def _start(self) -> WorkerPool | None:
+        """The worker processes (started again after `close`: a server whose lifespan runs
+        twice keeps its workers), each loaded before the first batch goes out."""
         extra = self.workers.count - 1
-        self.pool = (
-            WorkerPool(self.job, extra, self.workers.threads_per_worker) if extra > 0 else None
-        )
+        if self.pool is None and extra > 0:
+            self.pool = WorkerPool(self.job, extra, self.workers.threads_per_worker)
+            self.pool.warm()
+        return self.pool
 
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         lists = [(q, list(ps)) for q, ps in requests]
-        if self.pool is None:
+        pool = self._start()
+        if pool is None:
             return self.local.score_batch(lists)
         # every (request, position) of one passage text in one group, one group to one copy
         groups: dict[str, list[tuple[int, int]]] = {}
@@ -82,7 +90,7 @@ class PooledReranker(BaseReranker):
         shares = balanced_split(costs, self.workers.count)
         plans = [_plan([groups[keys[g]] for g in share], lists) for share in shares]
         busy = [i for i, (subrequests, _) in enumerate(plans) if subrequests]
-        futures = {i: self.pool.submit(plans[i][0]) for i in busy if i > 0}
+        futures = {i: pool.submit(plans[i][0]) for i in busy if i > 0}
         results = {0: self.local.score_batch(plans[0][0])} if 0 in busy else {}
         results.update({i: f.result() for i, f in futures.items()})
         out: list[list[float]] = [[0.0] * len(ps) for _, ps in lists]
