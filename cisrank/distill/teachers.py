@@ -83,7 +83,7 @@ class RerankerTeacher:
 
     @property
     def passage_major(self) -> bool:
-        return False
+        return self.reranker.passage_major
 
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
@@ -111,9 +111,6 @@ class CISTeacher(RerankerTeacher):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fingerprint": self.cis.engine.fingerprint()}
 
-    @property
-    def passage_major(self) -> bool:
-        return self.cis.config.estimator == "reverse"
 
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
@@ -192,6 +189,8 @@ class TeacherSpec:
     @property
     def passage_major(self) -> bool:
         """`Teacher.passage_major` of the teacher this spec builds, without building it."""
+        if self.name == "dense":
+            return True
         if self.name != CIS_TEACHER:
             return False
         from cisrank.rerank.configs import CISRerankerConfig

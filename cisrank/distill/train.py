@@ -383,14 +383,27 @@ def train(
     sampler_class = None if examples.listwise else _make_sampler_class(examples.text_lengths())
 
     class _Trainer(CrossEncoderTrainer):
-        def get_batch_sampler(self, dataset, batch_size, drop_last, **kwargs):
+        def get_batch_sampler(
+            self,
+            dataset: Any,
+            batch_size: int,
+            drop_last: bool,
+            valid_label_columns: list[str] | None = None,
+            generator: Any = None,
+            seed: int = 0,
+        ) -> Any:
+            extra = {"valid_label_columns": valid_label_columns, "generator": generator}
             if dataset is self.train_dataset and sampler_class is not None:
-                return sampler_class(dataset, batch_size=batch_size, drop_last=drop_last, **kwargs)
-            return super().get_batch_sampler(dataset, batch_size, drop_last, **kwargs)
+                return sampler_class(
+                    dataset, batch_size=batch_size, drop_last=drop_last, seed=seed, **extra
+                )
+            return super().get_batch_sampler(dataset, batch_size, drop_last, seed=seed, **extra)
+
+    folder = out
 
     class _Log(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            _write_curve(out, state.log_history)
+            _write_curve(folder, state.log_history)
 
     out.mkdir(parents=True, exist_ok=True)
     trainer = _Trainer(

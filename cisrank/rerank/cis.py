@@ -87,6 +87,8 @@ class CISReranker(BaseReranker):
         self.model_name = self.config.model if engine is None else engine.model_name
         # Capabilities: the LM and its tokenizer, and (below) the prior store. No pair-token
         # limit: a passage is cut to `max_doc_tokens`, the templated query is not cut.
+        # the reverse estimator runs a passage's context once for all queries that have it
+        self.passage_major = self.config.estimator == "reverse"
         self.causal_lm = self.engine
         self.fast_tokenizer = fast_only(self.engine.tokenizer)
         if store_obj is not None:

@@ -19,6 +19,7 @@ from cisrank.rerank.configs import DenseRerankerConfig
 
 class DenseReranker(BaseReranker):
     name = "dense"
+    passage_major = True  # a passage is embedded once for all the queries of a batch
 
     def __init__(
         self, model: str | None = None, *, config: DenseRerankerConfig | None = None, **options: Any
