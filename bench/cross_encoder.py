@@ -7,20 +7,28 @@ processes hits every method alike:
   sorting, inference mode), the code a user would write by hand: the baseline of every ratio;
 - (b) `CrossEncoderReranker` in float32, not quantized (the same numbers as (a): checked);
 - (c) its fast paths: the default where it is not float32 (bf16 on GPU, and on CPUs with
-  native bf16: AVX512-BF16 or AMX), and `quantize="int8"` on CPU;
+  native bf16: AVX512-BF16 or AMX), and `quantize="int8"` on CPU (torch dynamic int8);
+- (e) on CPU, `backend="onnx"`: the same reranker with the model exported once to ONNX and run
+  by ONNX Runtime in float32 and in int8 (`dtype="int8"`, dynamic int8 weight products), with
+  ONNX Runtime on torch's thread count (`--threads`); rows "speed vs torch float32" compare them
+  with (b). sentence-transformers' own ONNX path (`CrossEncoder(..., backend="onnx")`) is not
+  measured: it needs `optimum`, whose every release pins transformers < 4.58 (cisrank runs 5);
 - (d) the CIS reranker with a GPT-2 124M-shaped model (random weights, the same model as
   bench/cis_engine.py) on the passages of the first `--cis-queries` queries.
 
-Also prints how closely (b) and (c) agree with (a) run in float32 with identity activation:
+Also prints how closely (b), (c) and (e) agree with (a) run in float32 with identity activation:
 Pearson correlation of the scores of each query's 100 passages (mean and worst query) and over
-all pairs, and the largest difference. `--ndcg` scores all judged DL19 queries with (a) and (c)
+all pairs, and the largest difference; and nDCG@10 of every path on the timed queries, with its
+difference from torch float32. `--ndcg` scores all judged DL19 queries with (a), (c) and (e)
 instead and prints nDCG@10 of each and the difference (meaningful with a trained `--model`).
 
 Without `--model`, a MiniLM-size cross-encoder is built from the all-MiniLM-L6-v2 checkpoint
-with a random one-logit head: fine for timing and for score agreement, not for nDCG.
+with a random one-logit head (as `cisrank distill train` starts its student): fine for timing
+and for score agreement, not for nDCG; its ONNX exports are removed at the end.
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/cross_encoder.py \
-        [--model DIR] [--queries 5 --repeats 3 --cis-queries 1] [--ndcg] [--threads 2]
+        [--model DIR] [--queries 5 --repeats 3 --cis-queries 1] [--ndcg] [--threads 2] \
+        [--no-onnx]
 """
 
 from __future__ import annotations
@@ -39,7 +47,10 @@ from common import dl19_dir, gpt2_124m, machine, percentile, time_calls, write_r
 from cisrank.data.datasets import load_folder
 from cisrank.data.runs import Run
 from cisrank.eval.metrics import evaluate
+from cisrank.lm.onnx_export import discard
 from cisrank.rerank.cross_encoder import CrossEncoderReranker
+
+TORCH_FP32 = "torch float32"
 
 
 def build_minilm_cross_encoder(out: Path) -> Path:
@@ -74,6 +85,19 @@ def corr_summary(scores: list[np.ndarray], ref: list[np.ndarray]) -> str:
     )
 
 
+def ndcg10(runs: dict[str, dict[str, list[tuple[str, float]]]], qrels: dict) -> dict[str, float]:
+    return {
+        name: evaluate(Run.from_scores(name, run), qrels, ("nDCG@10",))["nDCG@10"]
+        for name, run in runs.items()
+    }
+
+
+def onnx_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="CrossEncoder folder (default: see above)")
@@ -88,6 +112,7 @@ def main() -> None:
         "--ndcg", action="store_true", help="nDCG@10 of (a) and (c) on all DL19 queries instead"
     )
     ap.add_argument("--ndcg-queries", type=int, default=0, help="--ndcg on the first N only")
+    ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX Runtime rows (e)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -114,22 +139,40 @@ def main() -> None:
         )
 
     opts = {"model": path, "batch_size": args.batch_size, "device": args.device}
-    # (b) float32; (c) the default (bf16 on GPU and on CPUs with native bf16) and int8 on CPU.
+    # (b) float32; (c) the default (bf16 on GPU and on CPUs with native bf16) and int8 on CPU;
+    # (e) ONNX Runtime float32 and int8 on CPU.
     default = CrossEncoderReranker(**opts)
     ours: dict[str, CrossEncoderReranker] = {}
     if default.dtype == torch.float32:
         if not args.ndcg:
-            ours["ours float32 (default)"] = default
+            ours[TORCH_FP32] = default
     else:
-        ours[f"ours {str(default.dtype).removeprefix('torch.')} (default)"] = default
+        ours[f"torch {str(default.dtype).removeprefix('torch.')} (default)"] = default
         if not args.ndcg:
-            ours["ours float32"] = CrossEncoderReranker(dtype="float32", **opts)
+            ours[TORCH_FP32] = CrossEncoderReranker(dtype="float32", **opts)
+    exports: list[Path] = []
     if device.type == "cpu":
-        ours["ours int8"] = CrossEncoderReranker(quantize="int8", **opts)
+        ours["torch int8 (quantize)"] = CrossEncoderReranker(quantize="int8", **opts)
+        if args.no_onnx:
+            pass
+        elif not onnx_available():
+            print("onnxruntime not installed: no ONNX rows (pip install 'cisrank[onnx]')")
+        else:
+            for compute in ("float32", "int8"):
+                t = time.perf_counter()
+                r = CrossEncoderReranker(backend="onnx", dtype=compute, **opts)
+                print(
+                    f"onnx {compute}: export/quantize/load {time.perf_counter() - t:.1f} s "
+                    f"(export and quantization once per model folder) from {r.onnx.folder}"
+                )
+                ours[f"onnx {compute}"] = r
+                exports.append(r.onnx.folder)
 
     print(f"# cross-encoder reranker, {model_desc}")
     print(f"machine: {machine()}; device {device}; date {dt.date.today()}")
     print(f"our batch size {default.batch_size}, predict batch size 32 (default)")
+    if args.model is None:
+        print("nDCG@10 below is of a RANDOM head: the differences are noise, not quality")
 
     if args.ndcg:
         qids = [q for q in ds.qids if ds.qrels.get(q)]
@@ -151,10 +194,7 @@ def main() -> None:
                 seconds[name] += time.perf_counter() - t
                 runs[name][qid] = [(h.docid, v) for h, v in zip(hits, values, strict=True)]
         qrels = {q: ds.qrels[q] for q in qids}
-        ndcg = {
-            name: evaluate(Run.from_scores(name, run), qrels, ("nDCG@10",))["nDCG@10"]
-            for name, run in runs.items()
-        }
+        ndcg = ndcg10(runs, qrels)
         print(f"{len(qids)} judged DL19 queries x 100 BM25 candidates")
         for name, value in ndcg.items():
             diff = "" if name == "predict" else f"  diff vs predict {value - ndcg['predict']:+.4f}"
@@ -162,6 +202,7 @@ def main() -> None:
         write_result(
             "cross_encoder_ndcg", {"queries": len(qids), "ndcg@10": ndcg, "seconds": seconds}
         )
+        finish(exports, args.model is None, tmp)
         return
 
     qids = ds.qids[: args.queries]
@@ -169,12 +210,17 @@ def main() -> None:
     scores: dict[str, list[np.ndarray]] = {name: [] for name in ours}
     reference: list[np.ndarray] = []
     passage_counts = []
+    runs: dict[str, dict[str, list[tuple[str, float]]]] = {name: {} for name in ours}
     for qid in qids:
-        query, passages = ds.topics[qid], [h.text for h in ds.candidates[qid][:100]]
+        hits = ds.candidates[qid][:100]
+        query, passages = ds.topics[qid], [h.text for h in hits]
         passage_counts.append(len(passages))
         reference.append(np.asarray(predict(query, passages, identity), dtype=np.float64))
         for name, r in ours.items():
             scores[name].append(np.asarray(r.score(query, passages), dtype=np.float64))
+            runs[name][qid] = [
+                (h.docid, float(v)) for h, v in zip(hits, scores[name][-1], strict=True)
+            ]
         times["predict (baseline)"] += time_calls(
             lambda q=query, p=passages: predict(q, p), args.repeats
         )
@@ -188,6 +234,7 @@ def main() -> None:
     for name in scores:
         print(f"  {name:24s} {corr_summary(scores[name], reference)}")
     base = statistics.median(times["predict (baseline)"])
+    fp32 = statistics.median(times[TORCH_FP32]) if TORCH_FP32 in times else None
     figures: dict = {
         "queries": len(qids),
         "passages_per_query": n,
@@ -196,17 +243,31 @@ def main() -> None:
             name: {
                 "p50_s": statistics.median(values),
                 "p90_s": percentile(values, 90),
+                "pairs_per_s": n / statistics.median(values),
                 "speed_vs_predict": base / statistics.median(values),
+                "speed_vs_torch_float32": fp32 / statistics.median(values) if fp32 else None,
             }
             for name, values in times.items()
         },
     }
     for name, values in times.items():
         p50 = statistics.median(values)
+        versus = f"  vs torch float32 {fp32 / p50:5.2f}x" if fp32 else ""
         print(
             f"{name:24s} p50 {p50 * 1000:8.1f} ms  p90 {percentile(values, 90) * 1000:8.1f} ms  "
-            f"{n / p50:7.1f} passages/s  speed vs predict {base / p50:5.2f}x"
+            f"{n / p50:7.1f} pairs/s  speed vs predict {base / p50:5.2f}x{versus}"
         )
+    qrels = {q: ds.qrels[q] for q in qids if ds.qrels.get(q)}
+    if qrels and TORCH_FP32 in runs:
+        judged = {name: {q: run[q] for q in qrels} for name, run in runs.items()}
+        ndcg = ndcg10(judged, qrels)
+        figures["ndcg@10"] = ndcg
+        random = " (RANDOM head: not a quality figure)" if args.model is None else ""
+        print(f"\nnDCG@10 on the {len(qrels)} judged timed queries{random}:")
+        for name, value in ndcg.items():
+            print(
+                f"  {name:24s} {value:.4f}  diff vs torch float32 {value - ndcg[TORCH_FP32]:+.4f}"
+            )
 
     if args.cis_queries > 0:
         cis = build_cis_reranker(ds, device)
@@ -237,6 +298,14 @@ def main() -> None:
                 f"{cis_warm / count / per_passage:6.1f}x faster than CIS warm"
             )
     write_result("cross_encoder", figures)
+    finish(exports, args.model is None, tmp)
+
+
+def finish(exports: list[Path], built: bool, tmp: tempfile.TemporaryDirectory) -> None:
+    """The exports of a model built for this run are of no later use: removed."""
+    if built:
+        for folder in dict.fromkeys(exports):
+            discard(folder)
     tmp.cleanup()
 
 

@@ -20,46 +20,26 @@ without it; measured when this backend was written).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import os
-import shutil
-import tempfile
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cisrank import env
-from cisrank.errors import CisrankError, MissingExtraError
+from cisrank.errors import CisrankError
 from cisrank.lm.batching import pad_batch
-
-log = logging.getLogger(__name__)
+from cisrank.lm.onnx_export import (
+    PROVENANCE,
+    cached_export,
+    export_module,
+    import_onnxruntime,
+    quantize_dynamic_int8,
+)
 
 COMPUTE_TYPES = ("float32", "int8")
-PROVENANCE = "cisrank-onnx.json"
 BODY = {"float32": "body.onnx", "int8": "body-int8.onnx"}
 HEAD = "head.npy"
-OPSET = 17
-
-
-def import_onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise MissingExtraError("onnxruntime", "onnx", "--backend onnx") from exc
-    return onnxruntime
-
-
-def _folder_key(folder: Path) -> str:
-    h = hashlib.sha256(str(folder.resolve()).encode())
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = path.stat()
-        h.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return h.hexdigest()[:24]
 
 
 def _export(source: Path, out: Path) -> dict[str, Any]:
@@ -87,20 +67,15 @@ def _export(source: Path, out: Path) -> dict[str, Any]:
 
     ids = torch.ones((2, 8), dtype=torch.long)
     axes = {"input_ids", "attention_mask", "position_ids", "hidden"}
-    with torch.inference_mode(), warnings.catch_warnings():
-        # the tracer warns about every shape-dependent branch of the mask code; the export is
-        # checked against the torch model on other shapes and padding (tests/lm/test_backends.py)
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            Body().eval(),
-            (ids, torch.ones_like(ids), torch.arange(8).unsqueeze(0).expand(2, -1)),
-            str(out / BODY["float32"]),
-            input_names=["input_ids", "attention_mask", "position_ids"],
-            output_names=["hidden"],
-            dynamic_axes={name: {0: "batch", 1: "length"} for name in axes},
-            opset_version=OPSET,
-            dynamo=False,
-        )
+    # checked against the torch model on other shapes and padding (tests/lm/test_backends.py)
+    export_module(
+        Body(),
+        (ids, torch.ones_like(ids), torch.arange(8).unsqueeze(0).expand(2, -1)),
+        out / BODY["float32"],
+        input_names=["input_ids", "attention_mask", "position_ids"],
+        output_names=["hidden"],
+        dynamic_axes={name: {0: "batch", 1: "length"} for name in axes},
+    )
     head = backend.lm_head.weight.detach().to(torch.float32).numpy()
     np.save(out / HEAD, head)
     cfg = backend.model.config
@@ -117,46 +92,19 @@ def _export(source: Path, out: Path) -> dict[str, Any]:
 def _quantize(folder: Path) -> None:
     """`body-int8.onnx` from `body.onnx` (see the module docstring for the choices)."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(folder / BODY["float32"]), load_external_data=False).graph
     keep = [n.name for n in graph.node if n.op_type == "MatMul" and "down_proj" in n.name]
-    tmp = folder / f".{BODY['int8']}.partial"
-    quantize_dynamic(
-        str(folder / BODY["float32"]),
-        str(tmp),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        reduce_range=True,
-        nodes_to_exclude=keep,
-    )
-    os.replace(tmp, folder / BODY["int8"])
+    quantize_dynamic_int8(folder / BODY["float32"], folder / BODY["int8"], nodes_to_exclude=keep)
 
 
 def exported_folder(
     source: str | Path, compute_type: str = "float32", cache: str | Path | None = None
 ) -> Path:
     """The ONNX export of the Hugging Face folder `source` (made once, kept under `cache`,
-    default `<user cache>/cisrank/onnx`), with its int8 body when asked."""
-    source = Path(source)
-    root = Path(cache) if cache is not None else env.user_cache_dir() / "cisrank" / "onnx"
-    final = root / f"{source.name}-{_folder_key(source)}"
-    if not (final / PROVENANCE).is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=root))
-        try:
-            out = work / "model"
-            out.mkdir()
-            log.info("exporting %s to ONNX (once) into %s", source, final)
-            info = _export(source, out)
-            (out / PROVENANCE).write_text(json.dumps(info, indent=2))
-            try:
-                os.replace(out, final)
-            except OSError:  # another process exported it first
-                if not (final / PROVENANCE).is_file():
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    default `<user cache>/cisrank/onnx`: `cisrank.lm.onnx_export`), with its int8 body when
+    asked."""
+    final = cached_export(Path(source), _export, required=(BODY["float32"], HEAD), cache=cache)
     if compute_type == "int8" and not (final / BODY["int8"]).is_file():
         _quantize(final)
     return final

@@ -132,16 +132,33 @@ class CrossEncoderRerankerConfig(ComponentConfig):
         "limit when unset.",
     )
     device: str | None = None
-    dtype: str | None = Field(
+    # backend and dtype share their flags with the CIS reranker's: the same field type, and the
+    # help shows the first kind's description.
+    backend: Annotated[Literal["torch", "ctranslate2", "onnx"], Flag()] = Field(
+        default="torch",
+        description="torch (CPU or GPU) or onnx: the model exported once to ONNX and run by ONNX "
+        "Runtime (CPU; extra 'onnx'; measured in bench/cross_encoder.py).",
+    )
+    dtype: Annotated[str | None, Flag()] = Field(
         default=None,
-        description="float32, bfloat16 or float16; auto: bf16 on GPU (fp16 without bf16 support) "
-        "and on CPUs with native bf16 (AVX512-BF16, AMX), float32 on other CPUs and with int8.",
+        description="torch: float32, bfloat16 or float16; auto: bf16 on GPU (fp16 without bf16 "
+        "support) and on CPUs with native bf16 (AVX512-BF16, AMX), float32 on other CPUs and "
+        "with --quantize int8. onnx: float32 (default) or int8 (dynamic int8 matmuls).",
     )
     quantize: Annotated[Literal["none", "int8"], Flag()] = Field(
         default="none",
-        description="int8: dynamic int8 quantization of the encoder's Linear layers (CPU only; "
-        "faster, scores move by quantization noise).",
+        description="int8: dynamic int8 quantization of the encoder's Linear layers (torch "
+        "backend, CPU only; faster, scores move by quantization noise).",
     )
+
+    @field_validator("backend")
+    @classmethod
+    def _check_backend(cls, v: str) -> str:
+        if v == "ctranslate2":
+            raise ValueError(
+                "ctranslate2 runs causal LMs only; a cross-encoder runs on torch or onnx"
+            )
+        return v
 
 
 class HybridRerankerConfig(ComponentConfig):

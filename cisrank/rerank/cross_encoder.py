@@ -23,24 +23,65 @@ per query, 0.98-0.99 over all pairs, which is why int8 is opt-in. int8 activatio
 taken per batch, so an int8 score can also move slightly with the pairs it is batched with.
 `dtype="float32"` matches `CrossEncoder.predict(..., activation_fn=Identity())` to float32
 rounding.
+
+`backend="onnx"` (CPU, extra `onnx`) runs the same model through ONNX Runtime: the whole
+sequence-classification forward (input ids, attention mask and token types where the model has
+them -> the logit) is exported once with `torch.onnx.export` into a cache folder keyed by the
+model folder's files (`cisrank.lm.onnx_export`, shared with the causal-LM onnx backend), with
+the tokenizer as the model folder loads it and the model's default truncation length, so a
+later reranker loads the export alone; a damaged export is made again. Tokenization,
+truncation, dedupe, length batching and raw-logit scores are those of the torch path; ONNX
+Runtime runs with torch's thread count. `dtype="float32"` scores as torch float32 does (to
+float32 rounding, 1e-4 in tests); `dtype="int8"` quantizes the encoder's weight matrix products
+dynamically (per-channel int8 weights, 7-bit activations: this CPU is AVX2 without VNNI), the
+pooler, classification head and attention products staying float32. Speed and agreement on DL19
+pairs: bench/cross_encoder.py, bench/RESULTS.md.
+
+Why not sentence-transformers' own path (`CrossEncoder(..., backend="onnx")`): it needs
+`optimum`, and every optimum / optimum-onnx release pins transformers < 4.58, while cisrank runs
+transformers 5: installing it would downgrade transformers. The export here is what that path
+does (a TorchScript ONNX export of the sequence-classification model and ONNX Runtime's dynamic
+quantization), without optimum.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from cisrank.devices import resolve_device, resolve_dtype
-from cisrank.errors import CisrankError, ModelNotFoundError
+from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
+from cisrank.lm.onnx_export import (
+    OPSET,
+    PROVENANCE,
+    cached_export,
+    discard,
+    export_module,
+    import_onnxruntime,
+    quantize_dynamic_int8,
+)
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import CPU_BATCH_SIZE, GPU_BATCH_SIZE, CrossEncoderRerankerConfig
 
+log = logging.getLogger(__name__)
+
 _UNSET_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
+
+ONNX_KIND = "cross-encoder"
+"""The export folder's tag: a causal LM's export of the same folder is another graph."""
+ONNX_MODEL = {"float32": "model.onnx", "int8": "model-int8.onnx"}
+ONNX_TOKENIZER = "tokenizer"
+ONNX_COMPUTE_TYPES = ("float32", "int8")
+_ONNX_FEATURE = "the cross-encoder's --backend onnx"
 
 
 def _cpu_probe(name: str) -> bool:
@@ -178,11 +219,183 @@ def load_cross_encoder(model: str, device: torch.device, max_length: int | None 
     return encoder
 
 
+def default_max_length(tokenizer: Any, config: Any) -> int:
+    """The tokenizer's limit, as `predict` uses; the position table's where it has none."""
+    limit = tokenizer.model_max_length
+    if limit is None or limit > _UNSET_MAX_LENGTH:
+        limit = getattr(config, "max_position_embeddings", None) or 512
+    return int(limit)
+
+
+def model_input_names(tokenizer: Any) -> list[str]:
+    """The token-level inputs the model is given besides the attention mask."""
+    return [n for n in tokenizer.model_input_names if n in ("input_ids", "token_type_ids")]
+
+
+class _Pads:
+    """How a tokenizer pads: token and token-type fillers, and the side."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.token = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.token_type = getattr(tokenizer, "pad_token_type_id", 0) or 0
+        self.left = getattr(tokenizer, "padding_side", "right") == "left"
+
+    def collate(self, enc: dict[str, list[list[int]]], rows: list[int]) -> dict[str, np.ndarray]:
+        """The rows of `enc`, padded to their longest, with the attention mask (int64)."""
+        ids, mask, _ = pad_batch([enc["input_ids"][i] for i in rows], self.token, left=self.left)
+        out = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in enc:
+            types = [enc["token_type_ids"][i] for i in rows]
+            out["token_type_ids"] = pad_batch(types, self.token_type, left=self.left)[0]
+        return out
+
+
+# ---------------------------------------------------------------------- the ONNX Runtime backend
+def _export_onnx(source: Path, out: Path) -> dict[str, Any]:
+    """The float32 sequence-classification forward as `model.onnx`, with the tokenizer the
+    folder loads with; returns the provenance (`cisrank.lm.onnx_export.cached_export`)."""
+    require("onnx", "onnx", _ONNX_FEATURE)
+    import transformers
+
+    encoder = load_cross_encoder(str(source), torch.device("cpu"))
+    net = encoder.model.eval().float()
+    tokenizer = encoder.tokenizer
+    token_inputs = model_input_names(tokenizer)
+    names = [*token_inputs, "attention_mask"]
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return self.net(**dict(zip(names, inputs, strict=True))).logits
+
+    # traced on two real pairs of different lengths, so the padding mask is traced as a mask
+    enc = tokenizer(
+        ["a query", "a query"],
+        ["a passage", "a longer passage with more words in it"],
+        padding=False,
+        return_attention_mask=False,
+    )
+    batch = _Pads(tokenizer).collate({n: enc[n] for n in token_inputs}, [0, 1])
+    export_module(
+        Logits(),
+        tuple(torch.from_numpy(batch[n]) for n in names),
+        out / ONNX_MODEL["float32"],
+        input_names=names,
+        output_names=["logits"],
+        dynamic_axes={
+            **{n: {0: "batch", 1: "length"} for n in names},
+            "logits": {0: "batch"},
+        },
+    )
+    tokenizer.save_pretrained(str(out / ONNX_TOKENIZER))
+    config = net.config
+    return {
+        "kind": ONNX_KIND,
+        "source": str(source),
+        "architecture": (getattr(config, "architectures", None) or [type(net).__name__])[0],
+        "inputs": names,
+        "max_length": default_max_length(tokenizer, config),
+        "max_positions": getattr(config, "max_position_embeddings", None),
+        "opset": OPSET,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def _quantize_onnx(folder: Path) -> None:
+    """`model-int8.onnx`: the encoder's weight matrix products in dynamic int8 (per-channel,
+    reduced range); the pooler and classification head and the attention products of two
+    activations stay float32, as in `quantize_int8`."""
+    import onnx
+
+    src = folder / ONNX_MODEL["float32"]
+    graph = onnx.load(str(src), load_external_data=False).graph
+    head = [n.name for n in graph.node if "pooler" in n.name or "classifier" in n.name]
+    # the quantizer turns a Gemm into a MatMul named after it, then quantizes that
+    head += [f"{name}_MatMul" for name in head]
+    quantize_dynamic_int8(
+        src,
+        folder / ONNX_MODEL["int8"],
+        op_types=["MatMul"],
+        nodes_to_exclude=head,
+        const_weights_only=True,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class OnnxCrossEncoder:
+    """A cross-encoder's ONNX export run by ONNX Runtime on the CPU: its session, tokenizer and
+    recorded facts (`info`). Exported on first use, quantized when int8 is first asked for."""
+
+    def __init__(self, model: str, compute_type: str, threads: int) -> None:
+        ort = import_onnxruntime(_ONNX_FEATURE)
+        path = resolve_model(model)
+        source = Path(path)
+        if not source.is_dir():
+            raise ModelNotFoundError(
+                f"cannot load cross-encoder '{model}': --backend onnx exports a local model "
+                f"folder, and '{path}' is none (pull it first: cisrank models pull)"
+            )
+        for attempt in (1, 2):
+            folder = cached_export(
+                source, _export_onnx, kind=ONNX_KIND, required=(ONNX_MODEL["float32"],)
+            )
+            try:
+                self._open(ort, folder, compute_type, threads)
+                break
+            except Exception as exc:
+                if attempt == 2:
+                    raise CisrankError(
+                        f"cannot load the ONNX export of cross-encoder '{model}' ({folder}): "
+                        f"{_first_line(exc)}"
+                    ) from exc
+                log.warning(
+                    "the ONNX export %s does not load (%s): making it again",
+                    folder,
+                    _first_line(exc),
+                )
+                discard(folder)
+        self.folder = folder
+        self.compute_type = compute_type
+
+    def _open(self, ort: Any, folder: Path, compute_type: str, threads: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.info = json.loads((folder / PROVENANCE).read_text())
+        if self.info.get("kind") != ONNX_KIND:
+            raise CisrankError(f"{folder} holds no cross-encoder export")
+        if compute_type == "int8" and not (folder / ONNX_MODEL["int8"]).is_file():
+            log.info("quantizing %s to int8 (once)", folder)
+            _quantize_onnx(folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / ONNX_TOKENIZER))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(folder / ONNX_MODEL[compute_type]), options, providers=["CPUExecutionProvider"]
+        )
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """The first logit of each row of a collated batch."""
+        feeds = {k: v for k, v in batch.items() if k in self.inputs}
+        (out,) = self.session.run(["logits"], feeds)
+        return out[:, 0]
+
+
 class CrossEncoderReranker(BaseReranker):
     """Scores (query, passage) pairs with a CrossEncoder's raw logit.
 
     Example:
         r = CrossEncoderReranker(model="out/student", quantize="int8")
+        r = CrossEncoderReranker(model="out/student", backend="onnx", dtype="int8")
         r.score("When was the author of Hamlet born?", passages)
     """
 
@@ -203,8 +416,28 @@ class CrossEncoderReranker(BaseReranker):
                 "by distillation training (any sentence-transformers CrossEncoder folder works)"
             )
         self.model_name = self.config.model
-        self.device = resolve_device(self.config.device)
+        self.backend = self.config.backend
+        self.onnx: OnnxCrossEncoder | None = None
+        self.model: torch.nn.Module | None = None
+        if self.backend == "onnx":
+            self._init_onnx()
+        else:
+            self._init_torch()
         on_gpu = self.device.type == "cuda"
+        self.batch_size = self.config.batch_size or (GPU_BATCH_SIZE if on_gpu else CPU_BATCH_SIZE)
+        self._input_names = model_input_names(self.tokenizer)
+        self._pads = _Pads(self.tokenizer)
+        # Capabilities: the tokenizer the pairs are read with, and their truncation length.
+        self.fast_tokenizer = fast_only(self.tokenizer)
+        self.pair_token_limit = self.max_length
+
+    def _init_torch(self) -> None:
+        self.device = resolve_device(self.config.device)
+        if self.config.dtype == "int8":
+            raise CisrankError(
+                "dtype='int8' is the onnx backend's compute type: with the torch backend use "
+                "quantize='int8' (or backend='onnx')"
+            )
         if self.config.quantize == "int8":
             if self.device.type != "cpu":
                 raise CisrankError(
@@ -217,8 +450,11 @@ class CrossEncoderReranker(BaseReranker):
                     f"drop dtype={self.config.dtype!r}"
                 )
         self.dtype = self._resolve_dtype()
+        self.compute_type = str(self.dtype).removeprefix("torch.")
+        if self.config.quantize == "int8":
+            self.compute_type = "int8"
 
-        self.encoder = load_cross_encoder(self.config.model, self.device, self.config.max_length)
+        self.encoder = load_cross_encoder(self.model_name, self.device, self.config.max_length)
         self.tokenizer = self.encoder.tokenizer
         net = self.encoder.model.eval()
         if self.dtype != torch.float32:
@@ -227,23 +463,46 @@ class CrossEncoderReranker(BaseReranker):
         if self.config.quantize == "int8":
             net = quantize_int8(net)
         self.model = net
-        self.max_length = self.config.max_length or self._model_max_length()
-        positions = getattr(net.config, "max_position_embeddings", None)
+        self.max_length = self.config.max_length or default_max_length(self.tokenizer, net.config)
+        self._check_max_length(getattr(net.config, "max_position_embeddings", None))
+
+    def _init_onnx(self) -> None:
+        if self.config.device not in (None, "auto", "cpu"):
+            raise CisrankError(
+                f"the onnx backend runs on the CPU here, not on '{self.config.device}'"
+            )
+        if self.config.quantize != "none":
+            raise CisrankError(
+                f"quantize={self.config.quantize!r} is the torch backend's dynamic int8: with "
+                "backend='onnx' use dtype='int8'"
+            )
+        compute = {None: "float32", "auto": "float32", "fp32": "float32"}.get(
+            self.config.dtype, self.config.dtype
+        )
+        if compute not in ONNX_COMPUTE_TYPES:
+            raise CisrankError(
+                f"dtype {self.config.dtype!r} is not a compute type of the onnx backend: one of "
+                f"{', '.join(ONNX_COMPUTE_TYPES)}"
+            )
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32  # around the int8 products too
+        self.compute_type = str(compute)
+        self.onnx = OnnxCrossEncoder(self.model_name, self.compute_type, self.threads)
+        self.tokenizer = self.onnx.tokenizer
+        self.max_length = self.config.max_length or int(self.onnx.info["max_length"])
+        self._check_max_length(self.onnx.info.get("max_positions"))
+
+    @property
+    def threads(self) -> int:
+        """ONNX Runtime's intra-op threads: torch's (`--threads-per-worker` sets them)."""
+        return torch.get_num_threads()
+
+    def _check_max_length(self, positions: int | None) -> None:
         if self.config.max_length and positions and self.config.max_length > positions:
             raise CisrankError(
                 f"max_length {self.config.max_length} is over the {positions} positions of "
                 f"'{self.config.model}'"
             )
-        self.batch_size = self.config.batch_size or (GPU_BATCH_SIZE if on_gpu else CPU_BATCH_SIZE)
-        self._input_names = [
-            n for n in self.tokenizer.model_input_names if n in ("input_ids", "token_type_ids")
-        ]
-        self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self._pad_type_id = getattr(self.tokenizer, "pad_token_type_id", 0) or 0
-        self._pad_left = getattr(self.tokenizer, "padding_side", "right") == "left"
-        # Capabilities: the tokenizer the pairs are read with, and their truncation length.
-        self.fast_tokenizer = fast_only(self.tokenizer)
-        self.pair_token_limit = self.max_length
 
     def _resolve_dtype(self) -> torch.dtype:
         if self.config.dtype not in (None, "auto"):
@@ -252,13 +511,6 @@ class CrossEncoderReranker(BaseReranker):
             native = self.config.quantize == "none" and cpu_has_native_bf16()
             return torch.bfloat16 if native else torch.float32
         return resolve_dtype(None, self.device)
-
-    def _model_max_length(self) -> int:
-        """The tokenizer's limit, as `predict` uses; the position table's where it has none."""
-        limit = self.tokenizer.model_max_length
-        if limit is None or limit > _UNSET_MAX_LENGTH:
-            limit = getattr(self.model.config, "max_position_embeddings", None) or 512
-        return int(limit)
 
     # ------------------------------------------------------------------ pieces
     def tokenize(self, pairs: Sequence[tuple[str, str]]) -> dict[str, list[list[int]]]:
@@ -274,24 +526,29 @@ class CrossEncoderReranker(BaseReranker):
         return {name: enc[name] for name in self._input_names if name in enc}
 
     def _collate(self, enc: dict[str, list[list[int]]], rows: list[int]) -> dict[str, torch.Tensor]:
-        left = self._pad_left
-        ids, mask, _ = pad_batch([enc["input_ids"][i] for i in rows], self._pad_id, left=left)
-        out = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in enc:
-            types = [enc["token_type_ids"][i] for i in rows]
-            out["token_type_ids"] = pad_batch(types, self._pad_type_id, left=left)[0]
-        return {k: torch.from_numpy(v).to(self.device) for k, v in out.items()}
+        batch = self._pads.collate(enc, rows)
+        return {k: torch.from_numpy(v).to(self.device) for k, v in batch.items()}
 
     def _score_unique(self, pairs: list[tuple[str, str]]) -> list[float]:
         enc = self.tokenize(pairs)
+        lengths = [len(ids) for ids in enc["input_ids"]]
+        batcher = LengthBatcher(batch_size=self.batch_size)
+        onnx = self.onnx
+        if onnx is not None:
 
-        def score(rows: list[int]) -> list[float]:
-            logits = self.model(**self._collate(enc, rows)).logits
+            def run_onnx(rows: list[int]) -> list[float]:
+                return onnx.logits(self._pads.collate(enc, rows)).tolist()
+
+            return batcher.run(lengths, run_onnx, 0.0)
+        model = self.model
+        assert model is not None
+
+        def run_torch(rows: list[int]) -> list[float]:
+            logits = model(**self._collate(enc, rows)).logits
             return logits[:, 0].float().cpu().numpy().tolist()
 
         with torch.inference_mode():
-            lengths = [len(ids) for ids in enc["input_ids"]]
-            return LengthBatcher(batch_size=self.batch_size).run(lengths, score, 0.0)
+            return batcher.run(lengths, run_torch, 0.0)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Raw logit of each (query, passage) pair, input order; duplicates scored once."""
@@ -315,6 +572,11 @@ class CrossEncoderReranker(BaseReranker):
         return out
 
     def __repr__(self) -> str:
+        if self.onnx is not None:
+            return (
+                f"CrossEncoderReranker(model={self.model_name!r}, backend='onnx', "
+                f"dtype={self.compute_type!r})"
+            )
         return (
             f"CrossEncoderReranker(model={self.model_name!r}, device={str(self.device)!r}, "
             f"dtype={str(self.dtype).removeprefix('torch.')!r}, quantize={self.config.quantize!r})"

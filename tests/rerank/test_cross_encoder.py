@@ -1,6 +1,8 @@
 """Cross-encoder reranker: raw logits equal to `CrossEncoder.predict` with identity activation."""
 
+import importlib.util
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -9,9 +11,10 @@ from sentence_transformers import CrossEncoder
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from cisrank import testing
+from cisrank.cli.reranker_flags import flags_of
 from cisrank.data.types import rank_order
-from cisrank.errors import CisrankError, ModelNotFoundError
-from cisrank.rerank import Reranker, load_reranker
+from cisrank.errors import CisrankError, MissingExtraError, ModelNotFoundError
+from cisrank.rerank import Reranker, cross_encoder, load_reranker
 from cisrank.rerank.configs import CPU_BATCH_SIZE, CrossEncoderRerankerConfig
 from cisrank.rerank.cross_encoder import CrossEncoderReranker, cpu_has_native_bf16
 
@@ -190,3 +193,198 @@ def test_missing_or_wrong_model_folder(tiny_bert_dir, tmp_path):
     # A bare encoder (or a bi-encoder) would get a random head: refused.
     with pytest.raises(CisrankError, match="not a cross-encoder"):
         load_reranker("cross-encoder", str(tiny_bert_dir))
+
+
+# ---------------------------------------------------------------------- backend="onnx"
+needs_onnxruntime = pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime") is None,
+    reason="the onnx backend needs the 'onnx' extra: pip install 'cisrank[onnx]'",
+)
+RELEVANT = {
+    QUERY: "Shakespeare was born in 1564 in Stratford-upon-Avon.",
+    "Which city is the capital of France?": "Paris is the capital of France.",
+}
+IRRELEVANT = "Goldfish grow to the size of their tank in some cases."
+
+
+@pytest.fixture
+def onnx_cache(tmp_path, monkeypatch):
+    """Exports go under this test's own cache folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "cisrank" / "onnx"
+
+
+@pytest.fixture
+def export_calls(monkeypatch):
+    """Counts the ONNX exports and int8 quantizations made."""
+    calls = {"export": 0, "quantize": 0}
+    export, quantize = cross_encoder._export_onnx, cross_encoder._quantize_onnx
+
+    def counted_export(source, out):
+        calls["export"] += 1
+        return export(source, out)
+
+    def counted_quantize(folder):
+        calls["quantize"] += 1
+        return quantize(folder)
+
+    monkeypatch.setattr(cross_encoder, "_export_onnx", counted_export)
+    monkeypatch.setattr(cross_encoder, "_quantize_onnx", counted_quantize)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def trained_ce_dir(tiny_bert_dir, tmp_path_factory):
+    """The tiny cross-encoder trained for a few steps to score each query's relevant passage
+    above the others (a random head ranks at random), so that a ranking check means something."""
+    torch.manual_seed(0)
+    model = CrossEncoder(str(tiny_bert_dir), num_labels=1, device="cpu")
+    net, tokenizer = model.model.train(), model.tokenizer
+    pairs, labels = [], []
+    for query, relevant in RELEVANT.items():
+        for passage in testing.SAMPLE_SENTENCES:
+            pairs.append((query, passage))
+            labels.append(1.0 if passage == relevant else 0.0)
+    enc = tokenizer([q for q, _ in pairs], [p for _, p in pairs], padding=True, return_tensors="pt")
+    target = torch.tensor(labels)
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _ in range(40):
+        optimizer.zero_grad()
+        logits = net(**enc).logits[:, 0]
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, target).backward()
+        optimizer.step()
+    net.eval()
+    out = tmp_path_factory.mktemp("trained-cross-encoder")
+    model.save_pretrained(str(out))
+    return out
+
+
+@needs_onnxruntime
+def test_onnx_float32_scores_as_torch_in_any_batch(ce_dir, onnx_cache):
+    reference = CrossEncoderReranker(model=str(ce_dir), dtype="float32")
+    want = reference.score(QUERY, PASSAGES)
+    for batch_size in (1, 3, 64):
+        r = CrossEncoderReranker(model=str(ce_dir), backend="onnx", batch_size=batch_size)
+        assert r.backend == "onnx" and r.compute_type == "float32" and r.model is None
+        assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-4), batch_size
+    # one batch or many, alone or with other requests: the same numbers (float32, no int8 scales)
+    other = "Which city is the capital of France?"
+    requests = [(QUERY, PASSAGES), (other, PASSAGES[2:6]), (QUERY, PASSAGES[:3]), (other, [])]
+    many = r.score_batch(requests)
+    for (q, p), s in zip(requests, many, strict=True):
+        assert s == pytest.approx(reference.score(q, p), abs=1e-4)
+        assert s == pytest.approx(r.score(q, p), abs=1e-6)
+    assert many[2] == many[0][:3] and many[0][2] == many[0][5]  # duplicates scored once
+    assert r.score_batch([]) == [] and r.score(QUERY, []) == []
+    # the same tokenizer and truncation as the torch path: capabilities unchanged
+    assert r.pair_token_limit == reference.pair_token_limit
+    assert r.fast_tokenizer is not None and r.tokenize([(QUERY, PASSAGES[4])]) == (
+        reference.tokenize([(QUERY, PASSAGES[4])])
+    )
+    short = CrossEncoderReranker(model=str(ce_dir), backend="onnx", max_length=12)
+    want12 = CrossEncoderReranker(model=str(ce_dir), dtype="float32", max_length=12)
+    assert short.pair_token_limit == 12
+    assert short.score(QUERY, PASSAGES) == pytest.approx(want12.score(QUERY, PASSAGES), abs=1e-4)
+    assert "backend='onnx'" in repr(r)
+
+
+@needs_onnxruntime
+def test_onnx_int8_is_close_to_float32_and_keeps_a_learned_ranking(trained_ce_dir, onnx_cache):
+    """Tolerance: as torch int8's (`test_int8_is_close_to_float32`): correlation > 0.99 with
+    float32 and every score within 5% of the spread of the scores; measured here 0.999998 and
+    0.25%. The trained tiny model tells each query's relevant passage apart by a wide margin,
+    which int8 keeps."""
+    passages = [*testing.SAMPLE_SENTENCES, *PASSAGES[4:]]
+    fp32 = np.array(
+        CrossEncoderReranker(model=str(trained_ce_dir), dtype="float32").score(QUERY, passages)
+    )
+    r8 = CrossEncoderReranker(model=str(trained_ce_dir), backend="onnx", dtype="int8")
+    assert r8.compute_type == "int8" and (r8.onnx.folder / "model-int8.onnx").is_file()
+    int8 = np.array(r8.score(QUERY, passages))
+    assert np.corrcoef(int8, fp32)[0, 1] > 0.99
+    assert np.abs(int8 - fp32).max() < 0.05 * np.ptp(fp32)
+    for query, relevant in RELEVANT.items():
+        good, bad = r8.score(query, [relevant, IRRELEVANT])
+        assert good > bad + 1.0, (query, good, bad)
+    # what was quantized: the encoder's 12 weight products; head, pooler, attention stay float32
+    import onnx
+
+    graph = onnx.load(str(r8.onnx.folder / "model-int8.onnx")).graph
+    integer = [n.name for n in graph.node if n.op_type == "MatMulInteger"]
+    assert len(integer) == 2 * 6
+    assert not [n for n in integer if "pooler" in n or "classifier" in n]
+
+
+@needs_onnxruntime
+def test_onnx_export_is_made_once_and_remade_when_damaged(ce_dir, onnx_cache, export_calls):
+    want = CrossEncoderReranker(model=str(ce_dir), backend="onnx").score(QUERY, PASSAGES)
+    assert export_calls == {"export": 1, "quantize": 0}
+    (folder,) = onnx_cache.iterdir()
+    assert folder.name.startswith(ce_dir.name + "-cross-encoder-")
+    CrossEncoderReranker(model=str(ce_dir), backend="onnx", batch_size=2)
+    CrossEncoderReranker(model=str(ce_dir), backend="onnx", dtype="int8")
+    CrossEncoderReranker(model=str(ce_dir), backend="onnx", dtype="int8")
+    assert export_calls == {"export": 1, "quantize": 1}  # int8 is made once from the export
+
+    (folder / "model.onnx").unlink()  # missing: made again
+    r = CrossEncoderReranker(model=str(ce_dir), backend="onnx")
+    assert export_calls["export"] == 2
+    assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-6)
+    (folder / "model.onnx").write_bytes(b"not a model")  # damaged: made again
+    r = CrossEncoderReranker(model=str(ce_dir), backend="onnx")
+    assert export_calls["export"] == 3
+    assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-6)
+    assert not [p for p in onnx_cache.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+@needs_onnxruntime
+def test_an_export_that_never_loads_is_a_one_line_error(ce_dir, onnx_cache, monkeypatch):
+    export = cross_encoder._export_onnx
+
+    def broken(source, out):
+        info = export(source, out)
+        (out / "model.onnx").write_bytes(b"not a model")
+        return info
+
+    monkeypatch.setattr(cross_encoder, "_export_onnx", broken)
+    with pytest.raises(CisrankError, match="cannot load the ONNX export") as caught:
+        CrossEncoderReranker(model=str(ce_dir), backend="onnx")
+    assert "\n" not in str(caught.value)
+
+
+def test_onnx_without_onnxruntime_names_the_extra(ce_dir, onnx_cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    with pytest.raises(MissingExtraError, match=r"cisrank\[onnx\]") as caught:
+        load_reranker("cross-encoder", str(ce_dir), backend="onnx")
+    assert caught.value.extra == "onnx" and "\n" not in str(caught.value)
+    assert not onnx_cache.exists()  # nothing exported
+
+
+@needs_onnxruntime
+def test_onnx_options_and_model_errors(ce_dir, tiny_bert_dir, tmp_path, onnx_cache):
+    r = load_reranker("cross-encoder", str(ce_dir), backend="onnx", dtype="float32")
+    assert isinstance(r, CrossEncoderReranker) and r.backend == "onnx"
+    with pytest.raises(CisrankError, match="causal LMs only"):
+        load_reranker("cross-encoder", str(ce_dir), backend="ctranslate2")
+    with pytest.raises(CisrankError, match="dtype='int8'"):
+        CrossEncoderReranker(model=str(ce_dir), backend="onnx", quantize="int8")
+    with pytest.raises(CisrankError, match="not a compute type of the onnx backend"):
+        CrossEncoderReranker(model=str(ce_dir), backend="onnx", dtype="bfloat16")
+    with pytest.raises(CisrankError, match="runs on the CPU"):
+        CrossEncoderReranker(model=str(ce_dir), backend="onnx", device="cuda")
+    with pytest.raises(CisrankError, match="onnx backend's compute type"):
+        CrossEncoderReranker(model=str(ce_dir), dtype="int8")
+    with pytest.raises(CisrankError, match="positions"):
+        CrossEncoderReranker(model=str(ce_dir), backend="onnx", max_length=100_000)
+    with pytest.raises(ModelNotFoundError, match="no-such-student"):
+        load_reranker("cross-encoder", str(tmp_path / "no-such-student"), backend="onnx")
+    with pytest.raises(CisrankError, match="not a cross-encoder"):  # checked by the export
+        load_reranker("cross-encoder", str(tiny_bert_dir), backend="onnx")
+    assert [p.name for p in onnx_cache.iterdir()] == [r.onnx.folder.name]
+
+
+def test_backend_and_dtype_are_flags_shared_with_cis():
+    flags = {f.field: f for f in flags_of()}
+    assert {"cis", "cross-encoder"} <= set(flags["backend"].kinds)
+    assert {"cis", "cross-encoder"} <= set(flags["dtype"].kinds)
+    assert CrossEncoderRerankerConfig().backend == "torch"
