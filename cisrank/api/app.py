@@ -21,8 +21,10 @@ the server, and never carry a server path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -48,12 +50,15 @@ def create_app(
     rerankers: Mapping[str, Reranker] | None = None,
     retrievers: Mapping[str, Retriever] | None = None,
     api_keys: Sequence[str] | None = None,
+    on_loaded: Callable[[str | None], None] | None = None,
 ) -> FastAPI:
-    """The app. Without `rerankers`, the configured ones load in the background at startup."""
+    """The app. Without `rerankers`, the configured ones load in the background at startup;
+    `on_loaded` is called once that has ended (`Serving.on_loaded`). An app whose loading fails
+    answers 503 `load_failed` on every route until it is stopped."""
     config = config or ServerConfig()
     serving: Serving | None = None
     metrics = Metrics(lambda: serving.rerankers if serving is not None else {})
-    serving = Serving(config, metrics, rerankers, retrievers)
+    serving = Serving(config, metrics, rerankers, retrievers, on_loaded)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -105,11 +110,30 @@ def _version() -> str:
         return "0"
 
 
+def report_loading_to(folder: Path) -> Callable[[str | None], None]:
+    """An `on_loaded` that tells `cisrank serve` how this worker's loading ended: a file
+    `ready-PID`, or `failed-PID` holding the one-line reason (written whole, then renamed)."""
+
+    def report(failure: str | None) -> None:
+        name = f"{'failed' if failure else 'ready'}-{os.getpid()}"
+        part = folder / f".{name}.part"
+        try:
+            part.write_text(failure or "", encoding="utf-8")
+            os.replace(part, folder / name)
+        except OSError:  # the CLI is gone: nobody to tell
+            pass
+
+    return report
+
+
 def create_app_from_env() -> FastAPI:
-    """The uvicorn factory used by `cisrank serve` (also under --workers N, one app per worker)."""
+    """The uvicorn factory used by `cisrank serve` (also under --workers N, one app per worker):
+    the config from `CISRANK_SERVER_CONFIG`, the end of loading reported to the folder
+    `CISRANK_SERVE_STATUS` names (`cisrank serve` stops when a worker's loading fails)."""
     from cisrank.log import setup_logging
 
     setup_logging()
     raw = env.server_config_json()
     config = ServerConfig.model_validate_json(raw) if raw else ServerConfig()
-    return create_app(config)
+    status = env.serve_status_dir()
+    return create_app(config, on_loaded=report_loading_to(status) if status else None)

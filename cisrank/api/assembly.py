@@ -10,9 +10,15 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
 `/v1/rerank`:
 
 - validation and limits before any model work: the query, the documents (count and characters,
-  `Limits`), the template and its fields, the noise, and the request's estimated cost (the tokens
-  of every prompt it will score, characters / 4, against `limits.max_request_cost`; 422 naming
-  `documents`);
+  `Limits`; an id of at most `limits.max_id_chars`), the template, its document format and its
+  fields (each at most `limits.max_query_chars`; `question` and `documents` are reserved), the
+  noise, and the request's estimated cost: the characters of every prompt it will score, counted
+  exactly from the template without rendering it (every reference of a field, the document
+  format's repetitions of `{text}`, `{title}` and `{id}`, the separators), tokens ~ characters / 4,
+  against `limits.max_request_cost`, and each prompt's characters against the model's context
+  (`MAX_CHARS_PER_TOKEN` per position): 422 naming the field that makes most of the prompt, before
+  anything is rendered or tokenized (a `document_format` of `{text}` x 100 rendered 1.8M tokens
+  before this check counted it);
 - the model thread: the reranker's causal LM (its declared `causal_lm`) is not thread-safe and is
   busy with rerank batches, so every step that touches the tokenizer or the model runs in that
   reranker's one model thread (`ModelThread.run`), admitted like a rerank request
@@ -23,6 +29,8 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
   arriving meanwhile waits for one slice, not for the whole search (the assembler's memo then
   holds every search score, and `arrange` scores only the final prompt);
 - `batching.request_timeout_s` bounds the whole request (503; the slices left are dropped);
+- a client that hangs up (the route sets `cancel`) stops the request at its next model step, a
+  generation at its next token (`ClientGone`, counted as 499);
 - errors name the field: a prompt longer than the model's context is 422 on `documents`, a
   template with an unknown `{field}` on `template`, a noise pool too small on `noise.n`.
 """
@@ -30,9 +38,14 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
 from __future__ import annotations
 
 import asyncio
+import functools
+import string
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cisrank.api.batching import estimate_tokens
@@ -64,13 +77,18 @@ if TYPE_CHECKING:
     )
     from cisrank.lm.engine import CausalLMEngine
 
-# Characters a rendered passage adds besides its title and text ("Document [12](Title: ) " and
-# the separator), for the cost estimate.
-DOCUMENT_OVERHEAD_CHARS = 32
+MAX_CHARS_PER_TOKEN = 32
+"""A prompt of more characters than this per position of the model's context is refused before it
+is rendered or tokenized: it cannot fit (real text runs 3-5 characters a token; long runs of one
+character, the densest text a BPE vocabulary packs, about 16)."""
 
 
 def _passages(
-    docs: Sequence[str | ContextDocumentIn], field: str, max_chars: int, id_prefix: str = ""
+    docs: Sequence[str | ContextDocumentIn],
+    field: str,
+    max_chars: int,
+    max_id_chars: int,
+    id_prefix: str = "",
 ) -> list[Passage]:
     """The request's passages; one without an id is known by `id_prefix` + its position."""
     out = []
@@ -87,8 +105,32 @@ def _passages(
                 f"{len(text) + len(title)} characters (title and text), over the limit of "
                 f"{max_chars}: split the document",
             )
-        out.append(Passage(str(doc_id) if doc_id is not None else f"{id_prefix}{i}", text, title))
+        docid = str(doc_id) if doc_id is not None else f"{id_prefix}{i}"
+        if len(docid) > max_id_chars:
+            raise InvalidField(
+                f"{field}.{i}.id", f"{len(docid)} characters, over the limit of {max_id_chars}"
+            )
+        out.append(Passage(docid, text, title))
     return out
+
+
+RESERVED_FIELDS = ("documents", "question")
+"""Template fields the request fills itself (`cisrank.context.templates.REQUIRED_FIELDS`)."""
+
+
+def _fields(body: ContextRequest | GenerateRequest, max_chars: int) -> None:
+    """The template's named fields: none reserved, each value at most `max_chars`."""
+    for name, value in body.fields.items():
+        if name in RESERVED_FIELDS:
+            raise InvalidField(
+                f"fields.{name}",
+                f"'{name}' is reserved: {{{name}}} is filled with the request's "
+                f"{'query' if name == 'question' else 'documents'}, not from fields",
+            )
+        if len(value) > max_chars:
+            raise InvalidField(
+                f"fields.{name[:100]}", f"{len(value)} characters, over the limit of {max_chars}"
+            )
 
 
 def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> ContextTemplate:
@@ -96,6 +138,7 @@ def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> Context
 
     if len(body.template) > max_chars:
         raise InvalidField("template", f"{len(body.template)} characters, over {max_chars}")
+    _fields(body, max_chars)
     try:
         template = resolve_template(body.template, body.fields)
     except CisrankError as exc:
@@ -110,11 +153,116 @@ def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> Context
         raise InvalidField("document_format", str(exc)) from None
 
 
-def prompt_cost(template: ContextTemplate, query: str, passages: Sequence[Passage]) -> int:
-    """Estimated tokens of one rendered prompt (characters / 4, as the batcher estimates)."""
-    chars = len(template.text) + sum(len(v) for v in template.fields.values()) + len(query)
-    chars += sum(len(p.text) + len(p.title) + DOCUMENT_OVERHEAD_CHARS for p in passages)
-    return estimate_tokens(chars)
+@functools.lru_cache(maxsize=256)
+def _shape(fmt: str) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """(literal characters, (field name, references) ...) of a format string, as `str.format`
+    renders it (`{{` is one character)."""
+    literal = 0
+    refs: Counter[str] = Counter()
+    for text, name, _, _ in string.Formatter().parse(fmt):
+        literal += len(text)
+        if name is not None:
+            refs[name] += 1
+    return literal, tuple(refs.items())
+
+
+def _digits(n: int) -> int:
+    """Characters of the numbers 1..n written out (the `{index}` of n passages)."""
+    total, width, start = 0, 1, 1
+    while start <= n:
+        end = min(n, start * 10 - 1)
+        total += (end - start + 1) * width
+        start, width = start * 10, width + 1
+    return total
+
+
+@dataclass(frozen=True)
+class PromptSize:
+    """The characters of one rendered prompt, by what put them there (`parts`: field to blame ->
+    characters), counted from the template without rendering it."""
+
+    parts: dict[str, int]
+
+    @property
+    def chars(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def culprit(self) -> str:
+        """The request field that makes most of the prompt."""
+        return max(self.parts, key=lambda k: self.parts[k])
+
+
+def prompt_size(
+    template: ContextTemplate, query: str, passages: Sequence[Passage], custom_format: bool
+) -> PromptSize:
+    """What `template.render(query, passages)` would write, in characters, without writing it:
+    every reference of every field counted (a field named 100 times counts 100 times), the
+    document format's references to each passage's `{text}`, `{title}`, `{id}` and `{index}`,
+    and the separators. The passages (each in the template's own document format) are
+    `documents`; what a custom document format adds (its text, repetitions, ids) is
+    `document_format`."""
+    parts: Counter[str] = Counter()
+    literal, refs = _shape(template.text)
+    parts["template"] += literal
+    for name, count in refs:
+        if name == "question":
+            parts["query"] += count * len(query)
+        elif name == "documents":
+            parts.update(
+                {
+                    k: count * v
+                    for k, v in _documents_size(template, passages, custom_format).items()
+                }
+            )
+        else:
+            parts[f"fields.{name}"] += count * len(template.fields.get(name, ""))
+    return PromptSize(dict(parts))
+
+
+def _documents_size(
+    template: ContextTemplate, passages: Sequence[Passage], custom_format: bool
+) -> Counter[str]:
+    """The characters of the rendered passages, by field to blame (see `prompt_size`)."""
+    out: Counter[str] = Counter()
+    n = len(passages)
+    if n == 0:
+        return out
+    literal, refs = _shape(template.document)
+    fmt = "document_format" if custom_format else "documents"
+    out[fmt] += n * literal + (n - 1) * len(template.separator)
+    texts = sum(len(p.text) for p in passages)
+    titles = sum(len(p.title) for p in passages)
+    ids = sum(len(p.docid) for p in passages)
+    for name, count in refs:
+        if name in ("text", "title"):
+            total = texts if name == "text" else titles
+            out["documents"] += total
+            out[fmt] += (count - 1) * total
+        elif name == "id":
+            out[fmt] += count * ids
+        elif name == "index":
+            out[fmt] += count * _digits(n)
+    return out
+
+
+def _tokens(size: PromptSize) -> int:
+    return estimate_tokens(size.chars)
+
+
+def _check_prompt(size: PromptSize, engine: CausalLMEngine) -> None:
+    """Refuse a prompt that cannot fit the model's context, before it is rendered or tokenized:
+    more than `MAX_CHARS_PER_TOKEN` characters per position."""
+    limit = engine.max_positions
+    if limit is None or size.chars <= limit * MAX_CHARS_PER_TOKEN:
+        return
+    field = size.culprit
+    raise InvalidField(
+        field,
+        f"a prompt of {size.chars} characters ({size.parts[field]} from {field}) cannot fit the "
+        f"model's context ({limit} tokens, at most {MAX_CHARS_PER_TOKEN} characters a token): "
+        "send fewer or shorter documents, or a shorter template",
+    )
 
 
 def request_cost(
@@ -122,17 +270,32 @@ def request_cost(
     template: ContextTemplate,
     passages: Sequence[Passage],
     noise: Sequence[Passage],
-) -> tuple[int, int]:
-    """(prompts to score, their estimated tokens): the search prompts, the final prompt (with
-    the noise), and with `pmi` the prompt without passages."""
+    engine: CausalLMEngine,
+) -> tuple[int, int, str]:
+    """(prompts to score, their estimated tokens, the field that makes most of them): the
+    search prompts, the final prompt (with the noise), and with `pmi` the prompt without
+    passages. Each prompt is checked against the model's context first (`_check_prompt`)."""
     from cisrank.context import search_orders
 
+    custom = body.document_format is not None
     searched = len(search_orders(body.arrange, len(passages), body.shuffles, body.seed))
-    cost = searched * prompt_cost(template, body.query, passages)
-    cost += prompt_cost(template, body.query, [*noise, *passages])
+    sizes = [prompt_size(template, body.query, passages, custom)] * searched
+    sizes.append(prompt_size(template, body.query, [*noise, *passages], custom))
     if body.pmi:
-        cost += prompt_cost(template, body.query, [])
-    return searched + 1 + int(body.pmi), cost
+        sizes.append(prompt_size(template, body.query, [], custom))
+    return len(sizes), *_total(sizes, engine)
+
+
+def _total(sizes: Sequence[PromptSize], engine: CausalLMEngine) -> tuple[int, str]:
+    """The estimated tokens of all `sizes` and the field that makes most of them, each prompt
+    checked against the model's context."""
+    parts: Counter[str] = Counter()
+    for size in {id(s): s for s in sizes}.values():  # a repeated prompt is checked once
+        _check_prompt(size, engine)
+    for size in sizes:
+        parts.update(size.parts)
+    cost = sum(_tokens(size) for size in sizes)
+    return cost, max(parts, key=lambda k: parts[k]) if parts else "documents"
 
 
 def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
@@ -189,6 +352,7 @@ def _generate(
     body: GenerateRequest,
     passages: list[Passage],
     deadline: float,
+    cancel: threading.Event | None,
 ) -> tuple[Answer, int]:
     """In the model thread: the answer (`answer_question`, as `cisrank generate`) and the
     longest row's prompt."""
@@ -213,6 +377,7 @@ def _generate(
         ArrangeConfig(arrange=Arrangement(body.arrange)),
         scores=body.scores,
         deadline=deadline,
+        cancel=cancel,
     )
     if body.decoding == "naive":
         longest = len(asm.render(body.query, answer.passages).ids)
@@ -268,7 +433,9 @@ class ContextService:
             raise InvalidField(
                 "documents", f"{len(body.documents)} documents, over the limit of {max_documents}"
             )
-        passages = _passages(body.documents, "documents", limits.max_document_chars)
+        passages = _passages(
+            body.documents, "documents", limits.max_document_chars, limits.max_id_chars
+        )
         return name, engine, passages, _template(body, limits.max_query_chars)
 
     async def _noise(self, body: ContextRequest, passages: list[Passage]) -> list[Passage]:
@@ -294,7 +461,11 @@ class ContextService:
                         f"{limits.max_documents}",
                     )
                 pool = _passages(
-                    spec.documents, "noise.documents", limits.max_document_chars, "noise-"
+                    spec.documents,
+                    "noise.documents",
+                    limits.max_document_chars,
+                    limits.max_id_chars,
+                    "noise-",
                 )
                 return sample_noise(pool, spec.n, spec.seed, exclude=passages)
             assert spec.index is not None
@@ -319,8 +490,11 @@ class ContextService:
         except CisrankError as exc:
             raise InvalidField("noise.n", str(exc)) from None
 
-    async def context(self, body: ContextRequest) -> ContextResponse:
-        """Arrange, pad, render and gauge one request's passages (see the module docstring)."""
+    async def context(
+        self, body: ContextRequest, cancel: threading.Event | None = None
+    ) -> ContextResponse:
+        """Arrange, pad, render and gauge one request's passages (see the module docstring);
+        once `cancel` is set (the client hung up), stop at the next model step."""
         config = self.serving.config
         limits = config.limits
         if body.shuffles is not None and body.shuffles > limits.max_documents:
@@ -329,16 +503,16 @@ class ContextService:
             )
         name, engine, passages, template = self._common(body, limits.max_documents)
         noise = await self._noise(body, passages)
-        prompts_n, cost = request_cost(body, template, passages, noise)
+        prompts_n, cost, culprit = request_cost(body, template, passages, noise, engine)
         if cost > limits.max_request_cost:
             raise InvalidField(
-                "documents",
+                culprit,
                 f"estimated cost {cost} (tokens of the {prompts_n} prompts this arrangement "
-                f"scores, tokens ~ characters / 4) is over the limit of "
-                f"{limits.max_request_cost}: send fewer or shorter documents, or a cheaper "
-                "arrangement",
+                f"scores, tokens ~ characters / 4, most of them from {culprit}) is over the "
+                f"limit of {limits.max_request_cost}: send fewer or shorter documents, or a "
+                "cheaper arrangement",
             )
-        model = self.serving.model_thread(name)
+        model = self.serving.model_thread(name, cancel)
         late = (
             f"not assembled within {config.batching.request_timeout_s:g} s: the server is "
             "overloaded, retry later"
@@ -374,11 +548,14 @@ class ContextService:
             ),
         )
 
-    async def generate(self, body: GenerateRequest) -> GenerateResponse:
+    async def generate(
+        self, body: GenerateRequest, cancel: threading.Event | None = None
+    ) -> GenerateResponse:
         """Greedy RAG generation over the request's passages, bounded in passages
         (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
         (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the
-        model thread, so a timed-out request holds the model for at most one more step)."""
+        model thread, so a timed-out request holds the model for at most one more step). Once
+        `cancel` is set (the client hung up), the decoding loop stops at its next token."""
         from cisrank.context import Arrangement
         from cisrank.context.decoding import DecodingTimeout
 
@@ -390,37 +567,47 @@ class ContextService:
                 f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
             )
         name, engine, passages, template = self._common(body, limits.max_generate_documents)
-        if body.decoding == "replug" and (body.scores is None or len(body.scores) != len(passages)):
+        if body.decoding == "replug" and body.scores is None:
             raise InvalidField("scores", "replug needs one score per document")
+        if body.scores is not None and len(body.scores) != len(passages):
+            raise InvalidField(
+                "scores",
+                f"{len(body.scores)} scores for {len(passages)} documents: give one score per "
+                "document",
+            )
         if body.layers is not None and len(body.layers) > engine.num_layers + 1:
             raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
         k = len(passages)
+        custom = body.document_format is not None
         if body.decoding == "naive":
-            rows, prefill = 1, prompt_cost(template, body.query, passages)
-            if Arrangement(body.arrange).scored:  # K rotations (or K - 1 shuffles and the input)
-                prefill *= 1 + k
+            rows = 1
+            # K rotations (or K - 1 shuffles and the input) for a scored arrangement
+            searched = 1 + k if Arrangement(body.arrange).scored else 1
+            sizes = [prompt_size(template, body.query, passages, custom)] * searched
         else:
             rows = k + 1
-            prefill = prompt_cost(template, body.query, [])
-            prefill += sum(prompt_cost(template, body.query, [p]) for p in passages)
+            single = template.single()
+            sizes = [prompt_size(template, body.query, [], custom)]
+            sizes += [prompt_size(single, body.query, [p], custom) for p in passages]
+        prefill, culprit = _total(sizes, engine)
         cost = prefill + rows * body.max_new_tokens
         if cost > limits.max_request_cost:
             raise InvalidField(
-                "documents",
-                f"estimated cost {cost} (prompt tokens and rows x new tokens) is over the limit "
-                f"of {limits.max_request_cost}: send fewer or shorter documents, or fewer new "
-                "tokens",
+                culprit,
+                f"estimated cost {cost} (prompt tokens, most of them from {culprit}, and rows x "
+                f"new tokens) is over the limit of {limits.max_request_cost}: send fewer or "
+                "shorter documents, or fewer new tokens",
             )
         timeout = config.batching.request_timeout_s
         deadline = time.monotonic() + timeout
-        model = self.serving.model_thread(name)
+        model = self.serving.model_thread(name, cancel)
         late = f"not generated within {timeout:g} s: retry later"
         async with model.admitted(cost, late, late_errors=(DecodingTimeout,)):
             asm, prompts = await model.run(_prepare, engine, template, body, passages)
             if body.decoding == "naive":
                 for chunk in slices(prompts, config.batching.max_batch_tokens):
                     await model.run(asm.question_logprobs, chunk)
-            answer, longest = await model.run(_generate, asm, body, passages, deadline)
+            answer, longest = await model.run(_generate, asm, body, passages, deadline, cancel)
         doc_ids = [
             d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
             for i, d in enumerate(body.documents)

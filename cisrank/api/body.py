@@ -16,6 +16,8 @@ route, before any schema or model sees the body:
   naming the offset of the first bad byte. UTF-16/32 bodies are refused like any non-UTF-8.
 - Syntax: 400 with the parser's reason, line, column and character, and "ends early" when the
   body stops in the middle of a value (a truncated upload).
+- Numbers: an integer of more digits than Python converts (4,300) is 400 naming its offset (the
+  parser raises a bare ValueError on it, which was a 500).
 - Depth: at most `MAX_DEPTH` levels of arrays/objects (requests need 4; document metadata gets
   the rest); deeper is 400, and so is anything too deep for the parser's recursion.
 - Text: every string and every object key is valid Unicode; a lone surrogate is 422 naming the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 import numpy as np
@@ -110,8 +113,37 @@ def _too_deep() -> BodyError:
     )
 
 
+# A JSON string (skipped whole, so that digits inside one never match) or an integer of more
+# digits than Python converts (`sys.get_int_max_str_digits()`, 4,300 by default).
+_STRING_OR_LONG_INT = r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?[0-9]{%d,})'
+
+
+def _long_integer(text: str) -> BodyError:
+    """400 naming the first JSON integer (outside strings) with more digits than Python reads:
+    `json.loads` raises a bare ValueError for it, with no position."""
+    limit = sys.get_int_max_str_digits()
+    where = ""
+    for match in re.finditer(_STRING_OR_LONG_INT % (limit + 1), text):
+        if match.group(1) is not None:
+            at = match.start(1)
+            line = text.count("\n", 0, at) + 1
+            column = at - (text.rfind("\n", 0, at) + 1) + 1
+            digits = len(match.group(1).lstrip("-"))
+            where = f" ({digits} digits at line {line} column {column} (char {at}))"
+            break
+    return BodyError(
+        400,
+        "invalid_request",
+        "body",
+        f"a JSON integer is too long{where}: at most {limit} digits are read; send a number "
+        "that fits the field, or a long identifier as a string",
+        "json_invalid",
+    )
+
+
 def parse_json(text: str) -> Any:
-    """The JSON value; 400 saying where it is malformed, or that it is nested too deep."""
+    """The JSON value; 400 saying where it is malformed, that it is nested too deep, or that an
+    integer has too many digits."""
     try:
         return json.loads(text)
     except RecursionError:
@@ -121,6 +153,8 @@ def parse_json(text: str) -> Any:
         if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
             detail += f"; the body ends early, at char {len(text)} (truncated?)"
         raise BodyError(400, "invalid_request", "body", detail, "json_invalid") from None
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise _long_integer(text) from None
 
 
 _NOT_STRUCTURAL = bytes(c for c in range(256) if c not in b'"[]{}')

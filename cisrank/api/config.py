@@ -80,7 +80,18 @@ class Limits(ComponentConfig):
     max_document_chars: int = Field(
         default=32_768, ge=1, description="Characters per document (before token truncation)."
     )
-    max_query_chars: int = Field(default=8_192, ge=1)
+    max_query_chars: int = Field(
+        default=8_192,
+        ge=1,
+        description="Characters of a query; also of a /v1/context or /v1/generate template, "
+        "its document format and each of its fields.",
+    )
+    max_id_chars: int = Field(
+        default=256,
+        ge=1,
+        description="Characters of a document's id in /v1/context and /v1/generate, where a "
+        "document format can render it into the prompt.",
+    )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Request bodies over this get 413."
     )

@@ -136,6 +136,10 @@ def field_name(loc: Sequence[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+FIELD_ALIASES = {"top_k": "top_n"}
+"""Request fields accepted under a second name (`cisrank.api.schemas.TOP_N_ALIASES`)."""
+
+
 def validation_fields(errors: Sequence[dict[str, Any]]) -> tuple[int, list[FieldError]]:
     """The status (400 for malformed JSON, else 422) and one `FieldError` per named field."""
     merged: dict[str, FieldError] = {}
@@ -151,6 +155,14 @@ def validation_fields(errors: Sequence[dict[str, Any]]) -> tuple[int, list[Field
             continue
         name = field_name(err.get("loc", ()))
         msg = str(err.get("msg", "invalid value"))
+        if kind == "extra_forbidden":
+            alias_of = FIELD_ALIASES.get(name)
+            msg = (
+                f"{name} is an alias of {alias_of}: give one of them"
+                if alias_of
+                else "unknown field: this request does not take it (the fields of every "
+                "request are in GET /docs)"
+            )
         if name in merged and msg not in merged[name].message:
             merged[name] = FieldError(
                 field=name, message=f"{merged[name].message}; or {msg}", type=merged[name].type

@@ -12,7 +12,7 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cisrank.api.metrics import Metrics
+from cisrank.api.metrics import CLIENT_CLOSED_REQUEST, Metrics
 from cisrank.api.schemas import ErrorBody, FieldError
 
 
@@ -117,10 +117,17 @@ class BodyBudgetMiddleware:
     its response is sent; 64 concurrent 15 MB bodies took a server from 0.7 to 4.2 GB (issue
     15). Bytes are reserved before they are read: the whole Content-Length up front (a body
     that does not fit is refused without reading a byte of it), or chunk by chunk for a chunked
-    body; they are given back when the response is done. A refused client is told to retry,
-    and the connection is closed (its unread body is not drained). Sits outside
-    `BodyLimitMiddleware`, whose reads it counts; a declared body over `max_body_bytes` (or a
-    malformed Content-Length) is left to that middleware's 413 (400) without reserving.
+    body; they are given back when the response is done. Sits outside `BodyLimitMiddleware`,
+    whose reads it counts; a declared body over `max_body_bytes` (or a malformed Content-Length)
+    is left to that middleware's 413 (400) without reserving.
+
+    A refused client is told to retry, and every refused client reads that answer: the 503 is
+    sent at once, then the rest of its body is read and dropped chunk by chunk (never held:
+    memory stays bounded), at most `max_body_bytes` of it and only until the body deadline of
+    `BodyReadTimeoutMiddleware`, and only then is the response ended and the connection closed.
+    Closing with the body unread made the kernel reset the connection, which discards the 503
+    the client had not read yet: 47 of 64 concurrent 15 MB uploads saw no answer (issue 32). A
+    client that sent `Expect: 100-continue` has sent no body: its connection closes at once.
     """
 
     def __init__(
@@ -131,7 +138,9 @@ class BodyBudgetMiddleware:
         self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, received: int) -> None:
+        """The 503, then the unread rest of the body dropped (see the class doc), then the end
+        of the response, which closes the connection."""
         message = (
             f"the server holds {self.budget.used} bytes of request bodies, its limit is "
             f"{self.budget.limit}: retry later"
@@ -149,7 +158,25 @@ class BodyBudgetMiddleware:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        headers = dict(scope.get("headers") or [])
+        if b"100-continue" not in headers.get(b"expect", b"").lower():
+            await self._drop_body(receive, received)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _drop_body(self, receive: Receive, received: int) -> None:
+        """Read and drop what is left of a refused body: up to `max_body_bytes` in all, until it
+        ends, the client hangs up, or the body deadline passes (the timed `receive` raises)."""
+        try:
+            while received <= self.max_body_bytes:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                received += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+        except Exception:  # BodyReadTimeout: the deadline of every body applies
+            return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -166,7 +193,7 @@ class BodyBudgetMiddleware:
                 await self.app(scope, receive, send)  # the body limit answers 400/413
                 return
             if not self.budget.take(size):
-                await self._reject(send)
+                await self._reject(scope, receive, send, 0)
                 return
             held = size
         received = 0
@@ -193,7 +220,7 @@ class BodyBudgetMiddleware:
             await self.app(scope, counted_receive, watched_send)
         except _OverBudget:
             if not responded:
-                await self._reject(send)
+                await self._reject(scope, receive, send, received)
         finally:
             self.budget.give(held)
 
@@ -239,7 +266,9 @@ class MetricsMiddleware:
             if route is None:
                 route = scope["path"] if scope.get("path") in self.paths else "unmatched"
             seconds = time.perf_counter() - started
-            if status is None and client_gone:  # hung up mid-body: not a server error
+            # hung up mid-body, or while its generation ran (answered 499 to nobody): client
+            # behaviour, not a server error
+            if client_gone and status in (None, CLIENT_CLOSED_REQUEST):
                 self.metrics.observe_client_abort(route, seconds)
             else:
                 self.metrics.observe_request(route, status or 500, seconds)

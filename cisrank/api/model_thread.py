@@ -14,8 +14,13 @@ admitted, bounded in time and has its failures named the same way:
   behind it waits for that one call (slice), never for the whole request;
 - a full queue or cost budget is `Overloaded` (503 + Retry-After), a request past its deadline
   `TimedOut`; the model failing on the request's own text is `InvalidField` naming the field to
-  blame (an input error, `cisrank.api.batching.is_input_error`, or a `FieldFault`), and anything
-  else goes on as it is (a server fault: 500, logged, or a `DataError` for a damaged file).
+  blame (an input error, `cisrank.api.batching.is_input_error`, or a `FieldFault`); a damaged file
+  the reranker reads (its prior store: a `DataError`) is `BackendFailed` naming the reranker and
+  the file (500, never a generic one); anything else goes on as it is (a server fault: 500,
+  logged);
+- a request whose client hung up (`cancel` set by the route) is `ClientGone`: a step not yet
+  started is skipped, and a step that checks the flag itself (the decoding loop of
+  `/v1/generate`) stops at its next token, so an abandoned request frees the model thread.
 
 No web framework here (an import-linter contract).
 """
@@ -23,8 +28,11 @@ No web framework here (an import-linter contract).
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from cisrank.api.batching import (
@@ -34,10 +42,28 @@ from cisrank.api.batching import (
     ScoringTimeout,
     is_input_error,
 )
-from cisrank.api.service_errors import InvalidField, Overloaded, TimedOut
-from cisrank.errors import CisrankError, DataError
+from cisrank.api.service_errors import (
+    BackendFailed,
+    ClientGone,
+    InvalidField,
+    Overloaded,
+    TimedOut,
+)
+from cisrank.errors import CisrankError, DamagedFileError, DataError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def _backend_failed(reranker: str, exc: DataError) -> BackendFailed:
+    """A damaged or unreadable file of a reranker (its prior store) as the 500 that names the
+    reranker and the file by its name (no server path leaves the server); details to the log."""
+    log.error("reranker %s failed on a damaged file: %s", reranker, exc)
+    what = f" '{Path(exc.path).name}'" if isinstance(exc, DamagedFileError) else ""
+    return BackendFailed(
+        f"reranker '{reranker}' cannot read its file{what}: it is damaged; details are in the "
+        "server log"
+    )
 
 
 class FieldFault(CisrankError):
@@ -62,11 +88,26 @@ def _admission_errors() -> Iterator[None]:
 class ModelThread:
     """One reranker's model thread as one request uses it (`Serving.model_thread`)."""
 
-    def __init__(self, scorer: BatchScorer, timeout_s: float, redact: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        scorer: BatchScorer,
+        timeout_s: float,
+        redact: Callable[[str], str],
+        cancel: threading.Event | None = None,
+    ) -> None:
         self.scorer = scorer
         self.timeout_s = timeout_s
         self.redact = redact
+        self.cancel = cancel
         self._late_errors: tuple[type[Exception], ...] | None = None  # set while admitted
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the request's client hung up."""
+        return self.cancel is not None and self.cancel.is_set()
+
+    def _gone(self) -> ClientGone:
+        return ClientGone("the client closed the connection before the answer")
 
     async def score(
         self, query: str, passages: Sequence[str], field: str = "documents"
@@ -83,8 +124,11 @@ class ModelThread:
                     raise InvalidField(
                         field, f"the reranker cannot read this request's text: {exc}"
                     ) from None
-                assert exc.__cause__ is not None
-                raise exc.__cause__ from None
+                cause = exc.__cause__
+                assert cause is not None
+                if isinstance(cause, DataError):
+                    raise _backend_failed(self.scorer.name, cause) from None
+                raise cause from None
 
     @asynccontextmanager
     async def admitted(
@@ -105,27 +149,51 @@ class ModelThread:
                         finally:
                             self._late_errors = None
         except deadline_errors:
+            if self.cancelled:
+                raise self._gone() from None
             raise TimedOut(late) from None
+
+    def _unless_cancelled(self, fn: Callable[..., T], *args: Any) -> T:
+        """In the model thread: `fn(*args)`, unless the client hung up while it waited."""
+        if self.cancelled:
+            raise self._gone()
+        return fn(*args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the model thread, inside `admitted`; its failures on the request's
-        input name the field to blame (`documents` unless a `FieldFault` says otherwise)."""
+        input name the field to blame (`documents` unless a `FieldFault` says otherwise). A
+        step of a request whose client hung up is not run (`ClientGone`), and any failure of a
+        step once it has hung up is that (the decoding loop stops on the flag)."""
         late_errors = self._late_errors
         if late_errors is None:
             raise RuntimeError("ModelThread.run outside ModelThread.admitted")
+        if self.cancelled:
+            raise self._gone()
         try:
-            return await self.scorer.call(fn, *args)
-        except late_errors:
+            result = await self.scorer.call(self._unless_cancelled, fn, *args)
+        except ClientGone:
             raise
-        except FieldFault as exc:
-            raise InvalidField(exc.field, self.redact(str(exc))) from None
-        except DataError:
-            raise
-        except CisrankError as exc:
-            raise InvalidField("documents", self.redact(str(exc))) from None
         except Exception as exc:
-            if is_input_error(exc):
-                raise InvalidField(
-                    "documents", f"the model cannot read this request's text: {str(exc)[:200]}"
-                ) from None
-            raise
+            if self.cancelled:
+                raise self._gone() from None
+            raise self._named(exc) from None
+        if self.cancelled:
+            raise self._gone()
+        return result
+
+    def _named(self, exc: Exception) -> Exception:
+        """A step's failure as the service error that names what to blame (or itself)."""
+        late_errors = self._late_errors or ()
+        if isinstance(exc, late_errors):
+            return exc
+        if isinstance(exc, FieldFault):
+            return InvalidField(exc.field, self.redact(str(exc)))
+        if isinstance(exc, DataError):
+            return _backend_failed(self.scorer.name, exc)
+        if isinstance(exc, CisrankError):
+            return InvalidField("documents", self.redact(str(exc)))
+        if is_input_error(exc):
+            return InvalidField(
+                "documents", f"the model cannot read this request's text: {str(exc)[:200]}"
+            )
+        return exc

@@ -3,9 +3,16 @@
 and map its errors (`cisrank.api.service_errors`) to status codes, which only this module knows.
 
 Status codes: 400 a body that is not UTF-8 JSON (the body says why), 401 missing/wrong API key,
-415 a body sent as something else than JSON, 422 a field out of its limits or holding a lone
-surrogate (the body names it), 500 a server fault such as a damaged index (details in the log),
-503 + Retry-After while loading, when the queue is full or a request timed out.
+415 a body sent as something else than JSON, 422 a field out of its limits, unknown, or holding a
+lone surrogate (the body names it), 499 (counted, never read) a client that hung up while its
+context or generation was worked on, 500 a server fault such as a damaged index or prior store
+(the body names the component, details in the log), 503 + Retry-After while loading, when the
+queue is full or a request timed out.
+
+The shapes clients bring: `POST /v1/rerank` (also `/v2/rerank`, `/rerank`) is Cohere's and Jina's
+rerank; `POST /rerank` with `texts` instead of `documents` is Hugging Face TEI's, answered as
+TEI's list of `{index, score, text?}`; `POST /v1/embeddings` is OpenAI's (infinity and TEI serve
+it too), for a served dense reranker's bi-encoder.
 
 Every route's JSON body is read by `cisrank.api.body.read_json_body` (through `JsonBodyRoute`)
 before FastAPI validates it against the schema, so parse errors and invalid text are answered the
@@ -14,22 +21,30 @@ same way on every route and FastAPI version.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
-from typing import Any
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
 
 from cisrank.api.assembly import ContextService
 from cisrank.api.auth import KeyChecker
 from cisrank.api.body import BodyError, read_json_body
 from cisrank.api.errors import ApiError
+from cisrank.api.metrics import CLIENT_CLOSED_REQUEST
 from cisrank.api.schemas import (
     ContextRequest,
     ContextResponse,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     GenerateRequest,
     GenerateResponse,
     Health,
@@ -38,10 +53,12 @@ from cisrank.api.schemas import (
     RerankResponse,
     SearchRequest,
     SearchResponse,
+    TeiRerankRequest,
 )
 from cisrank.api.service import RankingService
 from cisrank.api.service_errors import (
     BackendFailed,
+    ClientGone,
     InvalidField,
     LoadFailed,
     NotReady,
@@ -50,6 +67,8 @@ from cisrank.api.service_errors import (
     TimedOut,
 )
 from cisrank.api.serving import Serving
+
+M = TypeVar("M", bound=BaseModel)
 
 _bearer = HTTPBearer(auto_error=False, description="API key, when CISRANK_API_KEYS is set.")
 
@@ -76,6 +95,8 @@ def api_error(exc: ServiceError, retry_after_s: int) -> ApiError:
         )
     if isinstance(exc, BackendFailed):
         return ApiError(500, "internal_error", exc.message)
+    if isinstance(exc, ClientGone):
+        return ApiError(CLIENT_CLOSED_REQUEST, "client_closed_request", exc.message)
     if isinstance(exc, LoadFailed):
         # Permanent until an operator fixes the configuration: 503 (a balancer tries another
         # replica) without Retry-After (a client retrying here in 1 s only adds load).
@@ -102,6 +123,39 @@ def _answering(request: Request) -> Iterator[None]:
         yield
     except ServiceError as exc:
         raise api_error(exc, _serving(request).config.batching.retry_after_s) from None
+
+
+@asynccontextmanager
+async def _hang_up_watch(request: Request) -> AsyncIterator[threading.Event]:
+    """A flag set as soon as the client closes its connection while the block runs (the model
+    thread reads it at each step). The body has been read: the next ASGI message is the
+    disconnect (or none, once the answer is sent and the watch is over)."""
+    gone = threading.Event()
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+                return
+
+    task = asyncio.create_task(watch())
+    try:
+        yield gone
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _validated(model: type[M], value: Any) -> M:
+    """`value` as `model`, or the 422 FastAPI gives a body that does not fit it."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        ) from None
 
 
 class _ParsedRequest(Request):
@@ -211,7 +265,35 @@ _rerank_kwargs: dict[str, Any] = {
 }
 router.post("/v1/rerank", **_rerank_kwargs)(rerank)
 router.post("/v2/rerank", include_in_schema=False, **_rerank_kwargs)(rerank)
-router.post("/rerank", include_in_schema=False, **_rerank_kwargs)(rerank)
+
+
+@router.post("/rerank", include_in_schema=False, dependencies=protected, tags=["rerank"])
+async def rerank_any_shape(
+    request: Request,
+    body: dict[str, Any] = Body(...),
+) -> Response:
+    """Cohere's rerank (as /v1/rerank), or Hugging Face TEI's when the body has `texts`
+    instead of `documents` (`TeiRerankRequest`): TEI's JSON list of `{index, score, text?}`."""
+    with _answering(request):
+        if "texts" in body and "documents" not in body:
+            tei = _validated(TeiRerankRequest, body)
+            ranks = await _ranking(request).rerank_tei(tei)
+            return JSONResponse([r.model_dump(mode="json", exclude_none=True) for r in ranks])
+        answer = await _ranking(request).rerank(_validated(RerankRequest, body))
+        return JSONResponse(answer.model_dump(mode="json", exclude_none=True))
+
+
+# ---- embeddings
+
+
+@router.post(
+    "/v1/embeddings", response_model=EmbeddingsResponse, dependencies=protected, tags=["embed"]
+)
+async def embeddings(body: EmbeddingsRequest, request: Request) -> EmbeddingsResponse:
+    """OpenAI's embeddings (as infinity and TEI serve them) with a served dense reranker's
+    bi-encoder: unit-length vectors, bounded like a rerank request."""
+    with _answering(request):
+        return await _ranking(request).embeddings(body)
 
 
 # ---- search
@@ -234,7 +316,8 @@ async def context(body: ContextRequest, request: Request) -> ContextResponse:
     """Arrange passages into a RAG prompt with a CIS reranker's causal LM: the order, the
     per-passage scores (curvature), the question-likelihood gauge and the prompt."""
     with _answering(request):
-        return await _context(request).context(body)
+        async with _hang_up_watch(request) as gone:
+            return await _context(request).context(body, gone)
 
 
 @router.post(
@@ -244,4 +327,5 @@ async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
     """Answer a question over passages, greedy, with naive or entropy-based decoding (seed
     004), bounded in passages, new tokens and time."""
     with _answering(request):
-        return await _context(request).generate(body)
+        async with _hang_up_watch(request) as gone:
+            return await _context(request).generate(body, gone)

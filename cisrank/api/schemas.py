@@ -4,16 +4,20 @@ The rerank shape is the Cohere/Jina one that vLLM, LiteLLM, infinity and the off
 speak, so cisrank is a drop-in for them. Static limits live here; limits that an operator can
 change (`Limits` in `cisrank.api.config`) are checked by the routes against the running config.
 
-Unknown request fields are ignored rather than rejected: clients send extras we do not implement
-(Cohere's `rank_fields`, `max_chunks_per_doc`, `priority`, `relevant_spans`) and must still work.
+Unknown request fields are refused (422 naming them: a misspelled `top_k` used to be ignored
+silently, and the default count came back), except the documented fields of the shapes clients
+bring, which are accepted: Cohere's `rank_fields`, `max_chunks_per_doc` and `priority` (accepted,
+not used: the document's `text` is what is ranked, cut at the model's length), and TEI's
+`raw_scores`, `return_text`, `truncate` and `truncation_direction` on `POST /rerank`. One name per
+idea: the result count is `top_n` everywhere, `top_k` accepted as its alias.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from cisrank.context.config import (
     ArrangeConfig,
@@ -39,7 +43,17 @@ def _non_blank(value: str) -> str:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    """A request body: a field it does not declare is a 422 naming it."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+TOP_N_ALIASES = AliasChoices("top_n", "top_k")
+"""`top_k` is accepted for `top_n` (one name per idea; both given is a 422 naming `top_k`)."""
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is a number: JSON's non-standard NaN and Infinity (which Python's parser reads)
+are refused, 422 naming the field."""
 
 
 class DocumentIn(BaseModel):
@@ -56,7 +70,12 @@ class RerankRequest(_Request):
     documents: list[str | DocumentIn] = Field(
         min_length=1, description="Passages as strings or {text, id?} objects."
     )
-    top_n: int | None = Field(default=None, ge=1, description="Return only the best N.")
+    top_n: int | None = Field(
+        default=None,
+        ge=1,
+        validation_alias=TOP_N_ALIASES,
+        description="Return only the best N (`top_k` is accepted as its alias).",
+    )
     return_documents: bool = Field(default=False, description="Echo each document's text.")
     model: str | None = Field(
         default=None, description="A configured reranker name (GET /v1/models); default if unset."
@@ -69,6 +88,18 @@ class RerankRequest(_Request):
         description="Score normalization: none (raw, the default), sigmoid, or minmax over this "
         "request's documents.",
     )
+    # Documented fields of the Cohere rerank API (v1 and v2), accepted so that its SDKs and the
+    # clients built on them work unchanged; not used.
+    rank_fields: list[str] | None = Field(
+        default=None,
+        description="Cohere: accepted, not used (a document's `text` is what is ranked).",
+    )
+    max_chunks_per_doc: int | None = Field(
+        default=None,
+        description="Cohere v1: accepted, not used (a document is cut at `max_tokens_per_doc` "
+        "or at the model's length, never chunked).",
+    )
+    priority: int | None = Field(default=None, description="Cohere: accepted, not used.")
 
     _query_not_blank = field_validator("query")(_non_blank)
 
@@ -116,7 +147,12 @@ class RerankResponse(BaseModel):
 
 class SearchRequest(_Request):
     query: str = Field(min_length=1)
-    top_n: int = Field(default=10, ge=1, description="Passages to return.")
+    top_n: int = Field(
+        default=10,
+        ge=1,
+        validation_alias=TOP_N_ALIASES,
+        description="Passages to return (`top_k` is accepted as its alias).",
+    )
     index: str | None = Field(default=None, description="A configured index; default if unset.")
     rerank: str | None = Field(
         default=None, description="A configured reranker name to rerank the first stage with."
@@ -144,6 +180,81 @@ class SearchResponse(BaseModel):
     model: str | None = Field(description="The reranker, or null for first-stage order.")
     results: list[SearchResult]
     usage: Usage
+
+
+# ---- the shapes users bring: TEI's rerank, OpenAI's embeddings
+
+
+class TeiRerankRequest(_Request):
+    """Hugging Face text-embeddings-inference's `POST /rerank` body (`texts`, not `documents`)."""
+
+    query: str = Field(min_length=1, description="The search query (not blank).")
+    texts: list[str] = Field(min_length=1, description="The passages to rank.")
+    raw_scores: bool = Field(
+        default=False,
+        description="TEI: raw scores; false (its default) puts them through a sigmoid.",
+    )
+    return_text: bool = Field(default=False, description="TEI: echo each text.")
+    truncate: bool | None = Field(
+        default=None,
+        description="TEI: accepted; cisrank always cuts a pair at the model's length.",
+    )
+    truncation_direction: Literal["right", "Right", "left", "Left"] | None = Field(
+        default=None, description="TEI: only right (the default) is served."
+    )
+    model: str | None = Field(
+        default=None,
+        description="cisrank: a configured reranker (GET /v1/models); default if unset.",
+    )
+
+    _query_not_blank = field_validator("query")(_non_blank)
+
+
+class TeiRank(BaseModel):
+    """One entry of TEI's rerank answer, a JSON list most relevant first."""
+
+    index: int = Field(description="Position of the text in the request.")
+    score: float
+    text: str | None = Field(default=None, description="The text, with return_text.")
+
+
+class EmbeddingsRequest(_Request):
+    """OpenAI's `POST /v1/embeddings` body (as infinity and TEI serve it), for a served dense
+    (bi-encoder) reranker."""
+
+    input: str | list[str] = Field(description="A text or a list of texts (not token ids).")
+    model: str | None = Field(
+        default=None,
+        description="A configured dense reranker (its name or model id); the first dense one "
+        "if unset.",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float",
+        description="float: lists of numbers; base64: little-endian float32 bytes, base64 "
+        "(what the openai client asks for by default).",
+    )
+    dimensions: int | None = Field(
+        default=None, ge=1, description="Must be the model's own dimension when given."
+    )
+    user: str | None = Field(default=None, description="OpenAI: accepted, not used.")
+
+
+class EmbeddingOut(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="Unit-length vector (or its base64).")
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens the model read (each text cut at its length).")
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingOut]
+    model: str = Field(description="The reranker whose encoder embedded the texts (its name).")
+    usage: EmbeddingsUsage
 
 
 # ---- RAG context assembly (POST /v1/context)
@@ -278,6 +389,13 @@ class ContextResponse(BaseModel):
 
 Decoding = Literal["naive", "avg_ens", "replug", "leens", "clehe"]
 
+MIN_TAU = 1e-4
+"""The smallest LeEns/CLeHe temperature served: weights are softmax(-H / tau) over entropies H of
+at most ln(vocabulary) (< 14), so 1e-4 already makes them one-hot; a tau near 5e-324 made them
+NaN (issue 32)."""
+MAX_BETA = 100.0
+"""The largest CLeHe contrast strength served (the paper uses 0.25; 1e308 gave inf - inf)."""
+
 
 class GenerateRequest(_Request):
     query: str = Field(min_length=1, description="The question (not blank).")
@@ -300,14 +418,22 @@ class GenerateRequest(_Request):
     fields: dict[str, str] = Field(default_factory=dict)
     document_format: str | None = None
     chat: bool = _default(GenerationAssemblerConfig, "chat")
-    scores: list[float] | None = Field(
-        default=None, description="replug: one reranker score per document."
+    scores: list[FiniteFloat] | None = Field(
+        default=None,
+        description="One reranker score per document (replug's weights; any decoding checks "
+        "the count).",
     )
     tau: float = Field(
-        default=_default(DecoderConfig, "tau"), gt=0, description="LeEns/CLeHe entropy temperature."
+        default=_default(DecoderConfig, "tau"),
+        gt=0,
+        allow_inf_nan=False,
+        description=f"LeEns/CLeHe entropy temperature, at least {MIN_TAU:g}.",
     )
     beta: float = Field(
-        default=_default(DecoderConfig, "beta"), ge=0, description="CLeHe contrast strength."
+        default=_default(DecoderConfig, "beta"),
+        ge=0,
+        allow_inf_nan=False,
+        description=f"CLeHe contrast strength, at most {MAX_BETA:g}.",
     )
     layers: list[int] | None = Field(
         default=_default(DecoderConfig, "layers"),
@@ -321,6 +447,26 @@ class GenerateRequest(_Request):
     model: str | None = Field(default=None, description="A configured cis reranker.")
 
     _query_not_blank = field_validator("query")(_non_blank)
+
+    @field_validator("tau")
+    @classmethod
+    def _tau_not_tiny(cls, value: float) -> float:
+        if value < MIN_TAU:
+            raise ValueError(
+                f"must be at least {MIN_TAU:g}: a smaller temperature turns the passage "
+                "weights softmax(-entropy / tau) into infinities (no number)"
+            )
+        return value
+
+    @field_validator("beta")
+    @classmethod
+    def _beta_bounded(cls, value: float) -> float:
+        if value > MAX_BETA:
+            raise ValueError(
+                f"must be at most {MAX_BETA:g}: (1 + beta) * log p - beta * log q overflows "
+                "to infinity - infinity (no number) for large beta"
+            )
+        return value
 
 
 class GenerateUsage(BaseModel):

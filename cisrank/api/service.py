@@ -16,13 +16,21 @@ rerankers, batchers, indexes, limits, readiness) and does its model work through
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from cisrank.api.batching import estimate_tokens
 from cisrank.api.schemas import (
     DocumentIn,
+    EmbeddingOut,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbeddingsUsage,
     IndexCard,
     ModelCard,
     ModelList,
@@ -33,10 +41,12 @@ from cisrank.api.schemas import (
     SearchRequest,
     SearchResponse,
     SearchResult,
+    TeiRank,
+    TeiRerankRequest,
     Usage,
 )
 from cisrank.api.service_errors import BackendFailed, InvalidField
-from cisrank.api.serving import Serving, public_model_id
+from cisrank.api.serving import Serving, public_model_id, text_embedder
 from cisrank.api.truncate import truncate_texts
 from cisrank.data.types import rank_order
 
@@ -73,8 +83,41 @@ def _finite(scores: Sequence[float]) -> list[float]:
     return out
 
 
+def _embed(
+    embed: Callable[[Sequence[str]], np.ndarray],
+    tokenizer: object | None,
+    cap: int | None,
+    texts: Sequence[str],
+) -> tuple[np.ndarray, int]:
+    """In the model thread: unit-length float32 embeddings of `texts` and the tokens the model
+    read of them (its tokenizer's count, each text cut at `cap`; estimated without one)."""
+    vectors = np.asarray(embed(texts), dtype=np.float32)
+    if tokenizer is None:
+        tokens = sum(min(estimate_tokens(len(t)), cap or 10**9) for t in texts)
+    else:
+        encoded = tokenizer(list(texts), truncation=cap is not None, max_length=cap)  # type: ignore[operator]
+        tokens = sum(len(ids) for ids in encoded["input_ids"])
+    return vectors, tokens
+
+
+def _batches(costs: Sequence[int], max_items: int, max_tokens: int) -> list[range]:
+    """Consecutive ranges of at most `max_items` items and `max_tokens` estimated tokens (an item
+    over it alone): one model-thread call each."""
+    out: list[range] = []
+    start = used = 0
+    for i, cost in enumerate(costs):
+        if i > start and (i - start >= max_items or used + cost > max_tokens):
+            out.append(range(start, i))
+            start, used = i, 0
+        used += cost
+    if start < len(costs):
+        out.append(range(start, len(costs)))
+    return out
+
+
 class RankingService:
-    """Answers rerank, search and model-list requests over the shared `Serving` parts."""
+    """Answers rerank, search, embeddings and model-list requests over the shared `Serving`
+    parts."""
 
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
@@ -188,6 +231,135 @@ class RankingService:
             model=name,
             results=results,
             usage=Usage(documents=len(texts), truncated_documents=truncated),
+        )
+
+    async def rerank_tei(self, body: TeiRerankRequest) -> list[TeiRank]:
+        """Hugging Face TEI's `POST /rerank`: the same ranking as `rerank` (same limits, cost
+        and batching), answered as TEI's list of `{index, score, text?}`, most relevant first;
+        errors name `texts` where `rerank` names `documents`."""
+        if body.truncation_direction in ("left", "Left"):
+            raise InvalidField(
+                "truncation_direction",
+                "only 'right' is served: a pair is cut at the end of the text, at the model's "
+                "length",
+            )
+        request = RerankRequest(
+            query=body.query,
+            documents=list(body.texts),
+            model=body.model,
+            normalize="none" if body.raw_scores else "sigmoid",
+        )
+        try:
+            answer = await self.rerank(request)
+        except InvalidField as exc:
+            if exc.field == "documents" or exc.field.startswith("documents."):
+                raise InvalidField("texts" + exc.field[len("documents") :], exc.detail) from None
+            raise
+        return [
+            TeiRank(
+                index=r.index,
+                score=r.relevance_score,
+                text=body.texts[r.index] if body.return_text else None,
+            )
+            for r in answer.results
+        ]
+
+    def _embedder(self, requested: str | None) -> str:
+        """The reranker whose bi-encoder embeds: the one named, else the default if it has one,
+        else the first served that has one."""
+        serving = self.serving
+        serving.check_ready()
+        able = [n for n in serving.config.rerankers if text_embedder(serving.rerankers[n])]
+        if requested is None:
+            default = serving.config.default_reranker_name
+            name = default if default in able or not able else able[0]
+        else:
+            name = serving.resolve_reranker(requested)
+        if name not in able:
+            raise InvalidField(
+                "model",
+                f"reranker '{name}' has no bi-encoder to embed with: /v1/embeddings needs a "
+                f"dense reranker (served here: {', '.join(able) or 'none'})",
+            )
+        return name
+
+    async def embeddings(self, body: EmbeddingsRequest) -> EmbeddingsResponse:
+        """OpenAI's embeddings of one or more texts with a served dense reranker's encoder
+        (no query or passage prefix), bounded like a rerank request: `limits.max_documents`
+        texts of `limits.max_document_chars`, estimated tokens (each text capped at the model's
+        length) against `limits.max_request_cost`, admitted and timed out in the reranker's
+        model thread, embedded in slices of `batching.max_batch_tokens`."""
+        serving = self.serving
+        config = serving.config
+        limits = config.limits
+        name = self._embedder(body.model)
+        single = isinstance(body.input, str)
+        texts = [body.input] if isinstance(body.input, str) else list(body.input)
+        if not texts:
+            raise InvalidField("input", "give at least one text")
+        if len(texts) > limits.max_documents:
+            raise InvalidField(
+                "input",
+                f"{len(texts)} texts, over the limit of {limits.max_documents}: send them in "
+                "several requests",
+            )
+        for i, text in enumerate(texts):
+            where = "input" if single else f"input.{i}"
+            if not text.strip():
+                raise InvalidField(where, "must not be empty or whitespace only")
+            if len(text) > limits.max_document_chars:
+                raise InvalidField(
+                    where,
+                    f"{len(text)} characters, over the limit of {limits.max_document_chars}",
+                )
+        reranker = serving.rerankers[name]
+        embed = text_embedder(reranker)
+        assert embed is not None
+        cap = reranker.pair_token_limit
+        costs = [
+            min(estimate_tokens(len(t)), cap) if cap else estimate_tokens(len(t)) for t in texts
+        ]
+        cost = sum(costs)
+        if cost > limits.max_request_cost:
+            raise InvalidField(
+                "input",
+                f"estimated cost {cost} (tokens ~ characters / 4, each text capped at the "
+                f"model's length) is over the limit of {limits.max_request_cost}: send fewer "
+                "or shorter texts",
+            )
+        model = serving.model_thread(name)
+        timeout = config.batching.request_timeout_s
+        late = f"not embedded within {timeout:g} s: the server is overloaded, retry later"
+        parts: list[np.ndarray] = []
+        tokens = 0
+        batching = config.batching
+        async with model.admitted(cost, late):
+            for part in _batches(costs, batching.max_batch_passages, batching.max_batch_tokens):
+                vectors, n = await model.run(
+                    _embed, embed, reranker.fast_tokenizer, cap, texts[part.start : part.stop]
+                )
+                parts.append(vectors)
+                tokens += n
+        matrix = np.concatenate(parts)
+        if body.dimensions is not None and body.dimensions != matrix.shape[1]:
+            raise InvalidField(
+                "dimensions",
+                f"{body.dimensions}: this model's embeddings have {matrix.shape[1]} "
+                "dimensions (they cannot be shortened here)",
+            )
+        if body.encoding_format == "base64":
+            data = [
+                EmbeddingOut(
+                    index=i, embedding=base64.b64encode(row.astype("<f4").tobytes()).decode()
+                )
+                for i, row in enumerate(matrix)
+            ]
+        else:
+            data = [EmbeddingOut(index=i, embedding=row.tolist()) for i, row in enumerate(matrix)]
+        return EmbeddingsResponse(
+            data=data,
+            model=name,
+            usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
         )
 
     async def search(self, body: SearchRequest) -> SearchResponse:

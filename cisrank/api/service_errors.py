@@ -44,3 +44,8 @@ class TimedOut(ServiceError):
 class BackendFailed(ServiceError):
     """A served component (an index, its document store) failed: the server's fault, not the
     request's. The message names the component only; the exception is logged."""
+
+
+class ClientGone(ServiceError):
+    """The client hung up before its answer: the work for it was stopped (its next model step
+    saw the request cancelled). Nobody reads the answer; it is counted as a client abort."""

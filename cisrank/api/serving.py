@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from cisrank.api.batching import BatchScorer
 from cisrank.api.config import RerankerSpec, ServerConfig
@@ -26,6 +27,9 @@ from cisrank.api.service_errors import InvalidField, LoadFailed, NotReady
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker
 from cisrank.retrieval.base import Retriever
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,27 @@ def open_retriever(path: os.PathLike[str] | str) -> Retriever:
     return open_index(os.fspath(path))
 
 
+def text_embedder(reranker: Reranker) -> Callable[[Sequence[str]], np.ndarray] | None:
+    """The bi-encoder of a dense reranker (unit-length embeddings of texts, no prefix), or None
+    for any other kind: what `/v1/embeddings` serves.
+
+    TODO(contract): the reranker contract declares no embedding capability yet
+    (`cisrank.rerank.base`), so this recognizes the dense reranker by its class, also inside a
+    worker pool (whose local copy runs in this process's model thread)."""
+    from cisrank.rerank.dense import DenseReranker
+    from cisrank.rerank.pooled import PooledReranker
+
+    local = reranker.local if isinstance(reranker, PooledReranker) else reranker
+    if not isinstance(local, DenseReranker):
+        return None
+    dense = local
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        return dense.embed(texts)
+
+    return embed
+
+
 def public_model_id(model: str | None) -> str | None:
     """The model id as `/v1/models` shows it: a Hugging Face id as is, a local folder by its
     name only (a server path is nobody's business outside it)."""
@@ -94,9 +119,14 @@ class Serving:
         metrics: Metrics,
         rerankers: Mapping[str, Reranker] | None = None,
         retrievers: Mapping[str, Retriever] | None = None,
+        on_loaded: Callable[[str | None], None] | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
+        self.on_loaded = on_loaded
+        """Called once loading has ended, from the loader thread: None when everything loaded,
+        else one line saying what failed and why (with the exception's text: for the operator
+        who started the server, never for clients). `cisrank serve` stops on a failure."""
         self.rerankers: dict[str, Reranker] = {}
         self.scorers: dict[str, BatchScorer] = {}
         self.retrievers: dict[str, Retriever] = dict(retrievers or {})
@@ -130,6 +160,7 @@ class Serving:
 
     def _load(self) -> None:
         component = "the server"
+        failure: str | None = None
         try:
             loaded: dict[str, Reranker] = {}
             for name, spec in self.config.rerankers.items():
@@ -154,8 +185,12 @@ class Serving:
             # The exception's text (paths, file names) goes to the log; clients see the component.
             self.error = f"{component} failed to load; details are in the server log"
             log.error("loading %s failed: %s: %s", component, type(exc).__name__, exc)
+            cause = str(exc) if isinstance(exc, CisrankError) else f"{type(exc).__name__}: {exc}"
+            failure = f"{component} failed to load: {cause}"
         finally:
             self._ready.set()
+            if self.on_loaded is not None:
+                self.on_loaded(failure)
 
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout) and self.error is None
@@ -183,9 +218,12 @@ class Serving:
         self.check_ready()
         return self.scorers[name]
 
-    def model_thread(self, name: str) -> ModelThread:
-        """Reranker `name`'s model thread, for one request's model work."""
-        return ModelThread(self.scorer(name), self.config.batching.request_timeout_s, self.redact)
+    def model_thread(self, name: str, cancel: threading.Event | None = None) -> ModelThread:
+        """Reranker `name`'s model thread, for one request's model work; `cancel`, once set
+        (its client hung up), stops that work at its next step."""
+        return ModelThread(
+            self.scorer(name), self.config.batching.request_timeout_s, self.redact, cancel
+        )
 
     def resolve_reranker(self, requested: str | None, field: str = "model") -> str:
         """A configured reranker name from a request's `model` (its name or its model id)."""

@@ -134,3 +134,8 @@ def config_for(names, **changes) -> ServerConfig:
     """A ServerConfig naming `names` (the rerankers are passed to create_app ready-made)."""
     specs = {n: RerankerSpec(kind="dense", model=f"model-{n}") for n in names}
     return ServerConfig(rerankers=specs, **changes)
+
+
+def broken_reranker(model: str | None = None, **options):
+    """Factory for a uvicorn subprocess: a model whose weights cannot be read."""
+    raise OSError(f"cannot read the weights of '{model or 'broken'}': the file is truncated")

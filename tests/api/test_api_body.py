@@ -64,3 +64,47 @@ def test_locating_a_lone_surrogate_among_many_members_stays_linear():
     parse = time.perf_counter() - reference
     assert error.field == "documents.400000"
     assert elapsed < 6 * parse + 1.0, (elapsed, parse)
+
+
+def test_an_integer_of_more_than_4300_digits_is_400_naming_its_offset():
+    """Issue 32, finding 1: `json.loads` raises a bare ValueError (no position) for an integer
+    of more digits than Python converts; it was a 500 on every JSON route."""
+    raw = b'{"query": "q",\n "top_n": 1' + b"0" * 5000 + b"}"
+    error = _error(raw)
+    assert (error.status, error.field, error.kind) == (400, "body", "json_invalid")
+    assert "5001 digits at line 2 column 11 (char 25)" in error.message, error.message
+    # digits inside a string are text, and a long float is a number (inf), not an integer
+    long_id = b'{"id": "' + b"7" * 9000 + b'", "x": -' + b"9" * 4301 + b"}"
+    assert "4301 digits at line 1 column 9017 (char 9016)" in _error(long_id).message
+    assert read_json_body(b"[1" + b"0" * 5000 + b".5]", None) == [float("inf")]
+    assert read_json_body(b"[" + b"9" * 4300 + b"]", None) == [int("9" * 4300)]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/rerank",
+        "/v2/rerank",
+        "/rerank",
+        "/v1/search",
+        "/v1/context",
+        "/v1/generate",
+        "/v1/embeddings",
+    ],
+)
+def test_a_huge_integer_is_400_on_every_json_route(make_client, path):
+    from api_fakes import OverlapReranker
+
+    client = make_client({"ov": OverlapReranker()})
+    raw = b'{"query": "q", "documents": ["a"], "top_n": 1' + b"0" * 5000 + b"}"
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["fields"] == [
+        {
+            "field": "body",
+            "message": "a JSON integer is too long (5001 digits at line 1 column 45 (char 44)): "
+            "at most 4300 digits are read; send a number that fits the field, or a long "
+            "identifier as a string",
+            "type": "json_invalid",
+        }
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -118,3 +119,40 @@ def test_generation_stops_at_its_deadline(make_client, cis):
     client = make_client({"cis": cis}, batching=BatchingConfig(request_timeout_s=0.001))
     r = client.post("/v1/generate", json={"query": QUESTION, "documents": _docs(2)})
     assert r.status_code == 503 and r.json()["error"] == "timeout", r.text
+
+
+def test_non_finite_decoding_inputs_are_422_naming_the_field(make_client, cis):
+    """Issue 32, finding 6: NaN or Infinity in `scores` (JSON's non-standard constants, which
+    Python's parser reads), a `tau` so small that softmax(-H / tau) is NaN and a `beta` so large
+    that the contrast is inf - inf answered 200 with tokens [0, 0, ...] and null weights; a
+    `scores` of the wrong length with a non-replug decoding was an IndexError (500)."""
+    client = make_client({"cis": cis})
+    base = json.dumps({"query": QUESTION, "documents": _docs(3), "max_new_tokens": 2})[:-1]
+    cases = [
+        ('"decoding": "replug", "scores": [NaN, 1, 2]', "scores.0", "finite number"),
+        ('"decoding": "replug", "scores": [1, Infinity, 2]', "scores.1", "finite number"),
+        ('"decoding": "replug", "scores": [1, 2, -Infinity]', "scores.2", "finite number"),
+        ('"decoding": "replug", "scores": [1, 2, 1e999]', "scores.2", "finite number"),
+        ('"decoding": "leens", "tau": 5e-324', "tau", "at least 0.0001"),
+        ('"decoding": "clehe", "tau": NaN', "tau", "finite number"),
+        ('"decoding": "clehe", "beta": 1e308', "beta", "at most 100"),
+        ('"decoding": "clehe", "beta": Infinity', "beta", "finite number"),
+        ('"decoding": "leens", "scores": [1.0]', "scores", "1 scores for 3 documents"),
+        ('"decoding": "naive", "scores": [1, 2, 3, 4]', "scores", "4 scores for 3 documents"),
+    ]
+    for extra, field, message in cases:
+        raw = f"{base}, {extra}}}"
+        r = client.post("/v1/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 422, (extra, r.text)
+        assert r.json()["fields"][0]["field"] == field, (extra, r.text)
+        assert message in r.text, (extra, r.text)
+    # the bounds leave every value the paper and the CLI use
+    for extra in ('"decoding": "clehe", "tau": 0.25, "beta": 0.25', '"tau": 1e-4, "beta": 100'):
+        r = client.post(
+            "/v1/generate",
+            content=f"{base}, {extra}}}",
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 200, (extra, r.text)
+    ok = client.post("/v1/generate", json={**json.loads(base + "}"), "scores": [1, 2, 3]})
+    assert ok.status_code == 200, ok.text

@@ -18,15 +18,29 @@ from cisrank.errors import CisrankError
 
 @pytest.fixture
 def served(monkeypatch):
-    """Runs `cisrank serve ARGS` up to uvicorn.run; returns (the config the workers get, kwargs)."""
-    import uvicorn
-
+    """Runs `cisrank serve ARGS` up to uvicorn; returns (the config the workers get, kwargs)."""
     monkeypatch.setenv(env.SERVER_CONFIG, "")  # restored after the test
     # These tests are about the config's shape (empty folders stand for indexes); the complete
     # check of each index at start has its own tests (tests/indexes/test_serve_check.py).
     monkeypatch.setattr("cisrank.cli.serve.check_index", lambda name, path: None)
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda target, **kw: calls.append((target, kw)))
+
+    class Bound:
+        def __init__(self, port: int) -> None:
+            self.port = port
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr("cisrank.cli.serve.listen", lambda host, port: Bound(port))
+
+    def run_uvicorn(target, sock, **kw):
+        calls.append((target, kw))
+
+    monkeypatch.setattr("cisrank.cli.serve.run_uvicorn", run_uvicorn)
 
     def run(*args: str):
         result = CliRunner().invoke(app, ["serve", *args])
