@@ -1,3 +1,48 @@
-"""cisrank: retrieval and reranking by causal relevance."""
+"""cisrank: retrieval and reranking by causal relevance.
 
-__version__ = "0.1.0"
+The Python API, every reranker kind behind one call:
+
+    import cisrank
+
+    reranker = cisrank.load_reranker("dense", model="all-MiniLM-L6-v2")
+    for hit in reranker.rank("who wrote hamlet?", documents, top_n=3):
+        print(hit.index, hit.score, hit.document)
+
+`load_reranker(kind, model=None, **options)` takes the kinds `cis`, `cross-encoder`, `dense`,
+`hybrid` and `none`, a model name or folder (the kind's default when None) and the kind's options
+as keywords (`cisrank.rerank.configs`); `rank(query, documents, top_n=None)` returns the documents
+best first, each a `RankedPassage` with its `index` in `documents`, its `score` and the `document`.
+
+`import cisrank` stays light (no torch): these names load on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from cisrank.version import __version__
+
+if TYPE_CHECKING:
+    from cisrank.data.types import RankedPassage
+    from cisrank.rerank.base import Reranker
+    from cisrank.rerank.registry import load_reranker
+
+_HOME = {
+    "load_reranker": "cisrank.rerank.registry",
+    "Reranker": "cisrank.rerank.base",
+    "RankedPassage": "cisrank.data.types",
+}
+
+__all__ = ["RankedPassage", "Reranker", "__version__", "load_reranker"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cisrank' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -57,3 +57,17 @@ class Flag:
     path: bool = False
     """The value names files: parsed as a path on the command line, as it always was (so a
     recorded option, such as a teacher's prior store, reads the same on a resumed run)."""
+
+
+def flag_fields(config: type[BaseModel]) -> dict[str, Flag]:
+    """The fields of `config` marked `Flag()`, with their marks, in field order."""
+    marked = {
+        name: [m for m in info.metadata if isinstance(m, Flag)]
+        for name, info in config.model_fields.items()
+    }
+    return {name: marks[0] for name, marks in marked.items() if marks}
+
+
+def flag_name(field: str) -> str:
+    """The command-line flag of a config field: `--max-doc-tokens` for `max_doc_tokens`."""
+    return "--" + field.replace("_", "-")

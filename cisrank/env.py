@@ -9,6 +9,7 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README'
 | `CISRANK_LOG_LEVEL` | logging level of the CLI and the server (default INFO) |
 | `CISRANK_API_KEYS` | comma-separated API keys; set, they require `Authorization: Bearer <key>` |
 | `CISRANK_SERVER_CONFIG` | the server config as JSON, handed from `cisrank serve` to its workers |
+| `CISRANK_SERVE_STATUS` | a folder where `cisrank serve`'s workers report their models loaded or failed |
 | `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
 """
 
@@ -22,6 +23,7 @@ DATA_DIR = "CISRANK_DATA_DIR"
 LOG_LEVEL = "CISRANK_LOG_LEVEL"
 API_KEYS = "CISRANK_API_KEYS"
 SERVER_CONFIG = "CISRANK_SERVER_CONFIG"
+SERVE_STATUS = "CISRANK_SERVE_STATUS"
 MODEL_HOME = "CISRANK_MODEL_HOME"
 
 
@@ -53,6 +55,16 @@ def server_config_json() -> str | None:
 def set_server_config_json(text: str) -> None:
     """Hand the server config to uvicorn's worker processes, which inherit the environment."""
     os.environ[SERVER_CONFIG] = text
+
+
+def serve_status_dir() -> Path | None:
+    value = _get(SERVE_STATUS)
+    return Path(value) if value else None
+
+
+def set_serve_status_dir(path: Path) -> None:
+    """Tell `cisrank serve`'s workers where to report that loading ended (inherited)."""
+    os.environ[SERVE_STATUS] = str(path)
 
 
 def model_home() -> Path | None:

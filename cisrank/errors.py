@@ -7,6 +7,11 @@ line and exits non-zero; the API maps it to a 4xx. Anything else is a bug and ke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from json import JSONDecodeError
+
 
 class CisrankError(Exception):
     """Base class for errors caused by input or environment, never by a bug."""
@@ -60,3 +65,11 @@ def require(module: str, extra: str, feature: str):
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise MissingExtraError(module, extra, feature) from exc
+
+
+def json_error(exc: JSONDecodeError) -> str:
+    """What is wrong with a broken line of a JSON-lines file, for a message that names the file
+    and the line: `invalid JSON (Expecting ',' delimiter at column 12)`. A few of `json`'s
+    messages end in "at" themselves (`Unterminated string starting at`)."""
+    at = "" if exc.msg.endswith(" at") else " at"
+    return f"invalid JSON ({exc.msg}{at} column {exc.colno})"

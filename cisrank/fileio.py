@@ -1,8 +1,11 @@
-"""File writing that never leaves a half-written output behind (runs, reports, manifests), and the
-block checksums that let a reader tell a file is still the one that was written."""
+"""File writing that never leaves a half-written output behind (runs, reports, manifests), a folder
+swapped in at once, and the block checksums that let a reader tell a file is still the one that
+was written."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import os
 import secrets
@@ -47,7 +50,25 @@ def atomic_write_text(path: Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def exchange_folders(a: Path, b: Path) -> bool:
+    """Swap two folders in one atomic step (Linux renameat2 RENAME_EXCHANGE), as an index
+    overwrite or a model repair swaps the new folder in; False where the platform or file
+    system cannot, and the caller falls back to two renames."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"cannot swap '{a}' and '{b}': {os.strerror(err)}")
+
+
 # ------------------------------------------------------------------------------- checksums
+
 
 HASH_ALGORITHM = "sha256"
 """sha256 because it is the fastest digest in hashlib where the CPU has SHA extensions (1.3 GB/s

@@ -2,6 +2,9 @@
 
 import gzip
 import json
+from pathlib import Path
+
+from cisrank.testing import SAMPLE_SENTENCES
 
 
 def write_folder(root, hits_by_query, qrels="q1 Q0 d1 2\n", topics="q1\tfirst query\n", gz=False):
@@ -22,3 +25,51 @@ def write_folder(root, hits_by_query, qrels="q1 Q0 d1 2\n", topics="q1\tfirst qu
 
 def hit(docid, rank, score, text="text"):
     return {"docid": docid, "rank": rank, "score": score, "content": text}
+
+
+def write_mini(root):
+    """A made-up set whose reranked order a length reranker predicts: q1 with four candidates,
+    q2 with one, q3 judged but without candidates."""
+    hits = [
+        hit("a", 1, 3.0, "x"),
+        hit("b", 2, 2.0, "xxx"),
+        hit("c", 3, 1.0, "xx"),
+        hit("d", 4, 0.5, "xxxx"),
+    ]
+    return write_folder(
+        root,
+        {("q1", "query one"): hits, ("q2", "query two"): [hit("a", 1, 1.0, "x")]},
+        qrels="q1 Q0 b 3\nq1 Q0 d 2\nq2 Q0 a 1\nq3 Q0 z 2\n",
+        topics="q1\tquery one\nq2\tquery two\nq3\tno candidates\n",
+    )
+
+
+# Small query sets for the distillation tests (and the CLI's `distill` and `--workers` tests).
+QUERIES = {
+    "101": "When was the author of Hamlet born?",
+    "102": "What is the capital of France?",
+    "103": "How long can fleas live?",
+    "104": "When did the United States enter World War I?",
+    "105": "Who wrote Hamlet?",
+    "106": "Do goldfish grow to the size of their tank?",
+}
+
+
+def write_set(root: Path, name: str, qids: list[str], depth: int = 5, judged: bool = True) -> Path:
+    """Each query gets `depth` of the sample sentences (rotated, so lists differ by query)."""
+    hits_by_query = {}
+    qrels = []
+    for n, qid in enumerate(qids):
+        texts = [SAMPLE_SENTENCES[(n + k) % len(SAMPLE_SENTENCES)] for k in range(depth)]
+        hits_by_query[(qid, QUERIES[qid])] = [
+            hit(f"d{(n + k) % len(SAMPLE_SENTENCES)}", k + 1, 10.0 - k, t)
+            for k, t in enumerate(texts)
+        ]
+        qrels += [f"{qid} Q0 d{(n + k) % len(SAMPLE_SENTENCES)} {k % 3}" for k in range(depth)]
+    topics = "".join(f"{q}\t{QUERIES[q]}\n" for q in qids)
+    return write_folder(
+        root / name,
+        hits_by_query,
+        qrels="\n".join(qrels) + "\n" if judged else None,
+        topics=topics,
+    )

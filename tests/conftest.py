@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models saved to temp dirs and the real TREC DL data in ../shared/data."""
+"""Shared fixtures: tiny models saved to temp dirs, small query sets, and the real TREC DL data in
+../shared/data."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from builders import write_set
 
 from cisrank import testing
 
@@ -91,3 +94,13 @@ def ray_cluster():
     ctx.print_on_execution_start = False
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def data_sets(tmp_path: Path) -> Path:
+    """trec-dl22 (unjudged, training), trec-dl21 (judged, dev), trec-dl19 (judged, test)."""
+    root = tmp_path / "data"
+    write_set(root, "trec-dl22", ["101", "102", "103", "104"], judged=False)
+    write_set(root, "trec-dl21", ["105", "106"])
+    write_set(root, "trec-dl19", ["101", "104", "106"])
+    return root

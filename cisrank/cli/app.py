@@ -1,15 +1,19 @@
 """The `cisrank` command. A stable contract: flags are documented, errors are one line and exit 2.
 
 One module per verb group: `eval`, `rerank`, `search`, `context`, `generate`, `index`,
-`distill`, `serve`; this module only assembles them and turns a `CisrankError` into its one-line
-message and exit code.
+`distill`, `serve`; this module only assembles them, says how their help shows value types, and
+turns a `CisrankError` into its one-line message and exit code.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import PurePath
+from typing import Any, get_args
 
 import typer
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from cisrank.cli.context import context
 from cisrank.cli.distill import distill_app
@@ -22,8 +26,54 @@ from cisrank.cli.search import search
 from cisrank.cli.serve import serve
 from cisrank.errors import CisrankError
 
+
+def _commands(command: Any) -> Iterator[Any]:
+    """`command` and every command below it."""
+    yield command
+    for sub in getattr(command, "commands", {}).values():
+        yield from _commands(sub)
+
+
+def _item_type(param: TyperOption | TyperArgument) -> str:
+    """`<path>` or `<str>` for a parameter of type `list[Path]` or `list[str]`."""
+    (item,) = get_args(param.type_descriptor.annotation)
+    return "<path>" if issubclass(item, PurePath) else f"<{item.__name__}>"
+
+
+def _shown_as(label: str) -> Callable[[Any], str]:
+    return lambda ctx: label
+
+
+def _plain_value_types(command: Any) -> None:
+    """The help's type column in the user's words, not Python's: nothing for a flag (typer
+    shows `<bool>`, `--help` included) and the item of a repeatable parameter (`<path>`, not
+    `<list[Path]>`; the help text says that it repeats)."""
+    context = command.context_class(command, **command.context_settings)
+    params = [*command.params, command.get_help_option(context)]
+    for param in params:
+        if isinstance(param, TyperOption) and param.metavar is None:
+            if param.is_flag:
+                param.metavar = ""
+            elif param.type_descriptor.is_list:
+                param.metavar = _item_type(param)
+        elif isinstance(param, TyperArgument) and param.type_descriptor.is_list:
+            # An argument's metavar is its name in the usage line, so its type is set here.
+            param.display_type_rich = _shown_as(_item_type(param))  # type: ignore[method-assign,assignment]
+
+
+class _Cisrank(TyperGroup):
+    """The root command: its tree is built once per run (typer builds it from `app`), and this
+    sets every command's value types for the help as it is built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in _commands(self):
+            _plain_value_types(command)
+
+
 app = typer.Typer(
     name="cisrank",
+    cls=_Cisrank,
     help="Retrieval and reranking by causal relevance (CIS) for retrieval-augmented generation.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import BatchOpt, DeviceOpt, ModelOpt
+from cisrank.cli.options import BatchOpt, DeviceOpt, LanguageModelOpt
 from cisrank.context.config import ArrangeConfig, Arrangement, AssemblerConfig
 from cisrank.errors import CisrankError
 
@@ -54,7 +54,14 @@ DocumentOpt = Annotated[
 ]
 ChatOpt = Annotated[bool | None, typer.Option("--chat", help=field_help(AssemblerConfig, "chat"))]
 TopKOpt = Annotated[
-    int | None, typer.Option("--top-k", min=1, help="Use only the first K passages.")
+    int | None,
+    typer.Option(
+        "--top-n",
+        "--top-k",
+        "-k",
+        min=1,
+        help="Use only the first N passages (--top-k, -k: aliases).",
+    ),
 ]
 
 
@@ -71,7 +78,6 @@ def load_inputs(
     query: str,
     passages: Path,
     top_k: int | None,
-    model: str | None,
     base: AssemblerConfig,
     *,
     template: str | None,
@@ -92,15 +98,13 @@ def load_inputs(
     )
     resolve_template(settings.template, settings.fields, settings.document)
     docs, scores = read_scored_passages(passages)
-    if model is None:
-        raise CisrankError("--model is needed: a causal LM (Hugging Face id or local folder)")
     return docs[:top_k], (scores[:top_k] if scores is not None else None), settings
 
 
 def context(
     query: QueryOpt,
     passages: PassagesOpt,
-    model: ModelOpt = None,
+    model: LanguageModelOpt,
     arrange: Annotated[
         str | None, typer.Option("--arrange", help=field_help(ArrangeConfig, "arrange"))
     ] = None,
@@ -152,19 +156,13 @@ def context(
         query,
         passages,
         top_k,
-        model,
         AssemblerConfig(),
         template=template,
         field=field,
         document=document,
         chat=chat,
     )
-    assembler = ContextAssembler(
-        model,  # type: ignore[arg-type]  # load_inputs raised if None
-        config=prompt,
-        device=device,
-        batch_size=batch_size,
-    )
+    assembler = ContextAssembler(model, config=prompt, device=device, batch_size=batch_size)
     noise_passages: list[Passage] = []
     if noise:
         if noise_from == RANDOM_WORDS:

@@ -16,4 +16,6 @@ def field_help(config: type[BaseModel], field: str, text: str | None = None) -> 
         return help_text
     if isinstance(default, str) and not default:
         default = "empty"
+    elif isinstance(default, bool):  # a flag: on or off, not Python's True or False
+        default = "on" if default else "off"
     return f"{help_text} (default {default})".strip()

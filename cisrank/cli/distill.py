@@ -10,17 +10,10 @@ from typing import Annotated, Any
 import typer
 
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import (
-    ActorCpusOpt,
-    ActorGpusOpt,
-    ActorsOpt,
-    EngineOpt,
-    RayAddressOpt,
-    ThreadsPerWorkerOpt,
-    WorkersOpt,
-)
+from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
+from cisrank.workers import WorkerOptions
 
 distill_app = typer.Typer(
     help="Distil a teacher (CIS by default) into a BERT cross-encoder: score pairs, train, "
@@ -81,6 +74,35 @@ TeacherFusionOpt = Annotated[
 ]
 
 
+def _config(flags: dict) -> TrainConfig:
+    """The training flags of a command as a TrainConfig; flags left out (None) keep the
+    config's defaults."""
+    # `--batch-size` is the teacher's; the student's is `--train-batch-size`.
+    field_of = {flag: field for field, flag in TrainConfig.flags.items()}
+    picked = {field_of.get(k, k): v for k, v in flags.items() if k != "batch_size"}
+    return TrainConfig().replace(
+        **{k: v for k, v in picked.items() if k in TrainConfig.model_fields}
+    )
+
+
+class _TrainingFlags:
+    base_model: BaseModelOpt = None
+    epochs: EpochsOpt = None
+    lr: LrOpt = None
+    train_batch_size: TrainBatchOpt = None
+    max_length: MaxLenOpt = None
+    label_norm: LabelNormOpt = None
+    loss: LossOpt = None
+    dev_dataset: DevOpt = None
+    dev_depth: DevDepthOpt = None
+    eval_steps: EvalStepsOpt = None
+    seed: SeedOpt = None
+
+
+TRAIN_FLAGS: FlagGroup[dict[str, Any]] = FlagGroup(_TrainingFlags, dict)
+"""The student's training flags of `distill train` and `distill run`, as given (None: left
+out); `_config` makes them a TrainConfig."""
+
 teacher_flags = reranker_flags(role="teacher", kinds=["cis"], omit=["normalize"])
 """The CIS teacher's flags, the set distill has always offered (no --normalize). They go to
 whichever teacher is chosen, and the reranker registry rejects another kind's by name
@@ -121,6 +143,7 @@ def pool_cmd(
 
 @distill_app.command("generate")
 @teacher_flags
+@takes(engine=ENGINE_FLAGS, workers=WORKER_FLAGS)
 def generate_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the Parquet shards.")],
     dataset: Annotated[
@@ -156,25 +179,19 @@ def generate_cmd(
         int, typer.Option("--shard-pairs", min=1, help="Pairs per shard (whole queries).")
     ] = 2048,
     overwrite: Annotated[bool, typer.Option("--overwrite")] = False,
-    engine: EngineOpt = "local",
-    ray_address: RayAddressOpt = None,
-    actors: ActorsOpt = None,
-    actor_gpus: ActorGpusOpt = None,
-    actor_cpus: ActorCpusOpt = None,
-    workers: WorkersOpt = None,
-    threads_per_worker: ThreadsPerWorkerOpt = None,
+    *,
+    engine: Engine,
+    workers: WorkerOptions,
     quiet: QuietOpt = False,
     **options: Any,
 ) -> None:
     """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
-    from cisrank.cli.options import ray_options, worker_options
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import load_source
     from cisrank.distill.teachers import SCORES_TEACHER, TeacherSpec
-    from cisrank.workers import WorkerOptions, for_device, set_threads
+    from cisrank.workers import for_device, set_threads
 
-    ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
-
+    ray = engine.ray
     source = load_source(
         dataset=dataset,
         data_dir=data_dir,
@@ -184,7 +201,7 @@ def generate_cmd(
         first_stage=first_stage,
         depth=depth,
     )
-    pool = for_device(worker_options(workers, threads_per_worker), device)
+    pool = for_device(workers, device)
     if teacher == SCORES_TEACHER:  # scores read from a file: no model to spread
         pool = WorkerOptions(workers=1, threads_per_worker=pool.threads_per_worker)
     # Each Ray actor or worker builds its own teacher from the spec; alone, it is built now.
@@ -201,7 +218,7 @@ def generate_cmd(
         shard_pairs=shard_pairs,
         overwrite=overwrite,
         progress=not quiet,
-        engine=engine,
+        engine=engine.name,
         ray=ray,
         workers=pool if ray is None else None,
     )
@@ -210,17 +227,6 @@ def generate_cmd(
         f"{out}: {m['queries']} queries, {m['pairs']} pairs in {m['shards']} shards "
         f"({res.shards_written} written, {res.shards_reused} reused); "
         f"teacher score mean {m['score_stats']['mean']:.4g} std {m['score_stats']['std']:.4g}"
-    )
-
-
-def _config(flags: dict) -> TrainConfig:
-    """The training flags of a command (its `locals()`) as a TrainConfig; flags left out (None)
-    keep the config's defaults."""
-    # `--batch-size` is the teacher's; the student's is `--train-batch-size`.
-    field_of = {flag: field for field, flag in TrainConfig.flags.items()}
-    picked = {field_of.get(k, k): v for k, v in flags.items() if k != "batch_size"}
-    return TrainConfig().replace(
-        **{k: v for k, v in picked.items() if k in TrainConfig.model_fields}
     )
 
 
@@ -267,6 +273,7 @@ def pack_cmd(
 
 
 @distill_app.command("train")
+@takes(training=TRAIN_FLAGS)
 def train_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained student.")],
     data: Annotated[
@@ -288,17 +295,8 @@ def train_cmd(
     teacher_fusion: TeacherFusionOpt = None,
     list_depth: ListDepthOpt = None,
     temperature: TemperatureOpt = None,
-    base_model: BaseModelOpt = None,
-    epochs: EpochsOpt = None,
-    lr: LrOpt = None,
-    train_batch_size: TrainBatchOpt = None,
-    max_length: MaxLenOpt = None,
-    label_norm: LabelNormOpt = None,
-    loss: LossOpt = None,
-    dev_dataset: DevOpt = None,
-    dev_depth: DevDepthOpt = None,
-    eval_steps: EvalStepsOpt = None,
-    seed: SeedOpt = None,
+    *,
+    training: dict[str, Any],
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the last checkpoint.")
     ] = False,
@@ -307,7 +305,10 @@ def train_cmd(
     """Train a CrossEncoder on teacher rows or teacher sets (MSE, margin-MSE or listwise)."""
     from cisrank.distill.train import train
 
-    cfg = _config(locals())
+    teacher_sets = {"teacher_fuse": teacher_fuse, "teacher_fusion": teacher_fusion}
+    cfg = _config(
+        {**teacher_sets, "list_depth": list_depth, "temperature": temperature, **training}
+    )
     record = train(
         data or [],
         out,
@@ -326,6 +327,7 @@ def train_cmd(
 
 @distill_app.command("run")
 @teacher_flags
+@takes(training=TRAIN_FLAGS)
 def run_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for every stage's output.")],
     train_dataset: Annotated[
@@ -342,17 +344,8 @@ def run_cmd(
     model: TeacherModelOpt = None,
     batch_size: BatchOpt = None,
     depth: RunDepthOpt = None,
-    base_model: BaseModelOpt = None,
-    epochs: EpochsOpt = None,
-    lr: LrOpt = None,
-    train_batch_size: TrainBatchOpt = None,
-    max_length: MaxLenOpt = None,
-    label_norm: LabelNormOpt = None,
-    loss: LossOpt = None,
-    dev_dataset: DevOpt = None,
-    dev_depth: DevDepthOpt = None,
-    eval_steps: EvalStepsOpt = None,
-    seed: SeedOpt = None,
+    *,
+    training: dict[str, Any],
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
     **options: Any,
@@ -368,6 +361,6 @@ def run_cmd(
         depth=depth,
     )
     t = load_teacher(teacher, model, batch_size=batch_size, device=device, **options)
-    cfg = _config(locals())
+    cfg = _config(training)
     summary = distill_run(plan, t, cfg, out, device=device, progress=not quiet)
     typer.echo(json.dumps(summary, indent=2))

@@ -7,28 +7,30 @@ metrics and per-query figures to `--output`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import typer
 
 from cisrank.cli.options import (
+    WORKER_FLAGS,
     BatchOpt,
     DataDirOpt,
     DepthOpt,
     DeviceOpt,
     FirstStageOpt,
+    FlagGroup,
     JsonOpt,
     ModelOpt,
     OutputOpt,
     QuietOpt,
     RerankerOpt,
-    ThreadsPerWorkerOpt,
-    WorkersOpt,
-    worker_options,
+    takes,
 )
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
+from cisrank.workers import WorkerOptions
 
 eval_app = typer.Typer(
     help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
@@ -45,23 +47,31 @@ class _Files(TypedDict):
     candidates: Path | None
 
 
+@dataclass(frozen=True)
+class _Evaluation:
+    """What every `eval` verb's flags ask of an evaluation, besides the dataset."""
+
+    reranker: RerankerOpt = "none"
+    model: ModelOpt = None
+    depth: DepthOpt = 100
+    batch_size: BatchOpt = None
+    output: OutputOpt = None
+    device: DeviceOpt = None
+    quiet: QuietOpt = False
+    as_json: JsonOpt = False
+    first_stage: FirstStageOpt = None
+
+
+EVAL_FLAGS = FlagGroup(_Evaluation)
+
+
 def _evaluate(
     name: str,
     data_dir: Path | None,
-    reranker: str,
-    model: str | None,
-    depth: int,
-    batch_size: int | None,
-    output: Path | None,
-    device: str | None,
-    quiet: bool,
-    as_json: bool,
-    *,
-    files: _Files | None = None,
+    run: _Evaluation,
+    pool: WorkerOptions,
     options: dict[str, Any],
-    first_stage: list[Path] | None = None,
-    workers: int | None = None,
-    threads_per_worker: int | None = None,
+    files: _Files | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -71,25 +81,26 @@ def _evaluate(
     from cisrank.rerank.pooled import load_on_workers
     from cisrank.rerank.registry import check_name
 
-    check_name(reranker)
+    check_name(run.reranker)
     if files is not None:
         dataset = datasets.load_local(name, **files)
     else:
         dataset = datasets.load_named(name, data_dir)
-    if first_stage:
+    if run.first_stage:
         from cisrank.indexes.first_stage import with_first_stage
 
-        dataset = with_first_stage(dataset, first_stage, depth)
-    pool = worker_options(workers, threads_per_worker)
+        dataset = with_first_stage(dataset, run.first_stage, run.depth)
     model_obj = load_on_workers(
-        reranker, model, pool, batch_size=batch_size, device=device, **options
+        run.reranker, run.model, pool, batch_size=run.batch_size, device=run.device, **options
     )
-    output = output or Path("out") / f"eval-{name}-{reranker}"
+    output = run.output or Path("out") / f"eval-{name}-{run.reranker}"
     try:
-        result = run_eval(dataset, model_obj, depth=depth, output=output, progress=not quiet)
+        result = run_eval(
+            dataset, model_obj, depth=run.depth, output=output, progress=not run.quiet
+        )
     finally:
         model_obj.close()
-    if as_json:
+    if run.as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     console = Console()
@@ -109,37 +120,11 @@ def _evaluate(
 
 def _dataset_command(name: str, doc: str):
     @reranker_flags()
+    @takes(run=EVAL_FLAGS, pool=WORKER_FLAGS)
     def command(
-        data_dir: DataDirOpt = None,
-        reranker: RerankerOpt = "none",
-        model: ModelOpt = None,
-        depth: DepthOpt = 100,
-        batch_size: BatchOpt = None,
-        output: OutputOpt = None,
-        device: DeviceOpt = None,
-        quiet: QuietOpt = False,
-        as_json: JsonOpt = False,
-        first_stage: FirstStageOpt = None,
-        workers: WorkersOpt = None,
-        threads_per_worker: ThreadsPerWorkerOpt = None,
-        **options: Any,
+        data_dir: DataDirOpt = None, *, run: _Evaluation, pool: WorkerOptions, **options: Any
     ) -> None:
-        _evaluate(
-            name,
-            data_dir,
-            reranker,
-            model,
-            depth,
-            batch_size,
-            output,
-            device,
-            quiet,
-            as_json,
-            options=options,
-            first_stage=first_stage,
-            workers=workers,
-            threads_per_worker=threads_per_worker,
-        )
+        _evaluate(name, data_dir, run, pool, options)
 
     command.__doc__ = doc
     eval_app.command(name)(command)
@@ -157,26 +142,22 @@ _dataset_command(
 
 @eval_app.command("run")
 @reranker_flags()
+@takes(run=EVAL_FLAGS, pool=WORKER_FLAGS)
 def eval_run(
     data_dir: DataDirOpt = None,
     topics: Annotated[Path | None, typer.Option(help="topics file: qid<TAB>query")] = None,
     qrels: Annotated[Path | None, typer.Option(help="qrels file: qid Q0 docid grade")] = None,
     candidates: Annotated[
         Path | None,
-        typer.Option(help="candidates JSON(.gz) with passage text, as in ../shared/data"),
+        typer.Option(
+            help="candidates JSON(.gz) with passage text: [{query, hits: [{qid, docid, rank, "
+            "score, content}]}], as candidates-bm25-top100.json of the TREC DL layout"
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Dataset name in reports.")] = None,
-    reranker: RerankerOpt = "none",
-    model: ModelOpt = None,
-    depth: DepthOpt = 100,
-    batch_size: BatchOpt = None,
-    output: OutputOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    as_json: JsonOpt = False,
-    first_stage: FirstStageOpt = None,
-    workers: WorkersOpt = None,
-    threads_per_worker: ThreadsPerWorkerOpt = None,
+    *,
+    run: _Evaluation,
+    pool: WorkerOptions,
     **options: Any,
 ) -> None:
     """Evaluate on any folder in the TREC DL layout, or on explicit topics/qrels/candidates files."""
@@ -192,23 +173,7 @@ def eval_run(
     else:
         assert candidates is not None  # checked above
         label = name or candidates.parent.name
-    _evaluate(
-        label,
-        data_dir,
-        reranker,
-        model,
-        depth,
-        batch_size,
-        output,
-        device,
-        quiet,
-        as_json,
-        files=files,
-        options=options,
-        first_stage=first_stage,
-        workers=workers,
-        threads_per_worker=threads_per_worker,
-    )
+    _evaluate(label, data_dir, run, pool, options, files)
 
 
 @eval_app.command("fuse")

@@ -28,7 +28,7 @@ from cisrank.cli.context import (
     load_inputs,
 )
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import DeviceOpt, ModelOpt
+from cisrank.cli.options import DeviceOpt, LanguageModelOpt
 from cisrank.context.config import (
     ArrangeConfig,
     DecoderConfig,
@@ -50,7 +50,7 @@ def _parse_layers(text: str | None) -> list[int] | None:
 def generate(
     query: QueryOpt,
     passages: PassagesOpt,
-    model: ModelOpt = None,
+    model: LanguageModelOpt,
     decoding: Annotated[
         str | None,
         typer.Option(
@@ -115,7 +115,6 @@ def generate(
         query,
         passages,
         top_k,
-        model,
         GenerationAssemblerConfig(),
         template=template,
         field=field,
@@ -125,11 +124,7 @@ def generate(
     settings = DecoderConfig().replace(decoding=mode, max_new_tokens=max_new_tokens)
     if settings.decoding is Decoding.REPLUG and scores is None:
         raise CisrankError("--decoding replug needs a 'score' on every line of --passages")
-    assembler = ContextAssembler(
-        model,  # type: ignore[arg-type]  # load_inputs raised if None
-        config=prompt,
-        device=device,
-    )
+    assembler = ContextAssembler(model, config=prompt, device=device)
     decoder = EnsembleDecoder(
         assembler,
         settings,
@@ -139,6 +134,9 @@ def generate(
         replug_temperature=replug_temperature,
     )
     answer = answer_question(decoder, query, docs, order, scores=scores)
+    why = answer.generation.why_empty(assembler.engine.tokenizer, prompt.chat)
+    if why is not None:
+        typer.echo(f"warning: the answer is empty: {why}", err=True)
     out = {
         "query": query,
         "model": assembler.engine.model_name,

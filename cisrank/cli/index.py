@@ -11,28 +11,20 @@ default", so a default is written once. A new kind is its record there plus a co
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import (
-    ActorCpusOpt,
-    ActorGpusOpt,
-    ActorsOpt,
-    EngineOpt,
-    RayAddressOpt,
-    ThreadsPerWorkerOpt,
-    WorkersOpt,
-    ray_options,
-    worker_options,
-)
+from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.indexes.kinds import KINDS
 from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
 from cisrank.retrieval.bm25 import BM25IndexConfig
 from cisrank.retrieval.dense import DenseIndexConfig
 from cisrank.retrieval.lucene import LuceneIndexConfig
+from cisrank.workers import WorkerOptions
 
 index_app = typer.Typer(
     help=f"Offline index build jobs ({', '.join(KINDS)}) and their manifests.",
@@ -84,31 +76,41 @@ def _flag(config: type, field: str, *names: str, text: str | None = None) -> Any
     return typer.Option(*names, help=field_help(config, field, text))
 
 
+@dataclass(frozen=True)
+class _Build:
+    """How every `index build` verb reads its corpus and writes its folder."""
+
+    fmt: FormatOpt = None
+    on_error: OnErrorOpt = "raise"
+    overwrite: OverwriteOpt = False
+    quiet: QuietOpt = False
+
+
+BUILD_FLAGS = FlagGroup(_Build)
+
+
 def _run(
     kind: str,
     corpus: Path,
     out: Path,
     params: dict[str, Any],
-    fmt: str | None,
-    on_error: str,
-    overwrite: bool,
-    quiet: bool,
+    build: _Build,
     options: dict[str, Any] | None = None,
 ) -> None:
     from cisrank.errors import CisrankError
     from cisrank.indexes.build import build_index
 
-    if on_error not in ("raise", "skip"):
-        raise CisrankError(f"--on-error must be raise or skip, not '{on_error}'")
+    if build.on_error not in ("raise", "skip"):
+        raise CisrankError(f"--on-error must be raise or skip, not '{build.on_error}'")
     manifest = build_index(
         kind,
         corpus,
         out,
         params,
-        fmt=fmt,  # type: ignore[arg-type]
-        on_error=on_error,  # type: ignore[arg-type]
-        overwrite=overwrite,
-        progress=not quiet,
+        fmt=build.fmt,  # type: ignore[arg-type]
+        on_error=build.on_error,  # type: ignore[arg-type]
+        overwrite=build.overwrite,
+        progress=not build.quiet,
         options=options,
     )
     c = manifest.corpus
@@ -127,6 +129,7 @@ def _command(kind: str):
 
 
 @_command("bm25")
+@takes(build=BUILD_FLAGS)
 def build_bm25(
     corpus: CorpusOpt,
     out: OutOpt,
@@ -134,35 +137,32 @@ def build_bm25(
     b: BOpt = None,
     stopwords: Annotated[str | None, _flag(BM25IndexConfig, "stopwords")] = None,
     stemmer: Annotated[str | None, _flag(BM25IndexConfig, "stemmer")] = None,
-    fmt: FormatOpt = None,
-    on_error: OnErrorOpt = "raise",
-    overwrite: OverwriteOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    build: _Build,
 ) -> None:
     params = {"k1": k1, "b": b, "stopwords": stopwords, "stemmer": stemmer}
-    _run("bm25", corpus, out, params, fmt, on_error, overwrite, quiet)
+    _run("bm25", corpus, out, params, build)
 
 
 @_command("lucene")
+@takes(build=BUILD_FLAGS)
 def build_lucene(
     corpus: CorpusOpt,
     out: OutOpt,
     k1: K1Opt = None,
     b: BOpt = None,
     threads: Annotated[int | None, _flag(LuceneIndexConfig, "threads")] = None,
-    fmt: FormatOpt = None,
-    on_error: OnErrorOpt = "raise",
-    overwrite: OverwriteOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    build: _Build,
 ) -> None:
-    params = {"k1": k1, "b": b, "threads": threads}
-    _run("lucene", corpus, out, params, fmt, on_error, overwrite, quiet)
+    _run("lucene", corpus, out, {"k1": k1, "b": b, "threads": threads}, build)
 
 
 D = DenseIndexConfig
 
 
 @_command("dense")
+@takes(engine=ENGINE_FLAGS, build=BUILD_FLAGS)
 def build_dense(
     corpus: CorpusOpt,
     out: OutOpt,
@@ -179,17 +179,10 @@ def build_dense(
     ivf_nprobe: Annotated[int | None, _flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
     dtype: Annotated[str | None, _flag(D, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
-    engine: EngineOpt = "local",
-    ray_address: RayAddressOpt = None,
-    actors: ActorsOpt = None,
-    actor_gpus: ActorGpusOpt = None,
-    actor_cpus: ActorCpusOpt = None,
-    fmt: FormatOpt = None,
-    on_error: OnErrorOpt = "raise",
-    overwrite: OverwriteOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    engine: Engine,
+    build: _Build,
 ) -> None:
-    ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
     params = {
         "model": model,
         "index_type": index_type,
@@ -204,20 +197,12 @@ def build_dense(
         "ivf_nprobe": ivf_nprobe,
         "dtype": dtype,
     }
-    _run(
-        "dense",
-        corpus,
-        out,
-        params,
-        fmt,
-        on_error,
-        overwrite,
-        quiet,
-        options={"device": device, "engine": engine, "ray": ray},
-    )
+    options = {"device": device, "engine": engine.name, "ray": engine.ray}
+    _run("dense", corpus, out, params, build, options)
 
 
 @_command("prior")
+@takes(engine=ENGINE_FLAGS, workers=WORKER_FLAGS, build=BUILD_FLAGS)
 def build_prior(
     corpus: CorpusOpt,
     out: OutOpt,
@@ -236,11 +221,8 @@ def build_prior(
     ] = None,
     dtype: Annotated[str | None, _flag(PriorIndexConfig, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
-    engine: EngineOpt = "local",
-    ray_address: RayAddressOpt = None,
-    actors: ActorsOpt = None,
-    actor_gpus: ActorGpusOpt = None,
-    actor_cpus: ActorCpusOpt = None,
+    *,
+    engine: Engine,
     shard_size: Annotated[
         int | None,
         typer.Option(
@@ -250,44 +232,30 @@ def build_prior(
             f"keeps (default {DEFAULT_SHARD_SIZE}).",
         ),
     ] = None,
-    workers: WorkersOpt = None,
-    threads_per_worker: ThreadsPerWorkerOpt = None,
-    fmt: FormatOpt = None,
-    on_error: OnErrorOpt = "raise",
-    overwrite: OverwriteOpt = False,
-    quiet: QuietOpt = False,
+    workers: WorkerOptions,
+    build: _Build,
 ) -> None:
     """CIS priors: log p(K) of every passage. --engine local fills OUT/priors.sqlite (a prior
     store); --engine ray writes the Parquet prior table OUT/priors.parquet. Either file, or the
     folder, is what --prior-store takes."""
-    ray = ray_options(engine, ray_address, actors, actor_gpus, actor_cpus)
-    if shard_size is not None and ray is None:
+    if shard_size is not None and engine.ray is None:
         from cisrank.errors import CisrankError
 
         raise CisrankError("--shard-size needs --engine ray")
     params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype}
     from cisrank.workers import for_device, set_threads
 
-    pool = for_device(worker_options(workers, threads_per_worker), device)
+    pool = for_device(workers, device)
     set_threads(pool.threads_per_worker)
-    _run(
-        "prior",
-        corpus,
-        out,
-        params,
-        fmt,
-        on_error,
-        overwrite,
-        quiet,
-        options={
-            "device": device,
-            "batch_size": batch_size,
-            "engine": engine,
-            "ray": ray,
-            "shard_size": shard_size,
-            "workers": pool if ray is None else None,
-        },
-    )
+    options = {
+        "device": device,
+        "batch_size": batch_size,
+        "engine": engine.name,
+        "ray": engine.ray,
+        "shard_size": shard_size,
+        "workers": pool if engine.ray is None else None,
+    }
+    _run("prior", corpus, out, params, build, options)
 
 
 @index_app.command("info")

@@ -1,4 +1,5 @@
-"""Options shared by several verbs (`eval`, `rerank`, `distill`, `serve`), declared once.
+"""Options shared by several verbs (`eval`, `rerank`, `distill`, `index`, `serve`), declared once,
+and the flag groups that several verbs take whole (`takes`).
 
 The reranker-specific flags are not here: `cisrank.cli.reranker_flags` generates them from the
 reranker configs.
@@ -6,12 +7,94 @@ reranker configs.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Generic,
+    NamedTuple,
+    TypeVar,
+    cast,
+    get_type_hints,
+    overload,
+)
 
 import typer
 
-from cisrank.rerank.registry import available
+from cisrank.rerank.registry import KINDS, available
+
+if TYPE_CHECKING:
+    from cisrank.ray_engine import RayOptions
+    from cisrank.workers import WorkerOptions
+
+Built = TypeVar("Built")
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+class FlagGroup(Generic[Built]):
+    """Flags that several verbs take together, declared once: each verb gets the one value that
+    `build` makes of them (a `WorkerOptions`, an `Engine`, ...) instead of a parameter per flag.
+
+    `flags` is a class whose annotated attributes are the flags, in help order, each as a verb
+    would declare it: `name: Annotated[type, typer.Option(...)] = default`. `build` is called
+    with their values as keywords; by default the class itself (a dataclass) holds them."""
+
+    @overload
+    def __init__(self: FlagGroup[Built], flags: type[Built]) -> None: ...
+    @overload
+    def __init__(self, flags: type, build: Callable[..., Built]) -> None: ...
+    def __init__(self, flags: type, build: Callable[..., Built] | None = None) -> None:
+        self.build: Callable[..., Built] = build or flags
+        P = inspect.Parameter
+        self.parameters = [
+            P(name, P.KEYWORD_ONLY, default=getattr(flags, name, P.empty), annotation=hint)
+            for name, hint in get_type_hints(flags, include_extras=True).items()
+        ]
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.parameters]
+
+
+def takes(**groups: FlagGroup[Any]) -> Callable[[Command], Command]:
+    """`@takes(workers=WORKER_FLAGS)`: the verb's parameter `workers` stands for the group. The
+    signature typer reads has the group's flags in its place (so the help lists them where the
+    parameter is), and the verb is called with the group's built value under that name."""
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        missing = set(groups) - set(signature.parameters)
+        if missing:
+            raise TypeError(f"{command.__name__} has no parameter {', '.join(sorted(missing))}")
+        params: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name in groups:
+                params += groups[param.name].parameters
+            elif param.kind is param.VAR_KEYWORD:
+                params.append(param)
+            else:
+                params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        names = [p.name for p in params]
+        if len(names) != len(set(names)):
+            raise TypeError(f"{command.__name__}: a flag group repeats a parameter name")
+
+        def verb(**values: Any) -> None:
+            for name, group in groups.items():
+                values[name] = group.build(**{flag: values.pop(flag) for flag in group.names})
+            command(**values)
+
+        # The command's name and help text; its parameters are the signature set here (typer
+        # reads it, and `reranker_flags` may extend it).
+        verb.__name__, verb.__qualname__ = command.__name__, command.__qualname__
+        verb.__module__, verb.__doc__ = command.__module__, command.__doc__
+        cast(Any, verb).__signature__ = signature.replace(parameters=params)
+        return cast(Command, verb)
+
+    return decorate
+
 
 RerankerOpt = Annotated[
     str,
@@ -21,10 +104,25 @@ RerankerOpt = Annotated[
         help=f"Reranker to apply to the first-stage candidates: {', '.join(available())}.",
     ),
 ]
+RERANKER_KINDS = ", ".join(sorted(KINDS))
+PassageRerankerOpt = Annotated[
+    str,
+    typer.Option("--reranker", "-r", help=f"Reranker that orders the passages: {RERANKER_KINDS}."),
+]
+"""`--reranker` of a verb with no first stage (`rerank` is given the passages) and so no `none`."""
 ModelOpt = Annotated[
     str | None,
     typer.Option("--model", "-m", help="Model for the reranker: Hugging Face id or local folder."),
 ]
+LanguageModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="The causal LM: a Hugging Face id, a local folder or a pulled model's name.",
+    ),
+]
+"""`--model` of `context` and `generate`, which need one."""
 DepthOpt = Annotated[
     int, typer.Option("--depth", min=1, help="How many first-stage candidates to rerank per query.")
 ]
@@ -104,19 +202,28 @@ ActorCpusOpt = Annotated[
 ]
 
 
-def ray_options(
+class Engine(NamedTuple):
+    """`--engine` and its Ray flags: the engine (`local` or `ray`) and the Ray options (None for
+    the local engine)."""
+
+    name: str
+    ray: RayOptions | None
+
+
+def engine_options(
     engine: str,
-    address: str | None,
+    ray_address: str | None,
     actors: int | None,
     actor_gpus: float | None,
     actor_cpus: float | None,
-):
-    """The Ray engine's options from the CLI flags (None for the local engine); a Ray flag
-    without `--engine ray` is an error rather than silently ignored."""
+) -> Engine:
+    """The engine and its Ray options from the CLI flags; a Ray flag without `--engine ray` is
+    an error rather than silently ignored."""
     from cisrank.errors import CisrankError
     from cisrank.ray_engine import RayOptions, check_engine
 
-    if check_engine(engine) == "local":
+    name = check_engine(engine)
+    if name == "local":
         given = [
             flag
             for flag, value in (
@@ -128,8 +235,23 @@ def ray_options(
         ]
         if given:
             raise CisrankError(f"{', '.join(given)} need --engine ray")
-        return None
-    return RayOptions(address=address, actors=actors, num_gpus=actor_gpus, num_cpus=actor_cpus)
+        return Engine(name, None)
+    options = RayOptions(
+        address=ray_address, actors=actors, num_gpus=actor_gpus, num_cpus=actor_cpus
+    )
+    return Engine(name, options)
+
+
+class _EngineFlags:
+    engine: EngineOpt = "local"
+    ray_address: RayAddressOpt = None
+    actors: ActorsOpt = None
+    actor_gpus: ActorGpusOpt = None
+    actor_cpus: ActorCpusOpt = None
+
+
+ENGINE_FLAGS = FlagGroup(_EngineFlags, engine_options)
+"""The offline jobs' engine (`index build prior | dense`, `distill generate`)."""
 
 
 # One process per core for model work (`cisrank.workers`): eval, rerank, distill generate,
@@ -154,7 +276,7 @@ ThreadsPerWorkerOpt = Annotated[
 ]
 
 
-def worker_options(workers: int | None, threads_per_worker: int | None):
+def worker_options(workers: int | None, threads_per_worker: int | None) -> WorkerOptions:
     """The flags as `cisrank.workers.WorkerOptions` (its defaults where a flag is left out)."""
     from cisrank.workers import WorkerOptions
 
@@ -163,3 +285,12 @@ def worker_options(workers: int | None, threads_per_worker: int | None):
         workers=workers,
         threads_per_worker=threads_per_worker or default.threads_per_worker,
     )
+
+
+class _WorkerFlags:
+    workers: WorkersOpt = None
+    threads_per_worker: ThreadsPerWorkerOpt = None
+
+
+WORKER_FLAGS = FlagGroup(_WorkerFlags, worker_options)
+"""A worker per core (`eval`, `rerank`, `distill generate`, `index build prior`)."""

@@ -9,18 +9,19 @@ from typing import Annotated, Any
 import typer
 
 from cisrank.cli.options import (
+    RERANKER_KINDS,
+    WORKER_FLAGS,
     BatchOpt,
     DeviceOpt,
     JsonOpt,
     ModelOpt,
-    RerankerOpt,
-    ThreadsPerWorkerOpt,
-    WorkersOpt,
-    worker_options,
+    PassageRerankerOpt,
+    takes,
 )
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.cli.tables import print_ranking
 from cisrank.errors import CisrankError
+from cisrank.workers import WorkerOptions
 
 
 def _read_passages(path: Path) -> tuple[list[str], list[str]]:
@@ -33,6 +34,7 @@ def _read_passages(path: Path) -> tuple[list[str], list[str]]:
 
 
 @reranker_flags()
+@takes(pool=WORKER_FLAGS)
 def rerank(
     query: Annotated[str, typer.Option("--query", help="The query.")],
     passages: Annotated[
@@ -41,16 +43,19 @@ def rerank(
             "--passages", help="jsonl with 'text' and optional 'id', or one passage per line."
         ),
     ],
-    reranker: RerankerOpt = "dense",
+    reranker: PassageRerankerOpt = "dense",
     model: ModelOpt = None,
     top_n: Annotated[
-        int | None, typer.Option("--top-n", min=1, help="Show only the best N.")
+        int | None,
+        typer.Option(
+            "--top-n", "--top-k", "-k", min=1, help="Show only the best N (--top-k, -k: aliases)."
+        ),
     ] = None,
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     as_json: JsonOpt = False,
-    workers: WorkersOpt = None,
-    threads_per_worker: ThreadsPerWorkerOpt = None,
+    *,
+    pool: WorkerOptions,
     **options: Any,
 ) -> None:
     """Rank passages for one query, most relevant first."""
@@ -58,11 +63,10 @@ def rerank(
     from cisrank.rerank.registry import NO_RERANKER, check_name
 
     if check_name(reranker) == NO_RERANKER:
-        raise CisrankError("`rerank` needs a reranker: --reranker dense, ...")
+        raise CisrankError(f"`rerank` needs a reranker: --reranker {RERANKER_KINDS}")
     if not query.strip():
         raise CisrankError("--query is empty")
     texts, ids = _read_passages(passages)
-    pool = worker_options(workers, threads_per_worker)
     model_obj = load_on_workers(
         reranker, model, pool, batch_size=batch_size, device=device, **options
     )

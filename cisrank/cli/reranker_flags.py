@@ -22,7 +22,7 @@ import typer
 from pydantic.fields import FieldInfo
 
 from cisrank.cli.defaults import field_help
-from cisrank.config import ComponentConfig, Flag
+from cisrank.config import ComponentConfig, flag_fields, flag_name
 from cisrank.rerank.registry import KINDS
 
 Command = TypeVar("Command", bound=Callable[..., None])
@@ -40,7 +40,7 @@ class RerankerFlag:
 
     @property
     def name(self) -> str:
-        return "--" + self.field.replace("_", "-")
+        return flag_name(self.field)
 
     def panel(self, role: str) -> str:
         """Flags grouped by the kind that takes them, so the help says whose each flag is."""
@@ -97,17 +97,17 @@ def flags_of(kinds: Sequence[str] | None = None, omit: Collection[str] = ()) -> 
     for kind in KINDS.values():
         if kinds is not None and kind.name not in kinds:
             continue
-        for field, info in kind.config.model_fields.items():
-            marks = [m for m in info.metadata if isinstance(m, Flag)]
-            if not marks or field in omit:
+        for field, mark in flag_fields(kind.config).items():
+            if field in omit:
                 continue
             if field in found:
                 seen = found[field]
-                if seen.config.model_fields[field].annotation != info.annotation:
+                annotation = kind.config.model_fields[field].annotation
+                if seen.config.model_fields[field].annotation != annotation:
                     raise TypeError(f"{field}: one flag for fields of different types")
                 found[field] = RerankerFlag(field, (*seen.kinds, kind.name), seen.config, seen.path)
             else:
-                found[field] = RerankerFlag(field, (kind.name,), kind.config, marks[0].path)
+                found[field] = RerankerFlag(field, (kind.name,), kind.config, mark.path)
     return list(found.values())
 
 

@@ -26,7 +26,12 @@ def search(
         Path | None,
         typer.Option("--output", "-o", help="TREC run file to write (with --queries)."),
     ] = None,
-    k: Annotated[int, typer.Option("-k", "--top-k", min=1, help="Hits per query.")] = 10,
+    k: Annotated[
+        int,
+        typer.Option(
+            "--top-n", "--top-k", "-k", min=1, help="Hits per query (--top-k, -k: aliases)."
+        ),
+    ] = 10,
     fusion: Annotated[
         str, typer.Option("--fusion", help="How to combine several indexes: rrf.")
     ] = "rrf",

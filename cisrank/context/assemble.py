@@ -43,7 +43,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from cisrank.context.config import ArrangeConfig, Arrangement, AssemblerConfig
 from cisrank.context.noise import pad_with_noise
@@ -215,6 +215,14 @@ class AssembledContext:
 
 
 # ---------------------------------------------------------------------------- assembler
+class SearchOptions(TypedDict, total=False):
+    """How `ContextAssembler.order` searches a scored arrangement, as `arrange` passes it on:
+    `shuffles_n` random shuffles (likelihood_select), drawn with `seed`; None: the defaults."""
+
+    shuffles_n: int | None
+    seed: int | None
+
+
 class ContextAssembler:
     """Render, gauge and arrange RAG contexts with one causal LM.
 
@@ -371,20 +379,19 @@ class ContextAssembler:
         passages: Sequence[Passage],
         method: Arrangement | str | None = None,
         *,
-        shuffles_n: int | None = None,
-        seed: int | None = None,
         noise: Sequence[Passage] = (),
         pmi: bool = False,
+        **search: Unpack[SearchOptions],
     ) -> AssembledContext:
         """Arrange `passages` (best first) by `method`, put `noise` before them, render and gauge.
 
         The scored methods search over orders of the retrieved passages alone; the noise
         passages, if any, go first in the final prompt ([I, noise..., arranged..., Q]).
-        `shuffles_n` is the number of random shuffles of `likelihood_select` (default K - 1, so
-        K prompts as the paper's code), drawn with `seed`.
+        `search` is `order`'s: `shuffles_n`, the number of random shuffles of
+        `likelihood_select` (default K - 1, so K prompts as the paper's code), drawn with `seed`.
         """
         passages = list(passages)
-        chosen = self.order(question, passages, method, shuffles_n=shuffles_n, seed=seed)
+        chosen = self.order(question, passages, method, **search)
         final = pad_with_noise([passages[i] for i in chosen.order], noise)
         prompt = self.render(question, final)
         return AssembledContext(

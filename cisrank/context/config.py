@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from cisrank.config import ComponentConfig
 from cisrank.errors import CisrankError
@@ -88,6 +88,16 @@ class _ContextConfig(ComponentConfig):
     nouns: ClassVar[dict[str, str]] = {}
     """What the range message calls a field (default: its name)."""
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _parse_modes(cls, value: Any, info: ValidationInfo) -> Any:
+        """A mode field given a string (a flag's, a JSON body's) gets its member, or an error
+        naming every valid one (`_Mode.parse`)."""
+        mode = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(value, str) and isinstance(mode, type) and issubclass(mode, _Mode):
+            return mode.parse(value)
+        return value
+
     @model_validator(mode="wrap")
     @classmethod
     def _range_errors(cls, data: Any, handler: Any) -> Any:
@@ -137,8 +147,9 @@ class GenerationAssemblerConfig(AssemblerConfig):
 
     template: str = Field(
         default="entropy",
-        description="entropy (the entropy-based decoding paper's prompts), qa, noise, kv, or a "
-        "custom string holding {documents} and {question}.",
+        description="entropy ('Write a high-quality answer for the given question using only "
+        "the provided search results', the prompt of Entropy-Based Decoding, Qiu et al. 2025), "
+        "qa, noise, kv, or a custom string holding {documents} and {question}.",
     )
 
 
@@ -157,11 +168,6 @@ class ArrangeConfig(_ContextConfig):
         default=None, ge=0, description="likelihood_select: random shuffles (default K-1)."
     )
     seed: int = Field(default=0, description="Seed of likelihood_select's shuffles.")
-
-    @field_validator("arrange", mode="before")
-    @classmethod
-    def _parse_arrange(cls, value: Any) -> Any:
-        return Arrangement.parse(value) if isinstance(value, str) else value
 
 
 class DecoderConfig(_ContextConfig):
@@ -189,8 +195,3 @@ class DecoderConfig(_ContextConfig):
         default=1.0, gt=0, description="replug: T of softmax(score / T)."
     )
     max_new_tokens: int = Field(default=32, ge=1, description="Most tokens to generate.")
-
-    @field_validator("decoding", mode="before")
-    @classmethod
-    def _parse_decoding(cls, value: Any) -> Any:
-        return Decoding.parse(value) if isinstance(value, str) else value

@@ -32,10 +32,11 @@ of lowest entropy, argmin_j H_{j,t}, is returned as its attribution (the referen
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -49,6 +50,10 @@ from cisrank.lm.decoding import DecodeStep, LockstepPrefill
 
 class DecodingTimeout(CisrankError):
     """Decoding passed the deadline it was given."""
+
+
+class DecodingCancelled(CisrankError):
+    """Decoding was cancelled by its caller (a server's client hung up)."""
 
 
 def default_layers(num_layers: int) -> list[int]:
@@ -84,6 +89,23 @@ class Generation:
     tokens: list[int]
     steps: list[StepRecord] = field(default_factory=list)
 
+    def why_empty(self, tokenizer: Any, chat: bool) -> str | None:
+        """Why the answer's text is empty (None where it is not): its first token ended it (the
+        end-of-sequence token: an instruct model ends its turn at once when its prompt is not in
+        its chat template, `chat` False), or every token it generated is a special token or
+        white space, which the text leaves out (a random-weight model's `<unk>`s)."""
+        if self.text:
+            return None
+        shown = ", ".join(repr(t) for t in tokenizer.convert_ids_to_tokens(self.tokens[:5]))
+        if self.tokens[:1] == [tokenizer.eos_token_id]:
+            hint = "" if chat else " (an instruct model answers in its chat template: --chat)"
+            return f"the model ended it at once with its end-of-sequence token {shown}{hint}"
+        more = ", ..." if len(self.tokens) > 5 else ""
+        return (
+            f"its {len(self.tokens)} token(s) ({shown}{more}) are special tokens or white space, "
+            "which the answer leaves out"
+        )
+
     def to_json(self, passages: Sequence[Passage] | None = None) -> dict[str, Any]:
         def pid(j: int | None) -> Any:
             return passages[j].docid if passages is not None and j is not None else j
@@ -96,6 +118,18 @@ class Generation:
             "weights": [s.weights for s in self.steps],
             "layers": [s.layer for s in self.steps],
         }
+
+
+class DecodeOptions(TypedDict, total=False):
+    """The options of one decoding, as `EnsembleDecoder.generate` passes them on to
+    `generate_many` (whose defaults they keep where left out)."""
+
+    max_new_tokens: int | None
+    scores: Sequence[float] | None
+    stop_at_eos: bool
+    trace: bool
+    deadline: float | None
+    cancel: threading.Event | None
 
 
 class EnsembleDecoder:
@@ -138,30 +172,17 @@ class EnsembleDecoder:
         question: str,
         passages: Sequence[Passage],
         decoding: Decoding | str | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        scores: Sequence[float] | None = None,
-        stop_at_eos: bool = True,
-        trace: bool = False,
-        deadline: float | None = None,
+        **options: Unpack[DecodeOptions],
     ) -> Generation:
         """Decode an answer (`decoding` and `max_new_tokens` default to this decoder's config);
         `scores` (reranker scores, one per passage) are needed by `replug`; `naive` with no
         passages answers closed-book (the template with no documents).
         With `trace`, every step's merged log-probabilities are kept (V floats a step). Past
         `deadline` (a `time.monotonic()` value), checked at every step, it stops with
-        `DecodingTimeout` (a server's bound on one request's model time)."""
+        `DecodingTimeout` (a server's bound on one request's model time); once `cancel` is set,
+        at its next step, with `DecodingCancelled` (a server's client hung up)."""
         mode = self.config.decoding if decoding is None else Decoding.parse(decoding)
-        return self.generate_many(
-            question,
-            passages,
-            [mode],
-            max_new_tokens=max_new_tokens,
-            scores=scores,
-            stop_at_eos=stop_at_eos,
-            trace=trace,
-            deadline=deadline,
-        )[mode]
+        return self.generate_many(question, passages, [mode], **options)[mode]
 
     def generate_many(
         self,
@@ -174,6 +195,7 @@ class EnsembleDecoder:
         stop_at_eos: bool = True,
         trace: bool = False,
         deadline: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> dict[Decoding, Generation]:
         """Several decodings of one question over the same passages, each as `generate` gives it.
 
@@ -210,7 +232,7 @@ class EnsembleDecoder:
                 [asm.render(question, passages).ids], max_new_tokens=max_new_tokens
             )
             out[Decoding.NAIVE] = self._decode(
-                state, Decoding.NAIVE, None, max_new_tokens, stops, trace, deadline
+                state, Decoding.NAIVE, None, max_new_tokens, stops, trace, deadline, cancel
             )
         if ensembles:
             single = asm.template.single()
@@ -220,7 +242,7 @@ class EnsembleDecoder:
             state = self.engine.prefill_lockstep(rows, layers=layers, max_new_tokens=max_new_tokens)
             for decoding in ensembles:
                 out[decoding] = self._decode(
-                    state, decoding, fixed, max_new_tokens, stops, trace, deadline
+                    state, decoding, fixed, max_new_tokens, stops, trace, deadline, cancel
                 )
         return {d: out[d] for d in modes}
 
@@ -233,11 +255,14 @@ class EnsembleDecoder:
         stops: list[int],
         trace: bool,
         deadline: float | None,
+        cancel: threading.Event | None = None,
     ) -> Generation:
         """One greedy decoding from a prefill (left unchanged for the next one)."""
         records: list[StepRecord] = []
 
         def choose(step: DecodeStep) -> int:
+            if cancel is not None and cancel.is_set():
+                raise DecodingCancelled(f"decoding cancelled after {step.step} tokens")
             if deadline is not None and time.monotonic() > deadline:
                 raise DecodingTimeout(f"decoding stopped at its deadline after {step.step} tokens")
             merged, rec = self.merge(decoding, step, fixed)

@@ -10,6 +10,7 @@ attribution follow the passages into the order the prompt has them in.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +44,11 @@ def answer_question(
     *,
     scores: Sequence[float] | None = None,
     deadline: float | None = None,
+    cancel: threading.Event | None = None,
 ) -> Answer:
     """Order `passages` (best first) by `arrangement` when the decoder's decoding is naive,
     reorder them and their `scores` (one reranker score per passage, or None), and generate
-    with `decoder` (its config's decoding and `max_new_tokens`; `deadline` as
+    with `decoder` (its config's decoding and `max_new_tokens`; `deadline` and `cancel` as
     `EnsembleDecoder.generate`)."""
     passages = list(passages)
     order = list(range(len(passages)))
@@ -57,5 +59,7 @@ def answer_question(
         ).order
     ordered = [passages[i] for i in order]
     ordered_scores = [scores[i] for i in order] if scores is not None else None
-    generation = decoder.generate(question, ordered, scores=ordered_scores, deadline=deadline)
+    generation = decoder.generate(
+        question, ordered, scores=ordered_scores, deadline=deadline, cancel=cancel
+    )
     return Answer(order, ordered, ordered_scores, generation)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cisrank.data.types import Passage
-from cisrank.errors import CisrankError
+from cisrank.errors import CisrankError, json_error
 
 
 def read_passages(path: str | Path) -> list[Passage]:
@@ -29,11 +29,11 @@ def read_scored_passages(path: str | Path) -> tuple[list[Passage], list[float] |
         if line.lstrip().startswith("{"):
             try:
                 obj = json.loads(line)
-                text = obj["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise CisrankError(
-                    f"{path}:{lineno}: expected a JSON object with a 'text' field"
-                ) from None
+            except json.JSONDecodeError as exc:
+                raise CisrankError(f"{path}:{lineno}: {json_error(exc)}") from None
+            if not isinstance(obj, dict) or "text" not in obj:
+                raise CisrankError(f"{path}:{lineno}: expected a JSON object with a 'text' field")
+            text = obj["text"]
             title = obj.get("title", "")
             if not isinstance(text, str) or not text.strip():
                 raise CisrankError(f"{path}:{lineno}: 'text' must be a non-empty string")

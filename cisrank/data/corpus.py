@@ -27,7 +27,7 @@ from typing import Literal
 
 from cisrank.data.datasets import load_candidates_json, open_text
 from cisrank.data.types import Passage
-from cisrank.errors import DataError
+from cisrank.errors import DataError, json_error
 
 Format = Literal["jsonl", "tsv", "candidates"]
 OnError = Literal["raise", "skip"]
@@ -134,7 +134,7 @@ def _iter_jsonl(path: Path, check: _Checker) -> Iterator[Passage]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                check.bad(lineno, "invalid_json", f"invalid JSON ({exc.msg} at column {exc.colno})")
+                check.bad(lineno, "invalid_json", json_error(exc))
                 continue
             if not isinstance(obj, dict):
                 check.bad(lineno, "invalid_json", 'expected a JSON object {"id", "text"}')

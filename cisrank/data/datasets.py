@@ -9,6 +9,7 @@ queries and judgments come from ir_datasets (needs network the first time).
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -212,7 +213,13 @@ def load_named(
             f"unknown dataset '{name}' and no folder for it: pass --data-dir DIR "
             f"(known names: {', '.join(KNOWN_DATASETS)})"
         )
-    where = f"{root / name} does not exist" if root else "CISRANK_DATA_DIR is not set"
+    where = f"{root / name} does not exist" if root else f"{env.DATA_DIR} is not set"
+    if importlib.util.find_spec("ir_datasets") is None:
+        raise DataError(
+            f"no local folder for {name} ({where}): set {env.DATA_DIR} to the folder that holds "
+            f"{name}/, or pass --data-dir DIR; without a local copy, `pip install "
+            "'cisrank[ir-datasets]'` lets cisrank download it"
+        )
     log.info("no local folder for %s (%s); trying ir_datasets", name, where)
     return load_ir_datasets(name, KNOWN_DATASETS[name], local_hint=where)
 
@@ -247,6 +254,6 @@ def load_ir_datasets(name: str, dataset_id: str, depth: int = 100, local_hint: s
         raise DataError(
             f"ir_datasets could not load '{dataset_id}' ({type(exc).__name__}: {exc}); "
             f"it downloads on first use, and {local_hint or 'no local folder was given'}: "
-            f"pass --data-dir with a local copy (layout of ../shared/data)"
+            f"pass --data-dir with a local copy ({TOPICS_FILE}, {QRELS_FILE}, {CANDIDATE_FILES[0]})"
         ) from None
     return Dataset(name, topics, qrels, candidates, source=f"ir_datasets:{dataset_id}")

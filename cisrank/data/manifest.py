@@ -24,7 +24,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from cisrank import __version__
 from cisrank.errors import DamagedFileError, DataError
 from cisrank.fileio import (
     HASH_ALGORITHM,
@@ -33,6 +32,7 @@ from cisrank.fileio import (
     block_digests,
     first_bad_block,
 )
+from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -59,11 +59,16 @@ class SearchHit:
 
 @dataclass(frozen=True, slots=True)
 class RankedPassage:
-    """One reranked passage: its position in the input, its score and its text."""
+    """One reranked passage: its position in the input, its score and its text (`document`
+    too, the name `Reranker.rank` gives it)."""
 
     index: int
     score: float
     text: str
+
+    @property
+    def document(self) -> str:
+        return self.text
 
 
 def rank_order(scores: Sequence[float]) -> list[int]:

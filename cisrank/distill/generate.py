@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from cisrank import __version__
 from cisrank.data.shards import resume_shards
 from cisrank.distill import rows as R
 from cisrank.distill.sources import PairSource, QueryPairs
 from cisrank.distill.teachers import QueryItems, Teacher, TeacherSpec
 from cisrank.errors import CisrankError, DataError
 from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
+from cisrank.version import __version__
 from cisrank.workers import WorkerOptions, run_local_shards
 
 log = logging.getLogger(__name__)

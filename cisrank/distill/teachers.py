@@ -111,7 +111,6 @@ class CISTeacher(RerankerTeacher):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fingerprint": self.cis.engine.fingerprint()}
 
-
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
     ) -> TeacherScores:

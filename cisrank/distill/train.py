@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from cisrank import __version__
 from cisrank.data.types import Dataset
 from cisrank.distill import rows as R
 from cisrank.distill.config import Loss, Normalize, TrainConfig
@@ -32,6 +31,7 @@ from cisrank.errors import DataError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker, Request
+from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
 

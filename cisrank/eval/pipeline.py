@@ -10,12 +10,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from cisrank import __version__
 from cisrank.data.runs import Run
 from cisrank.data.types import Dataset
 from cisrank.eval import metrics as M
 from cisrank.eval.report import plot_deltas, write_metrics_json, write_per_query_tsv
 from cisrank.rerank.base import Reranker
+from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
 

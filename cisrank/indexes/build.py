@@ -22,8 +22,6 @@ only turns that kind's flags into `params`.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
 import os
@@ -32,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cisrank.errors import CisrankError, DataError
-from cisrank.fileio import atomic_write_text
-from cisrank.data.manifest import MANIFEST_FILE, Manifest, record_checksums, write_manifest
 from cisrank.data.corpus import CorpusReader, Format, OnError, file_checksum
+from cisrank.data.manifest import MANIFEST_FILE, Manifest, record_checksums, write_manifest
+from cisrank.errors import CisrankError, DataError
+from cisrank.fileio import atomic_write_text, exchange_folders
 from cisrank.indexes.kinds import KINDS, kind_of
 
 log = logging.getLogger(__name__)
@@ -96,22 +94,6 @@ def _resume(folder: Path, state: dict[str, Any]) -> bool:
     return resume
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two folders in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the
-    platform or file system cannot, and the caller falls back to two renames."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(err, f"cannot swap '{a}' and '{b}': {os.strerror(err)}")
-
-
 def _swap_in(staging: Path, out: Path) -> None:
     """Put the complete index built in `staging` at `out` and delete the old one.
 
@@ -120,7 +102,7 @@ def _swap_in(staging: Path, out: Path) -> None:
     (a window of two renames where `out` is missing). The old index is deleted last: its
     manifest first, so a leftover of an interruption there never looks complete.
     """
-    if _exchange(staging, out):
+    if exchange_folders(staging, out):
         old = staging
     else:
         old = out.with_name(f".{out.name}.old")

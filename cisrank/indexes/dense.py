@@ -24,21 +24,14 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from cisrank import ray_engine
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
 from cisrank.data.shards import claim_shard_dir, resume_shards
 from cisrank.fileio import atomic_write_bytes
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
-from cisrank.ray_engine import (
-    RayOptions,
-    check_engine,
-    describe_remote,
-    plan_resources,
-    ray_session,
-    run_shards,
-    text_block,
-)
+from cisrank.ray_engine import RayOptions, check_engine
 from cisrank.retrieval.dense import FAISS_FILE, DenseIndexConfig, encode, import_faiss
 from cisrank.retrieval.docstore import DOCSTORE_FILE, write_docstore
 
@@ -118,10 +111,10 @@ def build_dense(
         if engine == "ray":
             # The actors' device decides the precision (a GPU: bf16), so it is resolved there.
             ray_options = ray or RayOptions()
-            ray_mod = stack.enter_context(ray_session(ray_options))
-            res = plan_resources(ray_mod, ray_options)
+            ray_mod = stack.enter_context(ray_engine.ray_session(ray_options))
+            res = ray_engine.plan_resources(ray_mod, ray_options)
             base_job = DenseShardJob(model_path, config, device)
-            dtype_label = describe_remote(ray_mod, base_job, res)["dtype"]
+            dtype_label = ray_engine.describe_remote(ray_mod, base_job, res)["dtype"]
         else:
             # Resolved once, before any shard: the precision decides the embeddings, so shards
             # encoded in another one (a rerun on another device) are not reused, and the manifest
@@ -172,9 +165,14 @@ def build_dense(
                     _save_npy(_shard_path(shard_dir, shard), np.ascontiguousarray(emb, np.float32))
                     bar.update(table.num_rows)
 
-                blocks = [text_block(i, corpus.texts[start:end]) for i, (start, end) in plan.todo]
+                blocks = [
+                    ray_engine.text_block(i, corpus.texts[start:end])
+                    for i, (start, end) in plan.todo
+                ]
                 job = job_wrapper(base_job) if job_wrapper is not None else base_job
-                scored = run_shards(ray_mod, blocks, job, ray_options, res, plan.expected, write)
+                scored = ray_engine.run_shards(
+                    ray_mod, blocks, job, ray_options, res, plan.expected, write
+                )
 
     embeddings = np.concatenate([np.load(_shard_path(shard_dir, i)) for i in range(plan.shards)])
     _save_npy(out / EMBEDDINGS_FILE, embeddings)

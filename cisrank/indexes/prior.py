@@ -31,24 +31,15 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
+from cisrank import ray_engine
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
 from cisrank.data.shards import claim_shard_dir, resume_shards
 from cisrank.errors import CisrankError
-from cisrank.workers import WorkerOptions, WorkerPool
-from cisrank.ray_engine import (
-    POS,
-    SHARD,
-    RayOptions,
-    check_engine,
-    describe_remote,
-    plan_resources,
-    ray_session,
-    run_shards,
-    text_block,
-)
+from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
+from cisrank.workers import WorkerOptions, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +166,9 @@ def build_prior(
                     str(config.model),
                     config.max_doc_tokens,
                     config.dtype,
-                    str(out / PRIOR_FILE),
                     batch_tokens,
                     device,
+                    store=str(out / PRIOR_FILE),
                 ),
                 pool - 1,
                 workers.threads_per_worker if workers is not None else 1,
@@ -239,21 +230,20 @@ def build_prior(
 
 
 @dataclass(frozen=True)
-class PriorStoreJob:
-    """A worker of the local prior job: its own model and its own connection to the store,
-    scoring batches through the reranker's prior path (lookup, misses scored, written back)."""
+class _PriorModel:
+    """The model of a prior job as each of its workers or actors loads it: its own engine, and
+    the CIS reranker's prior path (summed log-probabilities)."""
 
     model: str
     max_doc_tokens: int
     dtype: str | None
-    store: str
-    batch_tokens: int | None = None
-    device: str | None = None
+    batch_tokens: int | None
+    device: str | None
 
-    def load(self) -> Any:
+    def reranker(self, prior_store: Any = None) -> Any:
+        """The CIS reranker, keeping its priors in `prior_store` (None: in its memory)."""
         from cisrank.lm.engine import CausalLMEngine
         from cisrank.rerank.cis import CISReranker
-        from cisrank.rerank.prior_store import PriorStore
 
         engine = CausalLMEngine(
             self.model, device=self.device, dtype=self.dtype, batch_tokens=self.batch_tokens
@@ -262,9 +252,22 @@ class PriorStoreJob:
             self.model,
             max_doc_tokens=self.max_doc_tokens,
             normalize="sum",
-            prior_store=PriorStore(self.store),
+            prior_store=prior_store,
             engine=engine,
         )
+
+
+@dataclass(frozen=True)
+class PriorStoreJob(_PriorModel):
+    """A worker of the local prior job: its own model and its own connection to the store,
+    scoring batches through the reranker's prior path (lookup, misses scored, written back)."""
+
+    store: str
+
+    def load(self) -> Any:
+        from cisrank.rerank.prior_store import PriorStore
+
+        return self.reranker(PriorStore(self.store))
 
     def score(self, reranker: Any, texts: list[str]) -> int:
         reranker.summed_log_priors(reranker.passage_ids(texts))
@@ -275,29 +278,16 @@ class PriorStoreJob:
 
 
 @dataclass(frozen=True)
-class PriorShardJob:
+class PriorShardJob(_PriorModel):
     """The prior job's scoring as Ray actors run it: the CIS reranker's own prior path
     (`CISReranker.summed_log_priors`) over each shard, `batch_size` passages at a time, as the
     local job does; the results are the prior table's rows."""
 
-    model: str
-    max_doc_tokens: int
-    dtype: str | None
     batch_size: int
-    batch_tokens: int | None = None
-    device: str | None = None
 
     def load(self) -> Any:
-        from cisrank.lm.engine import CausalLMEngine
-        from cisrank.rerank.cis import CISReranker
-
-        engine = CausalLMEngine(
-            self.model, device=self.device, dtype=self.dtype, batch_tokens=self.batch_tokens
-        )
         # no prior store: the priors a shard repeats are kept in the reranker's memory
-        return CISReranker(
-            self.model, max_doc_tokens=self.max_doc_tokens, normalize="sum", engine=engine
-        )
+        return self.reranker()
 
     def describe(self, reranker: Any) -> dict[str, Any]:
         engine = reranker.engine
@@ -377,19 +367,24 @@ def build_prior_ray(
     if shard_size < 1:
         raise CisrankError(f"shard_size must be >= 1, got {shard_size}")
     base = PriorShardJob(
-        str(config.model), config.max_doc_tokens, config.dtype, batch_size, batch_tokens, device
+        str(config.model),
+        config.max_doc_tokens,
+        config.dtype,
+        batch_tokens,
+        device,
+        batch_size=batch_size,
     )
     job = job_wrapper(base) if job_wrapper is not None else base
     shard_dir = out / SHARD_DIR
-    with ray_session(ray_options) as ray:
-        res = plan_resources(ray, ray_options)
-        info = describe_remote(ray, base, res)
+    with ray_engine.ray_session(ray_options) as ray:
+        res = ray_engine.plan_resources(ray, ray_options)
+        info = ray_engine.describe_remote(ray, base, res)
         fingerprint = info["store_fingerprint"]
         meta = {"store_fingerprint": fingerprint, "shard_size": shard_size}
         claim_shard_dir(shard_dir, meta, resume=resume, logger=log)
         plan = resume_shards(
             (
-                text_block(i, texts)
+                ray_engine.text_block(i, texts)
                 for i, texts in enumerate(_batched((p.contents for p in reader), shard_size))
             ),
             rows=lambda block: block.num_rows,
@@ -413,7 +408,7 @@ def build_prior_ray(
                 bar.update(table.num_rows)
 
             blocks = [block for _, block in plan.todo]
-            scored = run_shards(ray, blocks, job, ray_options, res, plan.expected, write)
+            scored = ray_engine.run_shards(ray, blocks, job, ray_options, res, plan.expected, write)
 
     parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(plan.shards)]
     if parts:

@@ -61,11 +61,7 @@ class LMBackend(Protocol):
     def supports_decoding(self) -> bool: ...
 
     def score_rows(
-        self,
-        rows: Sequence[Sequence[int]],
-        context: Sequence[int],
-        pad_id: int,
-        cached: Any = None,
+        self, rows: Sequence[Sequence[int]], context: Sequence[int], pad_id: int, cached: Any = None
     ) -> np.ndarray:
         """Log-probabilities of every row's scored span; with `cached` (from `prefix_state`)
         each row continues that prefix (and a span may then start at index 0)."""

@@ -135,11 +135,7 @@ class CTranslate2Backend:
         return None
 
     def score_rows(
-        self,
-        rows: Sequence[Sequence[int]],
-        context: Sequence[int],
-        pad_id: int,
-        cached: Any = None,
+        self, rows: Sequence[Sequence[int]], context: Sequence[int], pad_id: int, cached: Any = None
     ) -> np.ndarray:
         if cached is not None:
             raise CisrankError("the ctranslate2 backend keeps no prefix state")

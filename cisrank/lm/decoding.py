@@ -112,18 +112,22 @@ def _left_padded(
     return ids, mask, positions
 
 
-def _run_prefill(
+def _forward(
     backend: TorchBackend,
     ids: torch.Tensor,
     mask: torch.Tensor,
     positions: torch.Tensor,
-    wanted: tuple[int, ...],
+    cache: Any,
+    wanted: Sequence[int],
 ) -> tuple[Any, torch.Tensor, dict[int, torch.Tensor]]:
+    """One forward of the base model over `ids` after `cache` (a prefill: an empty one; a
+    decoding step: the rows' cache so far): the cache after it, the last position's hidden
+    state and that of each `wanted` layer."""
     out = backend.base(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        **backend.cache_arg(backend.new_cache()),
+        **backend.cache_arg(cache),
         use_cache=True,
         output_hidden_states=bool(wanted),
     )
@@ -139,7 +143,7 @@ def _prefilled(
     wanted: tuple[int, ...],
     lengths: list[int],
 ) -> LockstepPrefill:
-    cache, last, hidden = _run_prefill(backend, ids, mask, positions, wanted)
+    cache, last, hidden = _forward(backend, ids, mask, positions, backend.new_cache(), wanted)
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     first = DecodeStep(0, backend.head_logits(last), hidden)
     return LockstepPrefill(kv, mask, tuple(lengths), wanted, first)
@@ -157,7 +161,7 @@ def _prefill_part(
 ) -> _Part | None:
     from transformers.cache_utils import DynamicLayer
 
-    cache, last, hidden = _run_prefill(backend, ids, mask, positions, wanted)
+    cache, last, hidden = _forward(backend, ids, mask, positions, backend.new_cache(), wanted)
     if any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     return [(layer.keys, layer.values) for layer in cache.layers], last, hidden
@@ -241,17 +245,7 @@ def decode_from(
                 break
             ids = torch.full((n, 1), token, dtype=torch.long, device=device)
             mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
-            out = backend.base(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                **backend.cache_arg(cache),
-                use_cache=True,
-                output_hidden_states=bool(wanted),
-            )
-            cache = backend.out_cache(out)
+            cache, last, hidden = _forward(backend, ids, mask, positions, cache, wanted)
             positions = positions + 1
-            last = out.last_hidden_state[:, -1]
-            hidden = {x: out.hidden_states[x][:, -1] for x in wanted}
             current = DecodeStep(step + 1, backend.head_logits(last), hidden)
     return out_tokens

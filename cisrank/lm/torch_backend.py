@@ -174,11 +174,7 @@ class TorchBackend:
         return layers, out.last_hidden_state[0, -1]
 
     def score_rows(
-        self,
-        rows: Sequence[Sequence[int]],
-        context: Sequence[int],
-        pad_id: int,
-        cached: Any = None,
+        self, rows: Sequence[Sequence[int]], context: Sequence[int], pad_id: int, cached: Any = None
     ) -> np.ndarray:
         """Per-token log p of the scored span of every row, concatenated in row order.
 

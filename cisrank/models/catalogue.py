@@ -47,7 +47,6 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from cisrank import __version__
 from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
 from cisrank.models.integrity import (
@@ -61,6 +60,7 @@ from cisrank.models.integrity import (
     verify_model,
     write_stamps,
 )
+from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
 

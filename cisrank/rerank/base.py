@@ -75,6 +75,13 @@ class Reranker(Protocol):
         """Where the reranker keeps log p(K)."""
         ...
 
+    @property
+    def passage_major(self) -> bool:
+        """Whether scoring a passage's queries together saves work (a bi-encoder embeds the
+        passage once; the reverse CIS estimator runs its context once): jobs that score a pool
+        then group pairs by passage."""
+        ...
+
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         """One list of floats per (query, passages) request, in input order, one float per
         passage in input order. A passage's score must not depend on the other requests."""
@@ -90,13 +97,21 @@ class Reranker(Protocol):
         """Passages most relevant first, at most `top_n` of them."""
         ...
 
+    def rank(
+        self, query: str, documents: Sequence[str], top_n: int | None = None
+    ) -> list[RankedPassage]:
+        """`rerank` in the Python API's words: documents most relevant first, each with its
+        `index` in `documents`, its `score` and the `document`."""
+        ...
+
     def close(self) -> None:
         """Release worker processes or other resources (`BaseReranker`: nothing to release)."""
         ...
 
 
 class BaseReranker(ABC):
-    """Derives `score` and `rerank` from `score_batch`; subclasses only say how to score."""
+    """Derives `score`, `rerank` and `rank` from `score_batch`; subclasses only say how to
+    score."""
 
     name: str = "base"
     model_name: str = ""
@@ -106,6 +121,7 @@ class BaseReranker(ABC):
     pair_token_limit: int | None = None
     causal_lm: CausalLMEngine | None = None
     prior_store: Priors | None = None
+    passage_major: bool = False
 
     @abstractmethod
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]: ...
@@ -121,6 +137,13 @@ class BaseReranker(ABC):
         scores = self.score(query, passages) if passages else []
         order = rank_order(scores)[:top_n]
         return [RankedPassage(i, float(scores[i]), passages[i]) for i in order]
+
+    def rank(
+        self, query: str, documents: Sequence[str], top_n: int | None = None
+    ) -> list[RankedPassage]:
+        if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
+            raise TypeError("documents must be a list of strings, not one string")
+        return self.rerank(query, documents, top_n)
 
     def close(self) -> None:  # noqa: B027 - a hook, deliberately empty by default
         """Release what the reranker holds beyond its memory (worker processes); a no-op for

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from cisrank.config import ComponentConfig
+from cisrank.config import ComponentConfig, flag_fields, flag_name
 from cisrank.errors import CisrankError, UnknownRerankerError
 from cisrank.rerank.base import IdentityReranker, Reranker
 from cisrank.rerank.configs import (
@@ -147,7 +147,7 @@ def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
     unknown = sorted(set(options) - kind.fields)
     if not unknown:
         return
-    flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+    flags = ", ".join(map(flag_name, unknown))
     owner = next(
         (
             k.name
@@ -157,8 +157,9 @@ def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
         None,
     )
     whose = f"option(s) of the {owner} reranker, not of {kind.name}" if owner else "not options"
-    valid = ", ".join(sorted(kind.fields))
-    raise CisrankError(f"{flags}: {whose}; drop them ({kind.name} takes {valid})")
+    own = ", ".join(map(flag_name, flag_fields(kind.config)))
+    takes = f"{kind.name} takes {own}" if own else f"{kind.name} takes no flag of its own"
+    raise CisrankError(f"{flags}: {whose}; drop them ({takes})")
 
 
 def load_reranker(name: str, model: str | None = None, **options: Any) -> Reranker:

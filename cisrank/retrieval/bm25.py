@@ -26,8 +26,6 @@ from cisrank.retrieval.analysis import Analyzer, AnalyzerConfig
 from cisrank.retrieval.base import IndexConfig
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore, write_docstore
 
-logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every build step at DEBUG
-
 BM25_DIR = "bm25s"
 
 
@@ -56,7 +54,10 @@ class BM25IndexConfig(BM25Weights):
 
 
 def _bm25s():
-    return require("bm25s", "dense", "the embedded BM25 index (bm25s)")
+    bm25s = require("bm25s", "dense", "the embedded BM25 index (bm25s)")
+    # Its import sets its logger to DEBUG, which logs every build step: quiet it after that.
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
 
 
 NUMBA_MIN_DOCS = 20_000
@@ -99,7 +100,7 @@ def _index(texts: Sequence[str], config: BM25IndexConfig, progress: bool):
     for text in tqdm(texts, desc="bm25 analyze", unit="passage", disable=not progress):
         ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.analyze(text)])
     model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene", backend="numpy")
-    model.index((ids, vocab), show_progress=progress)
+    model.index((ids, vocab), show_progress=False)  # its own bars: "bm25 analyze" is the one
     return model, vocab
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _common():

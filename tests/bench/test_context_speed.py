@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cisrank.testing import SAMPLE_SENTENCES
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_context_speed_runs_on_a_tiny_model(tiny_gpt2_dir, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from cisrank.testing import SAMPLE_SENTENCES
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # question, answers, gold passage (title, text): the words of the tiny tokenizer
 ROWS = [

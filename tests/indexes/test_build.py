@@ -289,7 +289,7 @@ def test_overwrite_swaps_a_complete_index_in_and_leaves_nothing_behind(
     assert out.stat().st_ino != inode  # a new folder swapped in, not the old one rewritten
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "idx"]
     # without an atomic exchange (other platforms): two renames, same result
-    monkeypatch.setattr(build_mod, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(build_mod, "exchange_folders", lambda a, b: False)
     build_index("bm25", corpus, out, {"b": 0.6}, overwrite=True, progress=False)
     assert read_manifest(out).params["b"] == 0.6
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "idx"]

@@ -1,0 +1,79 @@
+"""`cisrank rerank`: a file of passages ranked for one query, and its help and errors."""
+
+import json
+
+from cli.helpers import cli, help_text
+
+
+def test_cli_rerank_dense(tiny_bert_dir, tmp_path):
+    passages = tmp_path / "p.jsonl"
+    passages.write_text(
+        '{"id": "x", "text": "Paris is the capital of France."}\n{"text": "Hamlet is a tragedy."}\n'
+    )
+    p = cli(
+        "rerank",
+        "--reranker",
+        "dense",
+        "--model",
+        str(tiny_bert_dir),
+        "--query",
+        "capital of France",
+        "--passages",
+        str(passages),
+        "--json",
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {r["id"] for r in out["results"]} == {"x", "1"}
+    assert out["results"][0]["score"] >= out["results"][1]["score"]
+
+
+def _rerank(tmp_path, *args: str, lines: tuple[str, ...] = ("a passage",)):
+    passages = tmp_path / "p.jsonl"
+    passages.write_text("\n".join(lines) + "\n")
+    return cli("rerank", "--query", "q", "--passages", str(passages), *args)
+
+
+def _last_line(p) -> str:
+    assert "Traceback" not in p.stderr, p.stderr
+    return p.stderr.strip().splitlines()[-1]
+
+
+def test_reranker_help_names_every_kind_and_no_first_stage():
+    row = next(line for line in help_text("rerank").splitlines() if "--reranker" in line)
+    assert "first-stage" not in row and "..." not in row
+    assert "cis, cross-encoder, dense, hybrid" in row
+    assert "first-stage candidates" in help_text("eval", "run")  # eval has a first stage
+
+
+def test_no_reranker_names_the_kinds_to_choose(tmp_path):
+    p = _rerank(tmp_path, "--reranker", "none")
+    assert p.returncode == 2
+    assert (
+        _last_line(p)
+        == "error: `rerank` needs a reranker: --reranker cis, cross-encoder, dense, hybrid"
+    )
+
+
+def test_a_broken_json_line_says_so_with_line_and_column(tmp_path):
+    lines = ('{"text": "fine"}', '{"text": "broken", }')
+    p = _rerank(tmp_path, "-r", "dense", lines=lines)
+    assert p.returncode == 2
+    last = _last_line(p)
+    assert last.endswith(
+        "p.jsonl:2: invalid JSON (Expecting property name enclosed in double quotes at column 20)"
+    ), last
+    p = _rerank(tmp_path, "-r", "dense", lines=('{"title": "no text"}',))
+    assert _last_line(p).endswith("p.jsonl:1: expected a JSON object with a 'text' field")
+
+
+def test_another_kinds_flag_is_refused_naming_flags_not_fields(tmp_path):
+    p = _rerank(tmp_path, "-r", "dense", "--estimator", "reverse")
+    last = _last_line(p)
+    assert p.returncode == 2 and "--estimator: option(s) of the cis reranker, not of dense" in last
+    assert last.endswith("(dense takes no flag of its own)")
+    p = _rerank(tmp_path, "-r", "cis", "--quantize", "int8")
+    last = _last_line(p)
+    assert "--quantize: option(s) of the cross-encoder reranker, not of cis" in last
+    assert "cis takes --estimator, --template, --reverse-template, --max-doc-tokens" in last
+    assert "max_doc_tokens" not in last and "batch_size" not in last

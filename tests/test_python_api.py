@@ -1,0 +1,104 @@
+"""The Python API at the top level: `cisrank.load_reranker(kind, model=...)` and
+`reranker.rank(query, documents, top_n=None)`, the same for every kind.
+
+The first test is the README's example as written, with the real all-MiniLM-L6-v2 (installed with
+the `minilm` extra); the others run every kind on the tiny models of `cisrank.testing`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import cisrank
+from cisrank.data.types import RankedPassage, rank_order
+
+DOCUMENTS = [
+    "Paris is the capital of France.",
+    "William Shakespeare wrote Hamlet.",
+    "Hamlet is a tragedy set in Denmark.",
+]
+QUERY = "Who wrote Hamlet?"
+
+
+def test_readme_example_with_the_packaged_minilm(capsys):
+    # --- the README's quick start, as written ---
+    reranker = cisrank.load_reranker("dense", model="all-MiniLM-L6-v2")
+    documents = [
+        "Paris is the capital of France.",
+        "William Shakespeare wrote Hamlet.",
+        "Hamlet is a tragedy set in Denmark.",
+    ]
+    for hit in reranker.rank("Who wrote Hamlet?", documents, top_n=2):
+        print(hit.index, round(hit.score, 3), hit.document)
+    # --- end of the example ---
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("1 ") and lines[0].endswith("William Shakespeare wrote Hamlet.")
+    hits = reranker.rank("Who wrote Hamlet?", documents)
+    assert [h.index for h in hits][:1] == [1] and len(hits) == 3
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(h.document == documents[h.index] for h in hits)
+
+
+@pytest.fixture(scope="module")
+def kinds(tiny_gpt2_dir, tiny_bert_dir, tmp_path_factory) -> dict[str, tuple[str | None, dict]]:
+    """Every kind, on a tiny model: (model, options)."""
+    from sentence_transformers import CrossEncoder
+
+    cross_encoder = tmp_path_factory.mktemp("cross-encoder")  # saved as training saves one
+    CrossEncoder(str(tiny_bert_dir), num_labels=1).save_pretrained(str(cross_encoder))
+    return {
+        "dense": (str(tiny_bert_dir), {}),
+        "cross-encoder": (str(cross_encoder), {"dtype": "float32"}),
+        "cis": (str(tiny_gpt2_dir), {}),
+        "hybrid": (str(tiny_gpt2_dir), {"fuse": "cis:0.5,first-stage:0.5"}),
+        "none": (None, {}),
+    }
+
+
+@pytest.mark.parametrize("kind", ["dense", "cross-encoder", "cis", "hybrid", "none"])
+def test_every_kind_ranks_documents_best_first(kinds, kind):
+    model, options = kinds[kind]
+    reranker = cisrank.load_reranker(kind, model=model, **options)
+    try:
+        scores = reranker.score(QUERY, DOCUMENTS)
+        hits = reranker.rank(QUERY, DOCUMENTS)
+        assert all(isinstance(h, RankedPassage) for h in hits)
+        assert [h.index for h in hits] == rank_order(scores)
+        assert [h.score for h in hits] == pytest.approx([scores[h.index] for h in hits])
+        assert [h.document for h in hits] == [DOCUMENTS[h.index] for h in hits]
+        top = reranker.rank(QUERY, DOCUMENTS, top_n=2)
+        assert [(h.index, h.document) for h in top] == [(h.index, h.document) for h in hits[:2]]
+        assert reranker.rank(QUERY, []) == []
+        # `rank` is `rerank` under the Python API's names: same results, `document` is `text`
+        assert reranker.rerank(QUERY, DOCUMENTS) == hits
+        assert [h.text for h in hits] == [h.document for h in hits]
+    finally:
+        reranker.close()
+
+
+def test_rank_refuses_one_string_and_a_bad_top_n(kinds):
+    reranker = cisrank.load_reranker("none")
+    with pytest.raises(TypeError, match="list of strings"):
+        reranker.rank(QUERY, "one document")
+    with pytest.raises(ValueError, match="top_n must be >= 1"):
+        reranker.rank(QUERY, DOCUMENTS, top_n=0)
+
+
+def test_import_cisrank_is_light_and_names_its_api():
+    code = (
+        "import sys, cisrank\n"
+        "assert 'load_reranker' in dir(cisrank) and 'rank' in dir(cisrank.Reranker)\n"
+        "cisrank.load_reranker, cisrank.RankedPassage\n"
+        "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') "
+        "if m in sys.modules]\n"
+        "print(cisrank.__version__, heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [cisrank.__version__, "[]"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        cisrank.nope  # noqa: B018
