@@ -249,26 +249,12 @@ class BatchScorer:
         """Scores in input order; raises QueueFullError, ScoringTimeout or the reranker's error."""
         if not passages:
             return []
-        if self._closed:
-            raise QueueFullError(f"reranker '{self.name}' is shutting down")
-        self._ensure_started()
-        if self._unfinished >= self.config.max_queue:
-            raise QueueFullError(
-                f"{self._unfinished} requests are already waiting for reranker '{self.name}'"
-            )
+        self._check_queue()
         tokens = pair_tokens(query, passages, self.token_cap)
         cost = sum(tokens)
-        budget = self.config.max_inflight_cost
-        if self._inflight_cost and self._inflight_cost + cost > budget:
-            raise QueueFullError(
-                f"reranker '{self.name}' has {self._inflight_cost} estimated tokens of work "
-                f"queued; this request's {cost} would exceed its budget of {budget}"
-            )
+        self._admit(cost)
         assert self._loop is not None and self._queue is not None
         job = _Job(query, passages, self._loop.create_future(), self._loop.time(), tokens, cost)
-        self._unfinished += 1
-        self._inflight_cost += cost
-        self._report_depth()
         self._queue.put_nowait(job)
         timeout = self.config.request_timeout_s if timeout is None else timeout
         try:
@@ -282,6 +268,30 @@ class BatchScorer:
             self._cancel(job)
             raise
 
+    def _check_queue(self) -> None:
+        """The first rule of admission, before a request's cost is known: the scorer is open and
+        fewer than `max_queue` requests are unanswered (else `QueueFullError`)."""
+        if self._closed:
+            raise QueueFullError(f"reranker '{self.name}' is shutting down")
+        self._ensure_started()
+        if self._unfinished >= self.config.max_queue:
+            raise QueueFullError(
+                f"{self._unfinished} requests are already waiting for reranker '{self.name}'"
+            )
+
+    def _admit(self, cost: int) -> None:
+        """Count one more request of `cost` estimated tokens, unless it would take the work
+        queued over `max_inflight_cost` (`QueueFullError`; a request alone is always let in)."""
+        budget = self.config.max_inflight_cost
+        if self._inflight_cost and self._inflight_cost + cost > budget:
+            raise QueueFullError(
+                f"reranker '{self.name}' has {self._inflight_cost} estimated tokens of work "
+                f"queued; this request's {cost} would exceed its budget of {budget}"
+            )
+        self._unfinished += 1
+        self._inflight_cost += cost
+        self._report_depth()
+
     @contextlib.asynccontextmanager
     async def reserve(self, cost: int) -> AsyncIterator[None]:
         """Admit work that runs in this model's thread through `call` instead of the batch
@@ -292,23 +302,9 @@ class BatchScorer:
         full or the scorer is shutting down. Its model calls go through the same one-thread
         executor as the batches, so they never run concurrently with this reranker's scoring,
         and a batch waiting behind it waits for at most the one call (slice) running."""
-        if self._closed:
-            raise QueueFullError(f"reranker '{self.name}' is shutting down")
-        self._ensure_started()
-        if self._unfinished >= self.config.max_queue:
-            raise QueueFullError(
-                f"{self._unfinished} requests are already waiting for reranker '{self.name}'"
-            )
-        budget = self.config.max_inflight_cost
-        if self._inflight_cost and self._inflight_cost + cost > budget:
-            raise QueueFullError(
-                f"reranker '{self.name}' has {self._inflight_cost} estimated tokens of work "
-                f"queued; this request's {cost} would exceed its budget of {budget}"
-            )
+        self._check_queue()
+        self._admit(cost)
         loop = self._loop
-        self._unfinished += 1
-        self._inflight_cost += cost
-        self._report_depth()
         try:
             yield
         finally:

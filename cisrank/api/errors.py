@@ -23,8 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from cisrank.api.middleware import HttpMiddleware, ResponseTracker
 from cisrank.api.schemas import ErrorBody, FieldError
 from cisrank.errors import CisrankError, DataError
 
@@ -82,33 +83,20 @@ def _printable(value: Any) -> Any:
 INTERNAL_ERROR = "internal error; see the server log"
 
 
-class CatchAllMiddleware:
+class CatchAllMiddleware(HttpMiddleware):
     """Answers an exception no handler took with the generic 500 body, logged with its traceback,
     and returns normally, so uvicorn keeps the keep-alive connection (Starlette's own catch-all
     re-raises after answering, and uvicorn then closes the connection). A response that had
     already started cannot be mended: that exception goes on, and the connection is closed."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracker = ResponseTracker(send)
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, tracker)
         except ClientDisconnect:
             raise
         except Exception:
-            if started:
+            if tracker.started:
                 raise
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             response = error_response(500, "internal_error", INTERNAL_ERROR)

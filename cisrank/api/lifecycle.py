@@ -20,45 +20,27 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cisrank.api.schemas import ErrorBody, FieldError
+from cisrank.api.errors import ApiError
+from cisrank.api.middleware import HttpMiddleware, ResponseTracker
+from cisrank.api.schemas import ErrorBody
 
 log = logging.getLogger(__name__)
 
 
-async def send_json_error(
-    send: Send,
-    status: int,
-    code: str,
-    message: str,
-    *,
-    fields: list[FieldError] | None = None,
-    headers: dict[str, str] | None = None,
-) -> None:
-    """One whole `ErrorBody` response through raw ASGI (the shape `cisrank.api.errors` answers)."""
-    body = ErrorBody(error=code, message=message, fields=fields or []).model_dump_json().encode()
+async def send_json_error(send: Send, error: ApiError) -> None:
+    """`error` answered whole through raw ASGI, in the shape `cisrank.api.errors` answers it."""
+    body = ErrorBody(error=error.code, message=error.message, fields=error.fields)
+    data = body.model_dump_json().encode()
     raw = [
         (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
+        (b"content-length", str(len(data)).encode()),
     ]
-    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": raw})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-class _ResponseTracker:
-    """A `send` that remembers whether the response has started (after that, no other answer)."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.started = False
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-        await self._send(message)
-
-
-class ShutdownAnswerMiddleware:
+class ShutdownAnswerMiddleware(HttpMiddleware):
     """503 + Retry-After (JSON) for a request the server stops before answering.
 
     uvicorn cancels the tasks still running when `graceful_timeout_s` has passed after SIGTERM;
@@ -67,14 +49,11 @@ class ShutdownAnswerMiddleware:
     """
 
     def __init__(self, app: ASGIApp, retry_after_s: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.retry_after_s = retry_after_s
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        tracker = _ResponseTracker(send)
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracker = ResponseTracker(send)
         try:
             await self.app(scope, receive, tracker)
         except asyncio.CancelledError:
@@ -88,31 +67,28 @@ class ShutdownAnswerMiddleware:
                 scope.get("method"),
                 scope.get("path"),
             )
-            await send_json_error(
-                send,
+            stopped = ApiError(
                 503,
                 "shutting_down",
                 "the server is shutting down and stopped this request before answering it: "
                 "retry it (on another instance, or once the server is back)",
                 headers={"retry-after": str(self.retry_after_s), "connection": "close"},
             )
+            await send_json_error(send, stopped)
 
 
 class BodyReadTimeout(Exception):
     """The request body did not arrive in time (raised by the timed `receive`)."""
 
 
-class BodyReadTimeoutMiddleware:
+class BodyReadTimeoutMiddleware(HttpMiddleware):
     """408 (JSON) and a closed connection for a body not fully received within `timeout_s`."""
 
     def __init__(self, app: ASGIApp, timeout_s: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.timeout_s = timeout_s
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         body_done = False
@@ -129,18 +105,19 @@ class BodyReadTimeoutMiddleware:
                 body_done = True
             return message
 
-        tracker = _ResponseTracker(send)
+        tracker = ResponseTracker(send)
         try:
             await self.app(scope, timed_receive, tracker)
         except BodyReadTimeout:
             if tracker.started:  # pragma: no cover - our routes read the body before answering
                 raise
             message = f"the request body did not arrive within {self.timeout_s:g} s"
-            await send_json_error(
-                send,
+            late = ApiError(
                 408,
                 "request_timeout",
                 message,
-                fields=[FieldError(field="body", message=message, type="timeout")],
+                field="body",
+                field_type="timeout",
                 headers={"connection": "close"},
             )
+            await send_json_error(send, late)

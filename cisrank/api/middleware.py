@@ -16,11 +16,41 @@ from cisrank.api.metrics import CLIENT_CLOSED_REQUEST, Metrics
 from cisrank.api.schemas import ErrorBody, FieldError
 
 
-class BodyLimitMiddleware:
+class HttpMiddleware:
+    """Raw ASGI middleware that acts on HTTP requests only (`http`); anything else (the lifespan
+    protocol) passes through to the app untouched. Every middleware of the app is one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class ResponseTracker:
+    """A `send` that remembers whether the response has started (after that, no other answer)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+class BodyLimitMiddleware(HttpMiddleware):
     """413 for bodies over the byte limit, declared (Content-Length) or streamed (chunked)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
     async def _reject(self, send: Send, status: int, message: str) -> None:
@@ -38,10 +68,7 @@ class BodyLimitMiddleware:
         )
         await send({"type": "http.response.body", "body": body.encode()})
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
             try:
@@ -110,7 +137,7 @@ class _OverBudget(Exception):
     """Raised out of `receive` when a streamed body's next chunk does not fit the budget."""
 
 
-class BodyBudgetMiddleware:
+class BodyBudgetMiddleware(HttpMiddleware):
     """503 + Retry-After when the request bodies in flight would exceed `max_inflight_bytes`.
 
     Why: every admitted body is held, then parsed into Python objects a few times its size, until
@@ -133,7 +160,7 @@ class BodyBudgetMiddleware:
     def __init__(
         self, app: ASGIApp, max_inflight_bytes: int, max_body_bytes: int, retry_after_s: int
     ) -> None:
-        self.app = app
+        super().__init__(app)
         self.budget = BodyBytesBudget(max_inflight_bytes)
         self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
@@ -178,10 +205,7 @@ class BodyBudgetMiddleware:
         except Exception:  # BodyReadTimeout: the deadline of every body applies
             return
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         held = 0  # bytes reserved for this request
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
@@ -197,7 +221,7 @@ class BodyBudgetMiddleware:
                 return
             held = size
         received = 0
-        responded = False
+        tracker = ResponseTracker(send)
 
         async def counted_receive() -> Message:
             nonlocal held, received
@@ -210,16 +234,10 @@ class BodyBudgetMiddleware:
                     held = received
             return message
 
-        async def watched_send(message: Message) -> None:
-            nonlocal responded
-            if message["type"] == "http.response.start":
-                responded = True
-            await send(message)
-
         try:
-            await self.app(scope, counted_receive, watched_send)
+            await self.app(scope, counted_receive, tracker)
         except _OverBudget:
-            if not responded:
+            if not tracker.started:
                 await self._reject(scope, receive, send, received)
         finally:
             self.budget.give(held)
@@ -228,21 +246,18 @@ class BodyBudgetMiddleware:
 # ------------------------------------------------------------------------------------ metrics
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Counts requests and latency per route template (bounded label cardinality); a request whose
     client hung up before any answer counts as a client abort (499), not as a 500."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, paths: Collection[str] = ()) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
         # Requests answered before routing (413, 408, client aborts) have no route yet: those to
         # one of these paths (the app's routes, no path parameters) are counted under it.
         self.paths = frozenset(paths)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status: int | None = None
         client_gone = False

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cisrank.cli.defaults import field_help
+from cisrank.cli.defaults import config_flag
 from cisrank.cli.options import BatchOpt, DeviceOpt, LanguageModelOpt
 from cisrank.context.config import ArrangeConfig, Arrangement, AssemblerConfig
 from cisrank.errors import CisrankError
@@ -49,10 +49,8 @@ FieldOpt = Annotated[
     list[str] | None,
     typer.Option("--field", help="NAME=VALUE for a custom template's other fields (repeat)."),
 ]
-DocumentOpt = Annotated[
-    str | None, typer.Option("--document", help=field_help(AssemblerConfig, "document"))
-]
-ChatOpt = Annotated[bool | None, typer.Option("--chat", help=field_help(AssemblerConfig, "chat"))]
+DocumentOpt = Annotated[str | None, config_flag(AssemblerConfig, "document", "--document")]
+ChatOpt = Annotated[bool | None, config_flag(AssemblerConfig, "chat", "--chat")]
 TopKOpt = Annotated[
     int | None,
     typer.Option(
@@ -105,12 +103,8 @@ def context(
     query: QueryOpt,
     passages: PassagesOpt,
     model: LanguageModelOpt,
-    arrange: Annotated[
-        str | None, typer.Option("--arrange", help=field_help(ArrangeConfig, "arrange"))
-    ] = None,
-    template: Annotated[
-        str | None, typer.Option("--template", help=field_help(AssemblerConfig, "template"))
-    ] = None,
+    arrange: Annotated[str | None, config_flag(ArrangeConfig, "arrange", "--arrange")] = None,
+    template: Annotated[str | None, config_flag(AssemblerConfig, "template", "--template")] = None,
     field: FieldOpt = None,
     document: DocumentOpt = None,
     chat: ChatOpt = None,
@@ -127,14 +121,11 @@ def context(
         ),
     ] = "words",
     shuffles: Annotated[
-        int | None,
-        typer.Option("--shuffles", min=0, help=field_help(ArrangeConfig, "shuffles")),
+        int | None, config_flag(ArrangeConfig, "shuffles", "--shuffles", min=0)
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(
-            "--seed", help=field_help(ArrangeConfig, "seed", "Seed of shuffles and noise.")
-        ),
+        config_flag(ArrangeConfig, "seed", "--seed", text="Seed of shuffles and noise."),
     ] = None,
     pmi: Annotated[
         bool, typer.Option("--pmi", help="Also gauge PMI against the prompt with no passages.")

@@ -3,6 +3,9 @@ class, so a default is written once (in the class) and the help cannot drift fro
 
 from __future__ import annotations
 
+from typing import Any
+
+import typer
 from pydantic import BaseModel
 
 
@@ -19,3 +22,11 @@ def field_help(config: type[BaseModel], field: str, text: str | None = None) -> 
     elif isinstance(default, bool):  # a flag: on or off, not Python's True or False
         default = "on" if default else "off"
     return f"{help_text} (default {default})".strip()
+
+
+def config_flag(
+    config: type[BaseModel], field: str, *names: str, text: str | None = None, **option: Any
+) -> Any:
+    """A typer option (`names`, `option` such as `min=0`) for one config field, its help read
+    from the field (`field_help`): `Annotated[int | None, config_flag(C, "depth", "--depth")]`."""
+    return typer.Option(*names, help=field_help(config, field, text), **option)

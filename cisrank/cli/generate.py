@@ -27,7 +27,7 @@ from cisrank.cli.context import (
     arrangement,
     load_inputs,
 )
-from cisrank.cli.defaults import field_help
+from cisrank.cli.defaults import config_flag, field_help
 from cisrank.cli.options import DeviceOpt, LanguageModelOpt
 from cisrank.context.config import (
     ArrangeConfig,
@@ -75,19 +75,14 @@ def generate(
         ),
     ] = None,
     template: Annotated[
-        str | None,
-        typer.Option("--template", help=field_help(GenerationAssemblerConfig, "template")),
+        str | None, config_flag(GenerationAssemblerConfig, "template", "--template")
     ] = None,
     field: FieldOpt = None,
     document: DocumentOpt = None,
     chat: ChatOpt = None,
     top_k: TopKOpt = None,
-    tau: Annotated[
-        float | None, typer.Option("--tau", help=field_help(DecoderConfig, "tau"))
-    ] = None,
-    beta: Annotated[
-        float | None, typer.Option("--beta", help=field_help(DecoderConfig, "beta"))
-    ] = None,
+    tau: Annotated[float | None, config_flag(DecoderConfig, "tau", "--tau")] = None,
+    beta: Annotated[float | None, config_flag(DecoderConfig, "beta", "--beta")] = None,
     layers: Annotated[
         str | None,
         typer.Option(
@@ -96,12 +91,10 @@ def generate(
         ),
     ] = None,
     replug_temperature: Annotated[
-        float | None,
-        typer.Option("--replug-temperature", help=field_help(DecoderConfig, "replug_temperature")),
+        float | None, config_flag(DecoderConfig, "replug_temperature", "--replug-temperature")
     ] = None,
     max_new_tokens: Annotated[
-        int | None,
-        typer.Option("--max-new-tokens", min=1, help=field_help(DecoderConfig, "max_new_tokens")),
+        int | None, config_flag(DecoderConfig, "max_new_tokens", "--max-new-tokens", min=1)
     ] = None,
     device: DeviceOpt = None,
 ) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cisrank.cli.defaults import field_help
+from cisrank.cli.defaults import config_flag, field_help
 from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.indexes.kinds import KINDS
 from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
@@ -69,11 +69,6 @@ K1Opt = Annotated[
 BOpt = Annotated[
     float | None, typer.Option("--b", help=field_help(BM25IndexConfig, "b", "BM25 b."))
 ]
-
-
-def _flag(config: type, field: str, *names: str, text: str | None = None) -> Any:
-    """A typer option for one config field, its help read from the field."""
-    return typer.Option(*names, help=field_help(config, field, text))
 
 
 @dataclass(frozen=True)
@@ -135,8 +130,8 @@ def build_bm25(
     out: OutOpt,
     k1: K1Opt = None,
     b: BOpt = None,
-    stopwords: Annotated[str | None, _flag(BM25IndexConfig, "stopwords")] = None,
-    stemmer: Annotated[str | None, _flag(BM25IndexConfig, "stemmer")] = None,
+    stopwords: Annotated[str | None, config_flag(BM25IndexConfig, "stopwords")] = None,
+    stemmer: Annotated[str | None, config_flag(BM25IndexConfig, "stemmer")] = None,
     *,
     build: _Build,
 ) -> None:
@@ -151,7 +146,7 @@ def build_lucene(
     out: OutOpt,
     k1: K1Opt = None,
     b: BOpt = None,
-    threads: Annotated[int | None, _flag(LuceneIndexConfig, "threads")] = None,
+    threads: Annotated[int | None, config_flag(LuceneIndexConfig, "threads")] = None,
     *,
     build: _Build,
 ) -> None:
@@ -166,18 +161,24 @@ D = DenseIndexConfig
 def build_dense(
     corpus: CorpusOpt,
     out: OutOpt,
-    model: Annotated[str | None, _flag(D, "model", "--model", "-m")] = None,
-    index_type: Annotated[str | None, _flag(D, "index_type", "--index-type")] = None,
-    batch_size: Annotated[int | None, _flag(D, "batch_size", "--batch-size")] = None,
-    shard_size: Annotated[int | None, _flag(D, "shard_size", "--shard-size")] = None,
-    normalize: Annotated[bool | None, _flag(D, "normalize", "--normalize/--no-normalize")] = None,
-    max_seq_length: Annotated[int | None, _flag(D, "max_seq_length", "--max-seq-length")] = None,
-    query_prefix: Annotated[str | None, _flag(D, "query_prefix", "--query-prefix")] = None,
-    passage_prefix: Annotated[str | None, _flag(D, "passage_prefix", "--passage-prefix")] = None,
-    hnsw_m: Annotated[int | None, _flag(D, "hnsw_m", "--hnsw-m")] = None,
-    ivf_nlist: Annotated[int | None, _flag(D, "ivf_nlist", "--ivf-nlist")] = None,
-    ivf_nprobe: Annotated[int | None, _flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
-    dtype: Annotated[str | None, _flag(D, "dtype", "--dtype")] = None,
+    model: Annotated[str | None, config_flag(D, "model", "--model", "-m")] = None,
+    index_type: Annotated[str | None, config_flag(D, "index_type", "--index-type")] = None,
+    batch_size: Annotated[int | None, config_flag(D, "batch_size", "--batch-size")] = None,
+    shard_size: Annotated[int | None, config_flag(D, "shard_size", "--shard-size")] = None,
+    normalize: Annotated[
+        bool | None, config_flag(D, "normalize", "--normalize/--no-normalize")
+    ] = None,
+    max_seq_length: Annotated[
+        int | None, config_flag(D, "max_seq_length", "--max-seq-length")
+    ] = None,
+    query_prefix: Annotated[str | None, config_flag(D, "query_prefix", "--query-prefix")] = None,
+    passage_prefix: Annotated[
+        str | None, config_flag(D, "passage_prefix", "--passage-prefix")
+    ] = None,
+    hnsw_m: Annotated[int | None, config_flag(D, "hnsw_m", "--hnsw-m")] = None,
+    ivf_nlist: Annotated[int | None, config_flag(D, "ivf_nlist", "--ivf-nlist")] = None,
+    ivf_nprobe: Annotated[int | None, config_flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
+    dtype: Annotated[str | None, config_flag(D, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
     *,
     engine: Engine,
@@ -206,9 +207,9 @@ def build_dense(
 def build_prior(
     corpus: CorpusOpt,
     out: OutOpt,
-    model: Annotated[str, _flag(PriorIndexConfig, "model", "--model", "-m")],
+    model: Annotated[str, config_flag(PriorIndexConfig, "model", "--model", "-m")],
     max_doc_tokens: Annotated[
-        int | None, _flag(PriorIndexConfig, "max_doc_tokens", "--max-doc-tokens")
+        int | None, config_flag(PriorIndexConfig, "max_doc_tokens", "--max-doc-tokens")
     ] = None,
     batch_size: Annotated[
         int | None,
@@ -219,7 +220,7 @@ def build_prior(
             "value still resumes.",
         ),
     ] = None,
-    dtype: Annotated[str | None, _flag(PriorIndexConfig, "dtype", "--dtype")] = None,
+    dtype: Annotated[str | None, config_flag(PriorIndexConfig, "dtype", "--dtype")] = None,
     device: DeviceOpt = None,
     *,
     engine: Engine,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cisrank.cli.defaults import field_help
+from cisrank.cli.defaults import config_flag
 from cisrank.retrieval.fusion import FusionConfig
 
 
@@ -35,12 +35,8 @@ def search(
     fusion: Annotated[
         str, typer.Option("--fusion", help="How to combine several indexes: rrf.")
     ] = "rrf",
-    rrf_k: Annotated[
-        float | None, typer.Option("--rrf-k", help=field_help(FusionConfig, "k"))
-    ] = None,
-    depth: Annotated[
-        int | None, typer.Option("--depth", help=field_help(FusionConfig, "depth"))
-    ] = None,
+    rrf_k: Annotated[float | None, config_flag(FusionConfig, "k", "--rrf-k")] = None,
+    depth: Annotated[int | None, config_flag(FusionConfig, "depth", "--depth")] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Run tag in the TREC file.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="For dense indexes.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

@@ -13,10 +13,14 @@ The torch backend (`cisrank.lm.torch_backend`) also decodes (`lm.decoding`); a b
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
+
+from cisrank.errors import CisrankError
 
 
 @runtime_checkable
@@ -75,3 +79,64 @@ class LMBackend(Protocol):
         """What changes a log-probability, as bytes the engine hashes into its fingerprint: the
         model's config, the compute type, a sample of the weights."""
         ...
+
+
+# ------------------------------------------------------------------ converted CPU runtimes
+
+
+class ConvertedBackend:
+    """What the CPU runtimes (`ctranslate2_backend`, `onnx_backend`) share: a model converted once
+    into a folder (`folder_key` names it in the cache), loaded in one of the runtime's compute
+    types, scoring only. They keep no state between calls, so the engine feeds whole rows and
+    scores stay independent of the batch. A subclass sets `name`, `compute_types` and `owner`
+    (whose compute types an error names) and loads its runtime after this `__init__`."""
+
+    name: ClassVar[str]
+    compute_types: ClassVar[tuple[str, ...]]
+    owner: ClassVar[str]
+    supports_prefix_cache = False
+    supports_decoding = False
+    device = "cpu"
+
+    def __init__(self, folder: str | Path, compute_type: str, model_name: str) -> None:
+        if compute_type not in self.compute_types:
+            raise CisrankError(
+                f"compute type '{compute_type}' is not one of {self.owner}: "
+                f"{', '.join(self.compute_types)}"
+            )
+        self.folder = Path(folder)
+        self.model_name = model_name or self.folder.name
+        self.compute_type = compute_type
+
+    def prefix_state(self, prefix: Sequence[int]) -> None:
+        return None
+
+    def _no_prefix(self, cached: Any) -> None:
+        """`score_rows` is given no prefix state: there is none to continue."""
+        if cached is not None:
+            raise CisrankError(f"the {self.name} backend keeps no prefix state")
+
+
+def folder_key(folder: Path) -> str:
+    """A short hash of the folder's resolved path and its files' names, sizes and mtimes: what
+    identifies a model folder's content cheaply, so that editing or replacing the model makes a
+    new conversion."""
+    h = hashlib.sha256(str(folder.resolve()).encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        h.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def local_source(model: str, backend: str) -> Path:
+    """The local Hugging Face folder of `model` (resolved as the torch backend resolves it),
+    which a converted runtime is made from."""
+    from cisrank.models.resolve import resolve_model
+
+    source = Path(resolve_model(model))
+    if not (source / "config.json").is_file():
+        raise CisrankError(
+            f"--backend {backend} needs a local model folder (config.json, weights); "
+            f"'{model}' resolved to {source}"
+        )
+    return source

@@ -19,7 +19,6 @@ stores know which model and runtime computed a prior.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ import numpy as np
 
 from cisrank import env
 from cisrank.errors import CisrankError, MissingExtraError
+from cisrank.lm.backend import ConvertedBackend, folder_key, local_source
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +48,13 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
-def _folder_key(folder: Path) -> str:
-    """What identifies a model folder's content cheaply: every file's name, size and mtime."""
-    h = hashlib.sha256(str(folder.resolve()).encode())
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = path.stat()
-        h.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return h.hexdigest()[:24]
-
-
 def converted_folder(source: str | Path, cache: str | Path | None = None) -> Path:
     """The CTranslate2 conversion of the Hugging Face folder `source`, made once (float32
     weights) and kept under `cache` (default: `<user cache>/cisrank/ctranslate2`)."""
     ct2 = import_ctranslate2()
     source = Path(source)
     root = Path(cache) if cache is not None else env.user_cache_dir() / "cisrank" / "ctranslate2"
-    final = root / f"{source.name}-{_folder_key(source)}"
+    final = root / f"{source.name}-{folder_key(source)}"
     if (final / PROVENANCE).is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -88,13 +79,12 @@ def converted_folder(source: str | Path, cache: str | Path | None = None) -> Pat
     return final
 
 
-class CTranslate2Backend:
+class CTranslate2Backend(ConvertedBackend):
     """A converted model (`converted_folder`) as an `LMBackend`, scoring only."""
 
     name = "ctranslate2"
-    supports_prefix_cache = False
-    supports_decoding = False
-    device = "cpu"
+    compute_types = COMPUTE_TYPES
+    owner = "CTranslate2's"
 
     def __init__(
         self,
@@ -105,21 +95,14 @@ class CTranslate2Backend:
         threads: int = 0,
         model_name: str = "",
     ) -> None:
-        if compute_type not in COMPUTE_TYPES:
-            raise CisrankError(
-                f"compute type '{compute_type}' is not one of CTranslate2's: "
-                f"{', '.join(COMPUTE_TYPES)}"
-            )
+        super().__init__(folder, compute_type, model_name)
         ct2 = import_ctranslate2()
-        folder = Path(folder)
-        self.model_name = model_name or folder.name
-        self.compute_type = compute_type
         self.tokenizer = tokenizer
         self.generator = ct2.Generator(
-            str(folder), device="cpu", compute_type=compute_type, intra_threads=threads
+            str(self.folder), device="cpu", compute_type=compute_type, intra_threads=threads
         )
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        self._provenance = (folder / PROVENANCE).read_bytes()
+        config = json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
+        self._provenance = (self.folder / PROVENANCE).read_bytes()
         source = json.loads(self._provenance)["source"]
         hf = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
         self.max_positions: int | None = hf.get("max_position_embeddings")
@@ -131,14 +114,10 @@ class CTranslate2Backend:
         runtime and compute type)."""
         return [self._provenance, self._config]
 
-    def prefix_state(self, prefix: Sequence[int]) -> None:
-        return None
-
     def score_rows(
         self, rows: Sequence[Sequence[int]], context: Sequence[int], pad_id: int, cached: Any = None
     ) -> np.ndarray:
-        if cached is not None:
-            raise CisrankError("the ctranslate2 backend keeps no prefix state")
+        self._no_prefix(cached)
         tokens = [self.tokenizer.convert_ids_to_tokens(list(row)) for row in rows]
         results = self.generator.score_batch(tokens, max_input_length=0)
         out: list[float] = []
@@ -161,14 +140,7 @@ def load_ctranslate2(
     it, converted once, loaded in `compute_type`."""
     from transformers import AutoTokenizer
 
-    from cisrank.models.resolve import resolve_model
-
-    source = Path(resolve_model(model))
-    if not (source / "config.json").is_file():
-        raise CisrankError(
-            f"--backend ctranslate2 needs a local model folder (config.json, weights); "
-            f"'{model}' resolved to {source}"
-        )
+    source = local_source(model, "ctranslate2")
     folder = converted_folder(source, cache)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     backend = CTranslate2Backend(

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from cisrank.errors import CisrankError
+from cisrank.lm.backend import ConvertedBackend, local_source
 from cisrank.lm.batching import pad_batch
 from cisrank.lm.onnx_export import (
     PROVENANCE,
@@ -110,13 +111,12 @@ def exported_folder(
     return final
 
 
-class OnnxBackend:
+class OnnxBackend(ConvertedBackend):
     """An exported model (`exported_folder`) as an `LMBackend`, scoring only."""
 
     name = "onnx"
-    supports_prefix_cache = False
-    supports_decoding = False
-    device = "cpu"
+    compute_types = COMPUTE_TYPES
+    owner = "the onnx backend's"
 
     def __init__(
         self,
@@ -127,22 +127,15 @@ class OnnxBackend:
         head_chunk_rows: int = 1024,
         model_name: str = "",
     ) -> None:
-        if compute_type not in COMPUTE_TYPES:
-            raise CisrankError(
-                f"compute type '{compute_type}' is not one of the onnx backend's: "
-                f"{', '.join(COMPUTE_TYPES)}"
-            )
+        super().__init__(folder, compute_type, model_name)
         ort = import_onnxruntime()
-        folder = Path(folder)
-        self.model_name = model_name or folder.name
-        self.compute_type = compute_type
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(
-            str(folder / BODY[compute_type]), options, providers=["CPUExecutionProvider"]
+            str(self.folder / BODY[compute_type]), options, providers=["CPUExecutionProvider"]
         )
-        self._provenance = (folder / PROVENANCE).read_bytes()
+        self._provenance = (self.folder / PROVENANCE).read_bytes()
         info = json.loads(self._provenance)
         self.max_positions: int | None = info["max_positions"]
         self.num_layers = int(info["num_layers"])
@@ -150,15 +143,12 @@ class OnnxBackend:
         self._softcap = info.get("final_logit_softcapping")
         import torch
 
-        self._head = torch.from_numpy(np.load(folder / HEAD))
+        self._head = torch.from_numpy(np.load(self.folder / HEAD))
         self.head_chunk_rows = head_chunk_rows
 
     def identity(self) -> list[bytes]:
         """The source model's torch fingerprint (the engine adds the runtime and compute type)."""
         return [self._provenance]
-
-    def prefix_state(self, prefix: Sequence[int]) -> None:
-        return None
 
     def score_rows(
         self,
@@ -169,8 +159,7 @@ class OnnxBackend:
     ) -> np.ndarray:
         import torch
 
-        if cached is not None:
-            raise CisrankError("the onnx backend keeps no prefix state")
+        self._no_prefix(cached)
         ids, mask, _ = pad_batch(rows, pad_id)
         positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
         (hidden,) = self.session.run(
@@ -209,14 +198,7 @@ def load_onnx(
     `compute_type`."""
     from transformers import AutoTokenizer
 
-    from cisrank.models.resolve import resolve_model
-
-    source = Path(resolve_model(model))
-    if not (source / "config.json").is_file():
-        raise CisrankError(
-            f"--backend onnx needs a local model folder (config.json, weights); '{model}' "
-            f"resolved to {source}"
-        )
+    source = local_source(model, "onnx")
     folder = exported_folder(source, compute_type, cache)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     backend = OnnxBackend(folder, compute_type=compute_type, threads=threads, model_name=model)

