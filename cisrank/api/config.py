@@ -46,10 +46,15 @@ class RerankerSpec(ComponentConfig):
     """One served reranker: a registry kind (or `module:factory`), its model and options."""
 
     kind: str = Field(
-        description="A registered reranker kind (dense, cis, distilled, ...), or an import path "
-        "'package.module:factory' for a custom reranker factory called as factory(model, **options)."
+        description="A reranker kind (cis, cross-encoder, dense, hybrid; a distilled student is "
+        "a cross-encoder), or an import path 'package.module:factory' for a custom reranker "
+        "factory called as factory(model, **options)."
     )
-    model: str | None = Field(default=None, description="Hugging Face id or local folder.")
+    model: str | None = Field(
+        default=None,
+        description="Hugging Face id, local folder or pulled model's name (`cisrank models "
+        "list`); the kind's default model when unset.",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options passed to the reranker factory."
     )

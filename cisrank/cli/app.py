@@ -7,6 +7,7 @@ turns a `CisrankError` into its one-line message and exit code.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import PurePath
@@ -61,14 +62,29 @@ def _plain_value_types(command: Any) -> None:
             param.display_type_rich = _shown_as(_item_type(param))  # type: ignore[method-assign,assignment]
 
 
+def _unwrapped(text: str | None) -> str | None:
+    """Each paragraph of a command's help as one line, for the terminal to wrap: typer's rich
+    help keeps the line breaks of a docstring after its first paragraph, so source lines of 95
+    characters came out as ragged half-lines on an 80-column terminal. Paragraphs stay apart,
+    and one marked with click's `\b` keeps its lines."""
+    if not text:
+        return text
+    paragraphs = text.split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
 class _Cisrank(TyperGroup):
     """The root command: its tree is built once per run (typer builds it from `app`), and this
-    sets every command's value types for the help as it is built."""
+    sets every command's value types and help paragraphs for the help as it is built."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for command in _commands(self):
             _plain_value_types(command)
+            command.help = _unwrapped(command.help)
 
 
 app = typer.Typer(
@@ -106,6 +122,11 @@ def version() -> None:
 def main() -> None:
     from cisrank.log import setup_logging
 
+    # transformers draws a "Loading weights" bar of its own for every model it loads (two for
+    # one dense reranker), interleaved with cisrank's output; cisrank's own bars are plain tqdm
+    # and stay. Read when huggingface_hub is first imported, which no verb has done yet here;
+    # set it to 0 to see them again.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     setup_logging()
     try:
         app()

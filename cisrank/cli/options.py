@@ -112,7 +112,12 @@ PassageRerankerOpt = Annotated[
 """`--reranker` of a verb with no first stage (`rerank` is given the passages) and so no `none`."""
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Model for the reranker: Hugging Face id or local folder."),
+    typer.Option(
+        "--model",
+        "-m",
+        help="Model for the reranker: a Hugging Face id, a local folder or a pulled model's name "
+        "(cisrank models list); unset, the kind's default (dense: all-MiniLM-L6-v2).",
+    ),
 ]
 LanguageModelOpt = Annotated[
     str,

@@ -348,6 +348,7 @@ def serve(
     reranker's encoder), /v1/models, /healthz, /readyz, /metrics; the OpenAPI docs at /docs.
 
     Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/msmarco.
+
     Several models: cisrank serve --config server.yaml.
 
     Start: the config, every index, prior store and pulled model are checked and the port is

@@ -220,6 +220,16 @@ def test_serve_help_lists_the_real_kinds_and_every_route():
         assert route in text, route
     for route in ["/v1/models", "/healthz", "/readyz", "/metrics"]:
         assert route in text, route
+    # --reranker names its choices, and no first stage (serve has none)
+    rows = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "300"}).output
+    row = next(line for line in rows.splitlines() if line.strip("│ ").startswith("--reranker"))
+    assert "(cis, cross-encoder, dense, hybrid, or package.module:factory" in row, row
+    assert "first-stage" not in row and "..." not in row, row
+    # the server config's schema (OpenAPI-like docs of `kind`) offers no 'distilled' kind either
+    from cisrank.api.config import RerankerSpec
+
+    kind_help = RerankerSpec.model_fields["kind"].description or ""
+    assert "(cis, cross-encoder, dense, hybrid;" in kind_help and "distilled," not in kind_help
 
 
 def test_a_damaged_pulled_model_refuses_the_start(tmp_path, monkeypatch):

@@ -26,6 +26,8 @@ def test_cli_rerank_dense(tiny_bert_dir, tmp_path):
     out = json.loads(p.stdout)
     assert {r["id"] for r in out["results"]} == {"x", "1"}
     assert out["results"][0]["score"] >= out["results"][1]["score"]
+    # transformers' own "Loading weights" bars (two of them) stay out of cisrank's output
+    assert "Loading weights" not in p.stderr and "it/s" not in p.stderr, p.stderr
 
 
 def _rerank(tmp_path, *args: str, lines: tuple[str, ...] = ("a passage",)):
