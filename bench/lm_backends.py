@@ -63,6 +63,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--backends", default=",".join(DEFAULT))
     p.add_argument("--name", default="")
+    p.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        help="also write each backend's TREC run here (NAME.trec)",
+    )
     args = p.parse_args()
 
     set_threads(args.threads)
@@ -117,6 +123,8 @@ def main() -> None:
                 for q in qids
             }
             run = Run.from_scores(name, ranked)
+            if args.runs is not None:
+                run.write_trec(args.runs / f"{name.replace(':', '-')}.trec")
             per_query[name] = M.per_query(run, qrels, ["nDCG@10"])["nDCG@10"]
             row["nDCG@10"] = round(float(np.mean(list(per_query[name].values()))), 4)
         out[name] = row
