@@ -20,3 +20,11 @@ def own_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr(integrity, "_MEMORY", {})
     monkeypatch.setattr(integrity, "_WARNED", set())
     return cache
+
+
+@pytest.fixture
+def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The model home every pull of a test writes to, its own."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("CISRANK_MODEL_HOME", str(home))
+    return home

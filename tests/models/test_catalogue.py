@@ -35,13 +35,6 @@ def _use(monkeypatch: pytest.MonkeyPatch, *entries: C.CatalogueEntry) -> None:
 
 
 @pytest.fixture
-def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    monkeypatch.setenv("CISRANK_MODEL_HOME", str(home))
-    return home
-
-
-@pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch, tiny_gpt2_dir: Path) -> list[bytes]:
     """The GGUF converter replaced by a copy of a tiny model; records the bytes it was given."""
     seen: list[bytes] = []

@@ -39,13 +39,6 @@ PASSAGES = [
 
 
 @pytest.fixture
-def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    monkeypatch.setenv("CISRANK_MODEL_HOME", str(home))
-    return home
-
-
-@pytest.fixture
 def wheels(tmp_path: Path) -> Path:
     one_part_wheel(tmp_path / "wheels")
     return tmp_path / "wheels"
