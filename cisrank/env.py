@@ -11,6 +11,7 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README'
 | `CISRANK_SERVER_CONFIG` | the server config as JSON, handed from `cisrank serve` to its workers |
 | `CISRANK_SERVE_STATUS` | a folder where `cisrank serve`'s workers report their models loaded or failed |
 | `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
+| `CISRANK_LM_BACKEND` | the causal LM's runtime where `--backend auto` (the default) is asked: torch, onnx or ctranslate2 |
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ API_KEYS = "CISRANK_API_KEYS"
 SERVER_CONFIG = "CISRANK_SERVER_CONFIG"
 SERVE_STATUS = "CISRANK_SERVE_STATUS"
 MODEL_HOME = "CISRANK_MODEL_HOME"
+LM_BACKEND = "CISRANK_LM_BACKEND"
 
 
 def _get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -70,6 +72,12 @@ def set_serve_status_dir(path: Path) -> None:
 def model_home() -> Path | None:
     value = _get(MODEL_HOME)
     return Path(value).expanduser() if value else None
+
+
+def lm_backend(environ: Mapping[str, str] | None = None) -> str | None:
+    """The backend `auto` must mean in this process, when set (lower-cased)."""
+    value = _get(LM_BACKEND, environ)
+    return value.strip().lower() if value else None
 
 
 def user_cache_dir() -> Path:

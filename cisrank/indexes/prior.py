@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
@@ -73,6 +73,11 @@ class PriorIndexConfig(IndexConfig):
         default=None,
         description="float32, bfloat16, float16 (default: the device's, as the reranker picks "
         "it); part of the store's key, so it must match the reranker's.",
+    )
+    backend: Literal["auto", "torch", "ctranslate2", "onnx"] = Field(
+        default="auto",
+        description="Runtime of the causal LM, as the reranker's --backend (auto: onnx int8 on "
+        "a CPU with the onnx extra); part of the store's key, so it must match the reranker's.",
     )
 
     @field_validator("model", mode="before")
@@ -121,7 +126,7 @@ def build_prior(
     (the engine's default when None). `resume` needs no handling: whatever an interrupted run
     committed is found in the store by its key and not computed again.
     """
-    from cisrank.lm.engine import CausalLMEngine
+    from cisrank.lm.backends import load_engine
     from cisrank.rerank.cis import CISReranker
     from cisrank.rerank.prior_store import PriorStore
 
@@ -144,7 +149,13 @@ def build_prior(
         )
     (out / TABLE_FILE).unlink(missing_ok=True)  # a Ray build's table, if the engine changed
     # The model first: a bad --model fails before any file of the index is written.
-    lm = CausalLMEngine(config.model, device=device, dtype=config.dtype, batch_tokens=batch_tokens)
+    lm = load_engine(
+        str(config.model),
+        backend=config.backend,
+        device=device,
+        dtype=config.dtype,
+        batch_tokens=batch_tokens,
+    )
     store = PriorStore(out / PRIOR_FILE)
     try:
         reranker = CISReranker(
@@ -168,6 +179,7 @@ def build_prior(
                     config.dtype,
                     batch_tokens,
                     device,
+                    config.backend,
                     store=str(out / PRIOR_FILE),
                 ),
                 pool - 1,
@@ -239,14 +251,19 @@ class _PriorModel:
     dtype: str | None
     batch_tokens: int | None
     device: str | None
+    backend: str
 
     def reranker(self, prior_store: Any = None) -> Any:
         """The CIS reranker, keeping its priors in `prior_store` (None: in its memory)."""
-        from cisrank.lm.engine import CausalLMEngine
+        from cisrank.lm.backends import load_engine
         from cisrank.rerank.cis import CISReranker
 
-        engine = CausalLMEngine(
-            self.model, device=self.device, dtype=self.dtype, batch_tokens=self.batch_tokens
+        engine = load_engine(
+            self.model,
+            backend=self.backend,
+            device=self.device,
+            dtype=self.dtype,
+            batch_tokens=self.batch_tokens,
         )
         return CISReranker(
             self.model,
@@ -372,6 +389,7 @@ def build_prior_ray(
         config.dtype,
         batch_tokens,
         device,
+        config.backend,
         batch_size=batch_size,
     )
     job = job_wrapper(base) if job_wrapper is not None else base

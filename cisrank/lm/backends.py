@@ -1,21 +1,38 @@
-"""Engines by backend name: `torch` (exact, CPU or GPU, the default), `ctranslate2` and `onnx`
-(CPU runtimes with float32 and int8 compute types, optional extras).
+"""Engines by backend name: `torch` (exact, CPU or GPU), `ctranslate2` and `onnx` (CPU runtimes
+with float32 and int8 compute types, optional extras), and `auto`, the default, which picks one.
 
 What each costs and gains on this project's CPU is measured in one interleaved run
-(`bench/lm_backends.py`, bench/RESULTS.md); a backend other than torch is only used when asked
-(`--backend`), and a prior store keeps the priors of each backend and compute type apart (the
-engine's fingerprint names them).
+(`bench/lm_backends.py`, bench/RESULTS.md: DL21, BM25 top 20, 1,060 pairs, one thread on an AVX2
+host without VNNI). ONNX Runtime int8 scored 1.73x the torch engine's pairs/s at nDCG@10 -0.0048
+(paired t-test p = 0.52), the only candidate over the issue's bar (>= 1.3x, <= 0.01 lost,
+p > 0.05); CTranslate2 int8 was 1.53x at -0.0040, float32 ONNX 1.25x. So `auto` means:
+
+- torch on a GPU (bf16 there is what the hardware rewards; ONNX Runtime here is CPU only);
+- torch where an exact float type is asked for (`--dtype float32`, ...);
+- ONNX int8 on a CPU where the `onnx` extra is installed; torch float32 where it is not;
+- `CISRANK_LM_BACKEND` (torch, onnx, ctranslate2) overrides the choice process-wide: a
+  deployment that must reproduce the torch figures to the last decimal, and the test suite,
+  whose brute-force references are float32, set it to `torch`.
+
+int8 scores differ from float32 by quantization noise (up to a few nats on a pair), so a prior
+store keeps the priors of each backend and compute type apart (the engine's fingerprint names
+them) and every teacher set records the backend that really ran, never `auto`.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from typing import Any
 
+from cisrank import env
 from cisrank.errors import CisrankError
 from cisrank.lm.backend import LMBackend
 from cisrank.lm.engine import CausalLMEngine
 
-BACKENDS = ("torch", "ctranslate2", "onnx")
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "ctranslate2", "onnx")
 COMPUTE_TYPES = {
     "torch": ("float32", "bfloat16", "float16", "float64"),
     "ctranslate2": ("float32", "int8_float32", "int8"),
@@ -27,11 +44,45 @@ def check_backend(backend: str, dtype: str | None) -> None:
     if backend not in BACKENDS:
         raise CisrankError(f"unknown LM backend '{backend}': one of {', '.join(BACKENDS)}")
     # torch also takes short names (bf16, fp32): its own resolver checks those
-    if backend != "torch" and dtype not in (None, "auto", *COMPUTE_TYPES[backend]):
+    if backend not in ("torch", "auto") and dtype not in (None, "auto", *COMPUTE_TYPES[backend]):
         raise CisrankError(
             f"--dtype {dtype} is not a compute type of the {backend} backend: one of "
             f"{', '.join(COMPUTE_TYPES[backend])}"
         )
+
+
+def _on_gpu(device: str | None) -> bool:
+    if device not in (None, "auto"):
+        return not str(device).startswith("cpu")
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_backend(
+    backend: str, device: str | None = None, dtype: str | None = None
+) -> tuple[str, str | None]:
+    """The (backend, compute type) that `backend` and `dtype` ask for, `auto` made concrete by
+    the rules of this module's docstring; other backends pass through, checked."""
+    check_backend(backend, dtype)
+    if backend != "auto":
+        return backend, dtype
+    forced = env.lm_backend()
+    if forced is not None:
+        if forced not in BACKENDS or forced == "auto":
+            raise CisrankError(
+                f"{env.LM_BACKEND}={forced!r} is not an LM backend: one of "
+                f"{', '.join(b for b in BACKENDS if b != 'auto')}"
+            )
+        return resolve_backend(forced, device, dtype)
+    if dtype == "int8":
+        return "onnx", "int8"
+    if dtype not in (None, "auto") or _on_gpu(device):
+        return "torch", dtype
+    if importlib.util.find_spec("onnxruntime") is None:
+        log.info("onnxruntime is not installed (extra 'onnx'): the causal LM runs on torch float32")
+        return "torch", dtype
+    return "onnx", "int8"
 
 
 def load_engine(
@@ -44,10 +95,10 @@ def load_engine(
     **options: Any,
 ) -> CausalLMEngine:
     """A `CausalLMEngine` for `model` on `backend` in `dtype` (the backend's compute type;
-    default float32 on CPU, bf16 on a GPU for torch). `threads`: intra-op threads of a
-    ctranslate2 or onnx runtime (default: torch's, which `--threads-per-worker` sets); `options`
-    are the engine's batching options."""
-    check_backend(backend, dtype)
+    default float32 on CPU, bf16 on a GPU for torch; `auto` as `resolve_backend` says).
+    `threads`: intra-op threads of a ctranslate2 or onnx runtime (default: torch's, which
+    `--threads-per-worker` sets); `options` are the engine's batching options."""
+    backend, dtype = resolve_backend(backend, device, dtype)
     if backend == "torch":
         return CausalLMEngine(model, device=device, dtype=dtype, **options)
     if device not in (None, "auto", "cpu"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cisrank.errors import CisrankError
-from cisrank.lm.backends import load_engine
+from cisrank.lm.backends import load_engine, resolve_backend
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.lm.prompts import (
     CHAT,
@@ -74,6 +74,15 @@ class CISReranker(BaseReranker):
         self.config = (config or CISRerankerConfig()).replace(
             model=model, prior_store=path, **options
         )
+        if engine is None:
+            # `auto` made concrete here, so that the config (what describes this reranker in
+            # teacher sets, logs and /v1/models) names the runtime that really scores.
+            backend, dtype = resolve_backend(
+                self.config.backend, self.config.device, self.config.dtype
+            )
+            self.config = self.config.replace(backend=backend, dtype=dtype)
+        else:
+            self.config = self.config.replace(backend=engine.backend.name)
         self.engine = engine or load_engine(
             self.config.model,
             backend=self.config.backend,

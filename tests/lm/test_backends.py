@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cisrank.errors import CisrankError
-from cisrank.lm.backends import load_engine
+from cisrank.lm import backends as backends_module
+from cisrank.lm.backends import load_engine, resolve_backend
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
 from cisrank.testing import SAMPLE_SENTENCES
@@ -63,3 +64,68 @@ def test_unknown_backends_and_compute_types_are_one_line_errors(tiny_llama_dir):
         load_engine(str(tiny_llama_dir), backend="tensorrt")
     with pytest.raises(CisrankError, match="not a compute type of the onnx backend"):
         load_engine(str(tiny_llama_dir), backend="onnx", dtype="int4")
+
+
+def _no_onnxruntime(monkeypatch):
+    real = backends_module.importlib.util.find_spec
+    monkeypatch.setattr(
+        backends_module.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "onnxruntime" else real(name, *a),
+    )
+
+
+def test_auto_means_onnx_int8_on_a_cpu_and_torch_where_exactness_or_a_gpu_is_asked(monkeypatch):
+    monkeypatch.delenv("CISRANK_LM_BACKEND")
+    pytest.importorskip("onnxruntime")
+    # the measured choice (bench/RESULTS.md: 1.73x, nDCG@10 -0.0048 on DL21)
+    assert resolve_backend("auto", "cpu", None) == ("onnx", "int8")
+    assert resolve_backend("auto", "cpu", "auto") == ("onnx", "int8")
+    assert resolve_backend("auto", "cpu", "int8") == ("onnx", "int8")
+    # an explicit float type asks for the exact runtime; a GPU gets torch (bf16 by its rules)
+    assert resolve_backend("auto", "cpu", "float32") == ("torch", "float32")
+    assert resolve_backend("auto", "cpu", "bf16") == ("torch", "bf16")
+    assert resolve_backend("auto", "cuda:0", None) == ("torch", None)
+    # named backends pass through
+    assert resolve_backend("ctranslate2", "cpu", "int8") == ("ctranslate2", "int8")
+    assert resolve_backend("torch", "cpu", None) == ("torch", None)
+    # without the onnx extra, auto is torch float32 rather than an error
+    _no_onnxruntime(monkeypatch)
+    assert resolve_backend("auto", "cpu", None) == ("torch", None)
+
+
+def test_the_environment_variable_decides_what_auto_means(monkeypatch):
+    monkeypatch.setenv("CISRANK_LM_BACKEND", "torch")
+    assert resolve_backend("auto", "cpu", None) == ("torch", None)
+    monkeypatch.setenv("CISRANK_LM_BACKEND", " ONNX ")
+    assert resolve_backend("auto", "cpu", "float32") == ("onnx", "float32")
+    # it never overrides a backend named on the command line
+    assert resolve_backend("torch", "cpu", None) == ("torch", None)
+    for bad in ("auto", "tensorrt"):
+        monkeypatch.setenv("CISRANK_LM_BACKEND", bad)
+        with pytest.raises(CisrankError, match=f"CISRANK_LM_BACKEND='{bad}' is not an LM backend"):
+            resolve_backend("auto", "cpu", None)
+
+
+def test_a_cis_reranker_on_auto_records_the_runtime_that_scores(
+    tiny_llama_dir, torch_engine, tmp_path, monkeypatch
+):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.delenv("CISRANK_LM_BACKEND")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reranker = CISReranker(str(tiny_llama_dir), estimator="reverse", device="cpu")
+    assert (reranker.config.backend, reranker.config.dtype) == ("onnx", "int8")
+    assert (reranker.engine.backend.name, reranker.engine.compute_type) == ("onnx", "int8")
+    assert reranker.engine.fingerprint() != torch_engine.fingerprint()
+    # an engine handed in names the backend, whatever the config asked
+    shared = CISReranker(str(tiny_llama_dir), engine=torch_engine, estimator="reverse")
+    assert shared.config.backend == "torch"
+    monkeypatch.setenv("CISRANK_LM_BACKEND", "torch")
+    exact = CISReranker(str(tiny_llama_dir), estimator="reverse", device="cpu")
+    assert exact.config.backend == "torch" and exact.engine.backend.name == "torch"
+    assert np.allclose(
+        exact.score(QUERY, SAMPLE_SENTENCES[:5]),
+        shared.score(QUERY, SAMPLE_SENTENCES[:5]),
+        atol=1e-6,
+        rtol=0,
+    )
