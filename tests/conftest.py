@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The brute-force references of the LM tests are float32 torch: `--backend auto` (the default,
-# ONNX int8 on a CPU) is pinned to the exact runtime here; tests of `auto` pass their own environ.
+# The brute-force references of the LM tests are float32 torch: `--backend auto` (ONNX int8 on a
+# CPU) is pinned to the exact runtime here; tests of `auto` set their own environment.
 os.environ["CISRANK_LM_BACKEND"] = "torch"
 
 from builders import write_set

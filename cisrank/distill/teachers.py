@@ -109,7 +109,10 @@ class CISTeacher(RerankerTeacher):
         self.cis: CISReranker = self.reranker
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "fingerprint": self.cis.engine.fingerprint()}
+        # the runtime that really scored (`--backend auto` names a choice, not a runtime)
+        ran = {"backend": self.cis.config.backend, "dtype": self.cis.config.dtype}
+        out = {**super().describe(), **{k: v for k, v in ran.items() if v is not None}}
+        return {**out, "fingerprint": self.cis.engine.fingerprint()}
 
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]

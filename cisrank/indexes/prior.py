@@ -75,7 +75,7 @@ class PriorIndexConfig(IndexConfig):
         "it); part of the store's key, so it must match the reranker's.",
     )
     backend: Literal["auto", "torch", "ctranslate2", "onnx"] = Field(
-        default="auto",
+        default="torch",
         description="Runtime of the causal LM, as the reranker's --backend (auto: onnx int8 on "
         "a CPU with the onnx extra); part of the store's key, so it must match the reranker's.",
     )

@@ -77,11 +77,11 @@ class CISRerankerConfig(ComponentConfig):
     )
     device: str | None = None
     backend: Annotated[LMBackendName, Flag()] = Field(
-        default="auto",
+        default="torch",
         description="Runtime of the causal LM: torch (exact, CPU or GPU), ctranslate2 or onnx "
         "(CPU; extras of those names; measured in bench/lm_backends.py); auto: onnx int8 on a "
-        "CPU with the onnx extra (1.73x torch, nDCG@10 -0.005 on DL21), torch on a GPU or with "
-        "an explicit float --dtype; $CISRANK_LM_BACKEND overrides.",
+        "CPU with the onnx extra (faster, scores move by quantization noise), torch on a GPU "
+        "or with an explicit float --dtype, or what $CISRANK_LM_BACKEND names.",
     )
     dtype: Annotated[str | None, Flag()] = Field(
         default=None,

@@ -204,3 +204,14 @@ def test_shards_by_passage_hold_every_pair_once_in_a_fixed_plan(source):
         assert ids == sorted(set(ids), key=order.index)
     with pytest.raises(ValueError, match="query' or 'passage"):
         shard_plan(source, 5, "docid")
+
+
+def test_a_cis_teacher_on_auto_records_the_runtime_that_scored(
+    source, tiny_gpt2_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CISRANK_LM_BACKEND", "torch")  # what `auto` means in this process
+    teacher = load_teacher("cis", str(tiny_gpt2_dir), template="qa", backend="auto")
+    assert teacher.describe()["backend"] == "torch"
+    res = generate(source, teacher, tmp_path / "rows", shard_pairs=12, progress=False)
+    recorded = res.manifest["identity"]["teacher"]
+    assert recorded["backend"] == "torch" and recorded["fingerprint"]
