@@ -42,6 +42,12 @@ from cisrank.errors import CisrankError
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 
 
+def _count(default: int | None, description: str) -> Any:
+    """A field that counts something (documents, tokens, processes): at least 1; None, where the
+    field allows it, for a value chosen at start."""
+    return Field(default=default, ge=1, description=description)
+
+
 class RerankerSpec(ComponentConfig):
     """One served reranker: a registry kind (or `module:factory`), its model and options."""
 
@@ -58,17 +64,16 @@ class RerankerSpec(ComponentConfig):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options passed to the reranker factory."
     )
-    workers: int | None = Field(
-        default=None,
-        ge=1,
-        description="Processes this reranker's model work runs on, each with its own copy of "
+    workers: int | None = _count(
+        None,
+        "Processes this reranker's model work runs on, each with its own copy of "
         "the model (`cisrank.workers`): one request's passages are shared among them. Default: "
         "one per CPU core for the causal-LM kinds (cis, hybrid), whose 100-passage requests "
         "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
         "(N HTTP processes, each with its own rerankers), set it to cores / N.",
     )
-    threads_per_worker: int | None = Field(
-        default=None, ge=1, description="Torch threads of each of those processes (default 1)."
+    threads_per_worker: int | None = _count(
+        None, "Torch threads of each of those processes (default 1)."
     )
 
 
@@ -81,33 +86,26 @@ class IndexSpec(ComponentConfig):
 class Limits(ComponentConfig):
     """Request limits: anything over them is answered with a 4xx naming the field."""
 
-    max_documents: int = Field(default=1000, ge=1, description="Documents per rerank request.")
-    max_document_chars: int = Field(
-        default=32_768, ge=1, description="Characters per document (before token truncation)."
-    )
-    max_query_chars: int = Field(
-        default=8_192,
-        ge=1,
-        description="Characters of a query; also of a /v1/context or /v1/generate template, "
+    max_documents: int = _count(1000, "Documents per rerank request.")
+    max_document_chars: int = _count(32_768, "Characters per document (before token truncation).")
+    max_query_chars: int = _count(
+        8_192,
+        "Characters of a query; also of a /v1/context or /v1/generate template, "
         "its document format and each of its fields.",
     )
-    max_id_chars: int = Field(
-        default=256,
-        ge=1,
-        description="Characters of a document's id in /v1/context and /v1/generate, where a "
+    max_id_chars: int = _count(
+        256,
+        "Characters of a document's id in /v1/context and /v1/generate, where a "
         "document format can render it into the prompt.",
     )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Request bodies over this get 413."
     )
-    max_search_top_n: int = Field(default=1000, ge=1, description="Largest top_n/depth of search.")
-    max_new_tokens: int = Field(
-        default=256, ge=1, description="Most tokens one /v1/generate request may generate."
-    )
-    max_generate_documents: int = Field(
-        default=32,
-        ge=1,
-        description="Passages of one /v1/generate request (each is its own row of every "
+    max_search_top_n: int = _count(1000, "Largest top_n/depth of search.")
+    max_new_tokens: int = _count(256, "Most tokens one /v1/generate request may generate.")
+    max_generate_documents: int = _count(
+        32,
+        "Passages of one /v1/generate request (each is its own row of every "
         "decoding step of the document-parallel modes).",
     )
     max_inflight_body_bytes: int = Field(
@@ -120,10 +118,9 @@ class Limits(ComponentConfig):
         "until its response is sent, so the default (256 MiB) keeps a server with a small model "
         "within 2 GB; at least `max_body_bytes`, so that any allowed body can get in alone.",
     )
-    max_request_cost: int = Field(
-        default=1024 * 1024,
-        ge=1,
-        description="Estimated tokens one rerank request may cost: the sum over its documents of "
+    max_request_cost: int = _count(
+        1024 * 1024,
+        "Estimated tokens one rerank request may cost: the sum over its documents of "
         "the tokens of (query, document), estimated as characters / 4 (after "
         "`max_tokens_per_doc`), each pair capped at the model's `max_length` where it has one. "
         "Over it: 422 naming `documents` (or `depth` for a reranked search).",
@@ -139,16 +136,14 @@ class Limits(ComponentConfig):
 class BatchingConfig(ComponentConfig):
     """How concurrent requests share model batches (see `cisrank.api.batching`)."""
 
-    max_batch_passages: int = Field(
-        default=256,
-        ge=1,
-        description="Passages per model call; bigger requests are split into chunks of this size "
+    max_batch_passages: int = _count(
+        256,
+        "Passages per model call; bigger requests are split into chunks of this size "
         "so that one large request cannot stall small ones for more than one chunk.",
     )
-    max_batch_tokens: int = Field(
-        default=16_384,
-        ge=1,
-        description="Estimated tokens per model call (see `max_request_cost`): a slice of a "
+    max_batch_tokens: int = _count(
+        16_384,
+        "Estimated tokens per model call (see `max_request_cost`): a slice of a "
         "request is bounded by this as well as by `max_batch_passages`, so one slice of long "
         "documents takes about as long as one of short ones, and a small request arriving "
         "behind a heavy one waits at most about one such slice. A single passage over it is "
@@ -165,13 +160,10 @@ class BatchingConfig(ComponentConfig):
         description="A request that got no passages scored for this long is planned first "
         "(then its clock restarts): a steady stream of small requests cannot starve a large one.",
     )
-    max_queue: int = Field(
-        default=256, ge=1, description="Requests waiting per reranker before 503 + Retry-After."
-    )
-    max_inflight_cost: int = Field(
-        default=4 * 1024 * 1024,
-        ge=1,
-        description="Estimated tokens accepted and not yet scored per reranker (the work queued "
+    max_queue: int = _count(256, "Requests waiting per reranker before 503 + Retry-After.")
+    max_inflight_cost: int = _count(
+        4 * 1024 * 1024,
+        "Estimated tokens accepted and not yet scored per reranker (the work queued "
         "ahead of a new request, so a bound on its wait); a request that would go over gets 503 "
         "+ Retry-After. A request is always admitted when nothing is in flight; at least "
         "`limits.max_request_cost`.",
@@ -179,7 +171,7 @@ class BatchingConfig(ComponentConfig):
     request_timeout_s: float = Field(
         default=60.0, gt=0, description="A request still unscored after this gets 503."
     )
-    retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 503.")
+    retry_after_s: int = _count(1, "Retry-After sent with 503.")
 
 
 class ServerConfig(ComponentConfig):

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from cisrank.cli.config_flags import config_flags
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
+from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, takes
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
 from cisrank.workers import WorkerOptions
@@ -45,21 +46,6 @@ RunDepthOpt = Annotated[int | None, typer.Option("--depth", help=field_help(RunP
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 
 T = TrainConfig
-BaseModelOpt = Annotated[str | None, typer.Option("--base-model", help=field_help(T, "base_model"))]
-EpochsOpt = Annotated[float | None, typer.Option("--epochs", help=field_help(T, "epochs", ""))]
-LrOpt = Annotated[
-    float | None, typer.Option("--lr", "--learning-rate", help=field_help(T, "learning_rate", ""))
-]
-TrainBatchOpt = Annotated[
-    int | None, typer.Option("--train-batch-size", help=field_help(T, "batch_size"))
-]
-MaxLenOpt = Annotated[int | None, typer.Option("--max-length", help=field_help(T, "max_length"))]
-LabelNormOpt = Annotated[str | None, typer.Option("--label-norm", help=field_help(T, "normalize"))]
-LossOpt = Annotated[str | None, typer.Option("--loss", help=field_help(T, "loss"))]
-DevOpt = Annotated[str | None, typer.Option("--dev-dataset", help=field_help(T, "dev_dataset"))]
-DevDepthOpt = Annotated[int | None, typer.Option("--dev-depth", help=field_help(T, "dev_depth"))]
-EvalStepsOpt = Annotated[int | None, typer.Option("--eval-steps", help=field_help(T, "eval_steps"))]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help=field_help(T, "seed", ""))]
 ListDepthOpt = Annotated[
     int | None, typer.Option("--list-depth", min=2, help=field_help(T, "list_depth"))
 ]
@@ -85,21 +71,24 @@ def _config(flags: dict) -> TrainConfig:
     )
 
 
-class _TrainingFlags:
-    base_model: BaseModelOpt = None
-    epochs: EpochsOpt = None
-    lr: LrOpt = None
-    train_batch_size: TrainBatchOpt = None
-    max_length: MaxLenOpt = None
-    label_norm: LabelNormOpt = None
-    loss: LossOpt = None
-    dev_dataset: DevOpt = None
-    dev_depth: DevDepthOpt = None
-    eval_steps: EvalStepsOpt = None
-    seed: SeedOpt = None
-
-
-TRAIN_FLAGS: FlagGroup[dict[str, Any]] = FlagGroup(_TrainingFlags, dict)
+TRAIN_FLAGS = config_flags(
+    TrainConfig,
+    (
+        "base_model",
+        "epochs",
+        "learning_rate",
+        "batch_size",
+        "max_length",
+        "normalize",
+        "loss",
+        "dev_dataset",
+        "dev_depth",
+        "eval_steps",
+        "seed",
+    ),
+    renamed=TrainConfig.flags,
+    aliases={"learning_rate": ["--learning-rate"]},
+)
 """The student's training flags of `distill train` and `distill run`, as given (None: left
 out); `_config` makes them a TrainConfig."""
 

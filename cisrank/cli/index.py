@@ -17,7 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cisrank.cli.defaults import config_flag, field_help
+from cisrank.cli.config_flags import config_flags
+from cisrank.cli.defaults import config_flag
 from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.indexes.kinds import KINDS
 from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
@@ -63,12 +64,6 @@ OverwriteOpt = Annotated[
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: auto).")]
-K1Opt = Annotated[
-    float | None, typer.Option("--k1", help=field_help(BM25IndexConfig, "k1", "BM25 k1."))
-]
-BOpt = Annotated[
-    float | None, typer.Option("--b", help=field_help(BM25IndexConfig, "b", "BM25 b."))
-]
 
 
 @dataclass(frozen=True)
@@ -123,81 +118,58 @@ def _command(kind: str):
     return build_app.command(kind, help=KINDS[kind].summary)
 
 
-@_command("bm25")
-@takes(build=BUILD_FLAGS)
-def build_bm25(
-    corpus: CorpusOpt,
-    out: OutOpt,
-    k1: K1Opt = None,
-    b: BOpt = None,
-    stopwords: Annotated[str | None, config_flag(BM25IndexConfig, "stopwords")] = None,
-    stemmer: Annotated[str | None, config_flag(BM25IndexConfig, "stemmer")] = None,
-    *,
-    build: _Build,
-) -> None:
-    params = {"k1": k1, "b": b, "stopwords": stopwords, "stemmer": stemmer}
-    _run("bm25", corpus, out, params, build)
+_BM25_TEXTS = {"k1": "BM25 k1.", "b": "BM25 b."}
 
 
-@_command("lucene")
-@takes(build=BUILD_FLAGS)
-def build_lucene(
-    corpus: CorpusOpt,
-    out: OutOpt,
-    k1: K1Opt = None,
-    b: BOpt = None,
-    threads: Annotated[int | None, config_flag(LuceneIndexConfig, "threads")] = None,
-    *,
-    build: _Build,
-) -> None:
-    _run("lucene", corpus, out, {"k1": k1, "b": b, "threads": threads}, build)
+def _params_command(kind: str, flags: FlagGroup[dict[str, Any]]) -> None:
+    """`index build KIND` for a kind that needs only its parameters (`flags`, a config's fields)
+    besides the corpus, the folder and the build flags."""
+
+    @_command(kind)
+    @takes(params=flags, build=BUILD_FLAGS)
+    def command(corpus: CorpusOpt, out: OutOpt, *, params: dict[str, Any], build: _Build) -> None:
+        _run(kind, corpus, out, params, build)
 
 
-D = DenseIndexConfig
+_params_command(
+    "bm25",
+    config_flags(BM25IndexConfig, ["k1", "b", "stopwords", "stemmer"], texts=_BM25_TEXTS),
+)
+_params_command(
+    "lucene", config_flags(LuceneIndexConfig, ["k1", "b", "threads"], texts=_BM25_TEXTS)
+)
+
+DENSE_FLAGS = config_flags(
+    DenseIndexConfig,
+    [
+        "model",
+        "index_type",
+        "batch_size",
+        "shard_size",
+        "normalize",
+        "max_seq_length",
+        "query_prefix",
+        "passage_prefix",
+        "hnsw_m",
+        "ivf_nlist",
+        "ivf_nprobe",
+        "dtype",
+    ],
+    aliases={"model": ["-m"]},
+)
 
 
 @_command("dense")
-@takes(engine=ENGINE_FLAGS, build=BUILD_FLAGS)
+@takes(params=DENSE_FLAGS, engine=ENGINE_FLAGS, build=BUILD_FLAGS)
 def build_dense(
     corpus: CorpusOpt,
     out: OutOpt,
-    model: Annotated[str | None, config_flag(D, "model", "--model", "-m")] = None,
-    index_type: Annotated[str | None, config_flag(D, "index_type", "--index-type")] = None,
-    batch_size: Annotated[int | None, config_flag(D, "batch_size", "--batch-size")] = None,
-    shard_size: Annotated[int | None, config_flag(D, "shard_size", "--shard-size")] = None,
-    normalize: Annotated[
-        bool | None, config_flag(D, "normalize", "--normalize/--no-normalize")
-    ] = None,
-    max_seq_length: Annotated[
-        int | None, config_flag(D, "max_seq_length", "--max-seq-length")
-    ] = None,
-    query_prefix: Annotated[str | None, config_flag(D, "query_prefix", "--query-prefix")] = None,
-    passage_prefix: Annotated[
-        str | None, config_flag(D, "passage_prefix", "--passage-prefix")
-    ] = None,
-    hnsw_m: Annotated[int | None, config_flag(D, "hnsw_m", "--hnsw-m")] = None,
-    ivf_nlist: Annotated[int | None, config_flag(D, "ivf_nlist", "--ivf-nlist")] = None,
-    ivf_nprobe: Annotated[int | None, config_flag(D, "ivf_nprobe", "--ivf-nprobe")] = None,
-    dtype: Annotated[str | None, config_flag(D, "dtype", "--dtype")] = None,
+    params: dict[str, Any],
     device: DeviceOpt = None,
     *,
     engine: Engine,
     build: _Build,
 ) -> None:
-    params = {
-        "model": model,
-        "index_type": index_type,
-        "batch_size": batch_size,
-        "shard_size": shard_size,
-        "normalize": normalize,
-        "max_seq_length": max_seq_length,
-        "query_prefix": query_prefix,
-        "passage_prefix": passage_prefix,
-        "hnsw_m": hnsw_m,
-        "ivf_nlist": ivf_nlist,
-        "ivf_nprobe": ivf_nprobe,
-        "dtype": dtype,
-    }
     options = {"device": device, "engine": engine.name, "ray": engine.ray}
     _run("dense", corpus, out, params, build, options)
 
@@ -221,6 +193,7 @@ def build_prior(
         ),
     ] = None,
     dtype: Annotated[str | None, config_flag(PriorIndexConfig, "dtype", "--dtype")] = None,
+    backend: Annotated[str | None, config_flag(PriorIndexConfig, "backend", "--backend")] = None,
     device: DeviceOpt = None,
     *,
     engine: Engine,
@@ -243,7 +216,7 @@ def build_prior(
         from cisrank.errors import CisrankError
 
         raise CisrankError("--shard-size needs --engine ray")
-    params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype}
+    params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype, "backend": backend}
     from cisrank.workers import for_device, set_threads
 
     pool = for_device(workers, device)

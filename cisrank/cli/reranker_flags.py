@@ -64,12 +64,12 @@ class RerankerFlag:
             callback=_path_string if self.path else None,
             **{k: v for k, v in bounds.items() if v is not None},
         )
-        cli_type = Path if self.path else _cli_type(info)
+        kind = Path if self.path else cli_type(info)
         return inspect.Parameter(
             self.field,
             inspect.Parameter.KEYWORD_ONLY,
             default=None,
-            annotation=Annotated[cli_type | None, option],
+            annotation=Annotated[kind | None, option],
         )
 
 
@@ -77,7 +77,7 @@ def _path_string(value: Path | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _cli_type(info: FieldInfo) -> type:
+def cli_type(info: FieldInfo) -> type:
     """The flag's type: the field's, less None; a Literal's values are checked by the config,
     with its one-line error, so the flag reads text."""
     annotation = info.annotation

@@ -79,14 +79,13 @@ _BOUNDS = {
     "less_than": ("lt", "<"),
     "less_than_equal": ("le", "<="),
 }
+_NOUNS = {"shuffles": "the number of shuffles", "replug_temperature": "the RePlug temperature"}
+"""What the range message calls a field of a context config (default: its name)."""
 
 
 class _ContextConfig(ComponentConfig):
     """Base of the context configs: a value out of its range is one plain sentence naming it
     ("tau must be > 0, got 0.0"), as the library, the CLI and their tests have always said."""
-
-    nouns: ClassVar[dict[str, str]] = {}
-    """What the range message calls a field (default: its name)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -111,7 +110,7 @@ class _ContextConfig(ComponentConfig):
                 raise  # the config's usual report (`ComponentConfig.replace`)
             field = str(first["loc"][0])
             raise CisrankError(
-                f"{cls.nouns.get(field, field)} must be {bound[1]} {limit:g}, got {first['input']}"
+                f"{_NOUNS.get(field, field)} must be {bound[1]} {limit:g}, got {first['input']}"
             ) from None
 
 
@@ -157,7 +156,6 @@ class ArrangeConfig(_ContextConfig):
     """Which order of the passages a context (or a naive generation) uses, and its search."""
 
     label: ClassVar[str] = "arrangement"
-    nouns: ClassVar[dict[str, str]] = {"shuffles": "the number of shuffles"}
 
     arrange: Arrangement = Field(
         default=Arrangement.RANKED,
@@ -178,7 +176,6 @@ class DecoderConfig(_ContextConfig):
     """
 
     label: ClassVar[str] = "decoder"
-    nouns: ClassVar[dict[str, str]] = {"replug_temperature": "the RePlug temperature"}
 
     decoding: Decoding = Field(
         default=Decoding.NAIVE,

@@ -155,18 +155,6 @@ class EnsembleDecoder:
         if not self.layers or any(not 0 <= x <= n for x in self.layers):
             raise CisrankError(f"candidate layers must be in 0..{n}, got {self.layers}")
 
-    @property
-    def tau(self) -> float:
-        return self.config.tau
-
-    @property
-    def beta(self) -> float:
-        return self.config.beta
-
-    @property
-    def replug_temperature(self) -> float:
-        return self.config.replug_temperature
-
     def generate(
         self,
         question: str,
@@ -220,7 +208,7 @@ class EnsembleDecoder:
                 raise CisrankError("replug needs one reranker score per passage")
             fixed = torch.softmax(
                 torch.tensor([float(s) for s in scores], dtype=torch.float64)
-                / self.replug_temperature,
+                / self.config.replug_temperature,
                 dim=0,
             ).float()
         asm = self.assembler
@@ -298,7 +286,7 @@ class EnsembleDecoder:
             assert fixed is not None
             w = fixed.double().to(docs.device)
         else:  # leens, clehe: w_{j,t} = softmax(-H_{j,t} / tau)
-            w = torch.softmax(-ent / self.tau, dim=0)
+            w = torch.softmax(-ent / self.config.tau, dim=0)
         ens = (w.to(docs.device).unsqueeze(1) * docs).sum(dim=0)
         layer = None
         if decoding is Decoding.CLEHE:
@@ -309,7 +297,7 @@ class EnsembleDecoder:
                 for x in self.layers
             }
             layer = max(self.layers, key=lambda x: (float(entropy(cand[x][None])[0]), -x))
-            ens = (1 + self.beta) * ens - self.beta * cand[layer]
+            ens = (1 + self.config.beta) * ens - self.config.beta * cand[layer]
         merged = torch.log_softmax(ens, dim=-1)
         rec = StepRecord(
             -1,

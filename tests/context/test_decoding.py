@@ -119,7 +119,7 @@ def test_defaults_and_bad_input(tiny):
     assert default_layers(2) == [2]
     asm = ContextAssembler(tiny.engine, "entropy")
     dec = EnsembleDecoder(asm)
-    assert dec.tau == 0.25 and dec.beta == 0.25 and dec.layers == [2]
+    assert dec.config.tau == 0.25 and dec.config.beta == 0.25 and dec.layers == [2]
     with pytest.raises(CisrankError, match="unknown decoding"):
         dec.generate(QUESTION, passages(2), "beam")
     with pytest.raises(CisrankError, match="no passages"):

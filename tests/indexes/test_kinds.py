@@ -34,8 +34,9 @@ def test_every_kind_has_a_config_a_builder_and_a_build_command():
         config = kind.load_config()
         assert issubclass(config, IndexConfig) and config.label == name
         assert callable(kind.load_builder())
-        assert (kind.load_opener is None) == (name == "prior")
-        assert kind.load_opener is None or callable(kind.load_opener())
+        opener = kind.load().opener
+        assert (opener is None) == (name == "prior")
+        assert opener is None or callable(opener)
 
 
 def test_bm25_manifest_params_are_exactly_the_old_dict(tmp_path, corpus):
