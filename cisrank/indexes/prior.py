@@ -174,13 +174,7 @@ def build_prior(
         extra = (
             WorkerPool(
                 PriorStoreJob(
-                    str(config.model),
-                    config.max_doc_tokens,
-                    config.dtype,
-                    batch_tokens,
-                    device,
-                    config.backend,
-                    store=str(out / PRIOR_FILE),
+                    **_PriorModel.fields(config, batch_tokens, device), store=str(out / PRIOR_FILE)
                 ),
                 pool - 1,
                 workers.threads_per_worker if workers is not None else 1,
@@ -252,6 +246,20 @@ class _PriorModel:
     batch_tokens: int | None
     device: str | None
     backend: str
+
+    @staticmethod
+    def fields(
+        config: PriorIndexConfig, batch_tokens: int | None, device: str | None
+    ) -> dict[str, Any]:
+        """The model part of a job from the index's parameters and the build's options."""
+        return {
+            "model": str(config.model),
+            "max_doc_tokens": config.max_doc_tokens,
+            "dtype": config.dtype,
+            "batch_tokens": batch_tokens,
+            "device": device,
+            "backend": config.backend,
+        }
 
     def reranker(self, prior_store: Any = None) -> Any:
         """The CIS reranker, keeping its priors in `prior_store` (None: in its memory)."""
@@ -384,13 +392,7 @@ def build_prior_ray(
     if shard_size < 1:
         raise CisrankError(f"shard_size must be >= 1, got {shard_size}")
     base = PriorShardJob(
-        str(config.model),
-        config.max_doc_tokens,
-        config.dtype,
-        batch_tokens,
-        device,
-        config.backend,
-        batch_size=batch_size,
+        **_PriorModel.fields(config, batch_tokens, device), batch_size=batch_size
     )
     job = job_wrapper(base) if job_wrapper is not None else base
     shard_dir = out / SHARD_DIR

@@ -249,3 +249,29 @@ def test_two_workers_store_the_priors_of_one(tmp_path, corpus, tiny_gpt2_dir, re
     assert m.build["priors_reused"] == len(ROWS) - DISTINCT
     stored = _stored(out / PRIOR_FILE, ref, CONTENTS)
     assert np.abs(np.array([lp for lp, _ in stored]) - ref.log_prior(CONTENTS)).max() <= TOL
+
+
+def test_a_backend_keeps_its_own_priors_that_its_reranker_finds(
+    tmp_path, corpus, tiny_llama_dir, monkeypatch
+):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "prior"
+    runner = CliRunner()
+    build = ["index", "build", "prior", "--corpus", str(corpus), "--out", str(out), "-q"]
+    model = ["--model", str(tiny_llama_dir)]
+    res = runner.invoke(app, [*build, *model, "--backend", "onnx", "--dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    assert read_manifest(out).params["backend"] == "onnx"
+    onnx = CISReranker(str(tiny_llama_dir), backend="onnx", dtype="float32")
+    exact = CISReranker(str(tiny_llama_dir), backend="torch")
+    assert onnx.store_fingerprint != exact.store_fingerprint
+    found = PriorStore(out / PRIOR_FILE)
+    keys = [passage_key(d) for d in onnx.passage_ids(CONTENTS)]
+    assert not found.get_many(exact.store_fingerprint, keys)  # torch never reads onnx's priors
+    stored = found.get_many(onnx.store_fingerprint, keys)
+    assert len(stored) == DISTINCT
+    # float32 through ONNX Runtime: the torch reranker's own priors to 1e-3
+    want = exact.log_prior(CONTENTS)
+    got = [stored[k][0] for k in keys]
+    assert np.allclose(got, want, atol=1e-3, rtol=0)
