@@ -113,7 +113,8 @@ def test_a_cis_reranker_on_auto_records_the_runtime_that_scores(
     pytest.importorskip("onnxruntime")
     monkeypatch.delenv("CISRANK_LM_BACKEND")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    reranker = CISReranker(str(tiny_llama_dir), estimator="reverse", device="cpu")
+    assert CISReranker(str(tiny_llama_dir), estimator="reverse").config.backend == "torch"
+    reranker = CISReranker(str(tiny_llama_dir), estimator="reverse", device="cpu", backend="auto")
     assert (reranker.config.backend, reranker.config.dtype) == ("onnx", "int8")
     assert (reranker.engine.backend.name, reranker.engine.compute_type) == ("onnx", "int8")
     assert reranker.engine.fingerprint() != torch_engine.fingerprint()
@@ -121,7 +122,7 @@ def test_a_cis_reranker_on_auto_records_the_runtime_that_scores(
     shared = CISReranker(str(tiny_llama_dir), engine=torch_engine, estimator="reverse")
     assert shared.config.backend == "torch"
     monkeypatch.setenv("CISRANK_LM_BACKEND", "torch")
-    exact = CISReranker(str(tiny_llama_dir), estimator="reverse", device="cpu")
+    exact = CISReranker(str(tiny_llama_dir), estimator="reverse", device="cpu", backend="auto")
     assert exact.config.backend == "torch" and exact.engine.backend.name == "torch"
     assert np.allclose(
         exact.score(QUERY, SAMPLE_SENTENCES[:5]),
