@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
@@ -37,6 +37,7 @@ from cisrank.data.manifest import BuildOutput, library_versions
 from cisrank.data.shards import claim_shard_dir, resume_shards
 from cisrank.errors import CisrankError
 from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
+from cisrank.rerank.configs import LMBackendName
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
 from cisrank.workers import WorkerOptions, WorkerPool
@@ -74,7 +75,7 @@ class PriorIndexConfig(IndexConfig):
         description="float32, bfloat16, float16 (default: the device's, as the reranker picks "
         "it); part of the store's key, so it must match the reranker's.",
     )
-    backend: Literal["auto", "torch", "ctranslate2", "onnx"] = Field(
+    backend: LMBackendName = Field(
         default="torch",
         description="Runtime of the causal LM, as the reranker's --backend (auto: onnx int8 on "
         "a CPU with the onnx extra); part of the store's key, so it must match the reranker's.",

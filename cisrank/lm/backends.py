@@ -58,9 +58,9 @@ def check_backend(backend: str, dtype: str | None) -> None:
 def _on_gpu(device: str | None) -> bool:
     if device not in (None, "auto"):
         return not str(device).startswith("cpu")
-    import torch
+    from cisrank.devices import resolve_device
 
-    return bool(torch.cuda.is_available())
+    return resolve_device(None).type != "cpu"  # the engine's own rule: CUDA when present
 
 
 def resolve_backend(
