@@ -323,6 +323,8 @@ def train(
     )
     from transformers import TrainerCallback
 
+    from cisrank.distill.listwise import LengthSortedListNetLoss
+
     out = Path(out)
     if (out / TRAINING_FILE).is_file() and not resume:
         raise DataError(f"'{out}' already holds a trained model; pick another --out")
@@ -350,7 +352,7 @@ def train(
         raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
     loss: Any
     if config.loss == "listwise":
-        loss = losses.ListNetLoss(model, mini_batch_size=max(config.batch_size, 16))
+        loss = LengthSortedListNetLoss(model, mini_batch_size=32)
     else:
         loss = (losses.MSELoss if config.loss == "mse" else losses.MarginMSELoss)(model)
 
