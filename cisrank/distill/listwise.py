@@ -48,13 +48,19 @@ class LengthSortedListNetLoss(nn.Module):
         super().__init__()
         self.model, self.mini_batch_size = model, mini_batch_size
 
-    def forward(self, inputs: list[Any], labels: list[Any]) -> Tensor:
+    def forward(
+        self,
+        inputs: list[Any],
+        labels: list[Any],
+        prompt: str | None = None,
+        task: str | None = None,
+    ) -> Tensor:
         queries, lists = inputs
         pairs = [(q, p) for q, docs in zip(queries, lists, strict=True) for p in docs]
         chunks = length_sorted_chunks([len(q) + len(p) for q, p in pairs], self.mini_batch_size)
         outs = []
         for chunk in chunks:
-            tokens = self.model.preprocess([pairs[i] for i in chunk])
+            tokens = self.model.preprocess([pairs[i] for i in chunk], prompt=prompt, task=task)
             tokens = batch_to_device(tokens, self.model.device)
             outs.append(self.model(tokens)["scores"].view(-1).float())
         order = torch.tensor([i for chunk in chunks for i in chunk])
