@@ -22,7 +22,7 @@ import sys
 
 import torch
 from cis_engine import FlopCounter, matmul_peak_flops
-from common import machine, write_result
+from common import machine, report
 
 from cisrank.data.datasets import load_named
 from cisrank.lm.prompts import ReverseTemplate, resolve_reverse
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.wall_seconds:
         result["wall_seconds"] = args.wall_seconds
         result["mfu_of_that_run"] = round(total / args.wall_seconds / peak, 3)
-    for k, v in result.items():
-        print(f"{k:>28}: {v}")
-    write_result(f"cis_floor_{args.model}_{args.dataset}_d{args.depth}", result)
+    report(f"cis_floor_{args.model}_{args.dataset}_d{args.depth}", result)
     return 0
 
 

@@ -17,7 +17,7 @@ import argparse
 import sys
 import time
 
-from common import machine, write_result
+from common import machine, report
 
 from cisrank.data.datasets import load_named
 from cisrank.rerank.pooled import load_on_workers
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_abs_score_diff": diff,
         "machine": machine(),
     }
-    for k, v in result.items():
-        print(f"{k:>20}: {v}")
-    write_result(f"cis_workers_{args.model}_{args.dataset}", result)
+    report(f"cis_workers_{args.model}_{args.dataset}", result)
     return 0
 
 
