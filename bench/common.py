@@ -72,12 +72,12 @@ def write_result(name: str, payload: dict[str, Any], results_dir: Path | None = 
     return atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
-def report(name: str, payload: dict[str, Any]) -> Path:
+def report(name: str, payload: dict[str, Any], results_dir: Path | None = None) -> Path:
     """Print each figure on its own line, then `write_result` them."""
     width = max(len(k) for k in payload)
     for key, value in payload.items():
         print(f"{key:>{width}}: {value}")
-    return write_result(name, payload)
+    return write_result(name, payload, results_dir)
 
 
 def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:

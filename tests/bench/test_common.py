@@ -33,3 +33,12 @@ def test_write_result_records_figures_machine_and_date(tmp_path):
 
 def test_results_go_to_bench_results_by_default():
     assert _common().RESULTS_DIR == BENCH / "results"
+
+
+def test_report_prints_every_figure_aligned_and_writes_the_same_record(tmp_path, capsys):
+    path = _common().report("demo", {"pairs": 1000, "speedup_of_default": 1.119}, tmp_path)
+    assert capsys.readouterr().out.splitlines() == [
+        "             pairs: 1000",
+        "speedup_of_default: 1.119",
+    ]
+    assert json.loads(path.read_text())["results"] == {"pairs": 1000, "speedup_of_default": 1.119}
