@@ -25,9 +25,8 @@ from cis_engine import FlopCounter, matmul_peak_flops
 from common import machine, report
 
 from cisrank.data.datasets import load_named
-from cisrank.lm.prompts import ReverseTemplate, resolve_reverse
 from cisrank.models.resolve import resolve_model
-from cisrank.rerank.configs import CISRerankerConfig
+from cisrank.rerank.registry import load_reranker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,28 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall-seconds", type=float, default=None)
     args = ap.parse_args(argv)
 
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
-    path = resolve_model(args.model)
-    tok, config = AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path)
-    max_doc = CISRerankerConfig().max_doc_tokens
-    template = ReverseTemplate.parse(resolve_reverse(args.template))
-    bos = tok.bos_token_id if tok.bos_token_id is not None else 0
-
-    def encode(text: str) -> list[int]:
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-
+    config = AutoConfig.from_pretrained(resolve_model(args.model))
+    reranker = load_reranker(
+        "cis", args.model, estimator="reverse", reverse_template=args.template, backend="torch"
+    )
+    max_doc = reranker.config.max_doc_tokens
     ds = load_named(args.dataset)
+    requests = [
+        (ds.topics[qid], [h.text for h in ds.candidates[qid][: args.depth]]) for qid in ds.qids
+    ]
     flops = FlopCounter(config)
     total = tokens = pairs = 0.0
-    for qid in ds.qids:
-        query = ds.topics[qid]
-        for hit in ds.candidates[qid][: args.depth]:
-            doc = encode(hit.text)[:max_doc]
-            context, target = template.ids(encode, bos, doc, query)
-            total += flops.forward(len(context) + len(target), 0, len(target))
-            tokens += len(context) + len(target)
-            pairs += 1
+    for context, target in reranker.reverse_spans(requests):  # the rows reverse_batch scores
+        total += flops.forward(len(context) + len(target), 0, len(target))
+        tokens += len(context) + len(target)
+        pairs += 1
     peak = (
         args.peak_gflops * 1e9
         if args.peak_gflops

@@ -236,23 +236,24 @@ class CISReranker(BaseReranker):
         every passage of a query."""
         return self.reverse_batch([(query, passages)])[0]
 
+    def reverse_spans(
+        self, requests: Sequence[tuple[str, Sequence[str]]]
+    ) -> list[tuple[list[int], list[int]]]:
+        """(context, target) ids of every pair, in request order: `[BOS, before, D, between]`
+        and the query's ids, the rows `reverse_batch` scores (and `bench/cis_floor.py` counts)."""
+        docs = iter(self.passage_ids([p for _, ps in requests for p in ps]))
+        encode, bos = self.engine.encode, self.engine.bos_id
+        return [
+            self.reverse_template.ids(encode, bos, next(docs), query)
+            for query, ps in requests
+            for _ in ps
+        ]
+
     def reverse_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """`log_query_likelihood` of each request. Each passage is its own long context and the
         query one short target, so all pairs of all requests go to the engine at once, batched
         by length; the LM head runs at the query's positions only."""
-        passages = [p for _, ps in requests for p in ps]
-        docs = self.passage_ids(passages)
-        spans = []
-        k = 0
-        for query, ps in requests:
-            for _ in ps:
-                spans.append(
-                    self.reverse_template.ids(
-                        self.engine.encode, self.engine.bos_id, docs[k], query
-                    )
-                )
-                k += 1
-        res = self.engine.score_spans(spans)
+        res = self.engine.score_spans(self.reverse_spans(requests))
         values = self._norm(res.logprobs, res.num_tokens)
         out: list[list[float]] = []
         k = 0
