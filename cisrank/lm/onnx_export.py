@@ -152,6 +152,7 @@ def quantize_dynamic_int8(
     beside `dst` and renamed into place. `op_types`: the node types quantized (onnxruntime's
     default set when None); `const_weights_only`: only products with a weight matrix, never
     two activations (attention scores stay float32)."""
+    from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # a name of this process's own (written with the usual permissions), renamed into place
@@ -171,7 +172,12 @@ def quantize_dynamic_int8(
                 reduce_range=True,
                 weight_type=QuantType.QInt8,
                 nodes_to_exclude=list(nodes_to_exclude),
-                extra_options={"MatMulConstBOnly": True} if const_weights_only else None,
+                # contrib ops of a fused graph (SkipLayerNormalization, ...) have no shape
+                # inference: their outputs are float32
+                extra_options={
+                    "DefaultTensorType": TensorProto.FLOAT,
+                    **({"MatMulConstBOnly": True} if const_weights_only else {}),
+                },
             )
         os.replace(tmp, dst)
     finally:

@@ -306,12 +306,17 @@ def test_onnx_int8_is_close_to_float32_and_keeps_a_learned_ranking(trained_ce_di
     for query, relevant in RELEVANT.items():
         good, bad = r8.score(query, [relevant, IRRELEVANT])
         assert good > bad + 1.0, (query, good, bad)
-    # what was quantized: the encoder's 12 weight products; head, pooler, attention stay float32
+    # what was quantized: the encoder's 12 weight products (2 layers x query, key, value,
+    # attention output, intermediate, output), the first three inside each fused attention
+    # (QAttention); the head, pooler and the attention's own products stay float32
     import onnx
 
+    assert r8.onnx.info["fused"]["ops"]["Attention"] == 2
     graph = onnx.load(str(r8.onnx.folder / "model-int8.onnx")).graph
     integer = [n.name for n in graph.node if n.op_type == "MatMulInteger"]
-    assert len(integer) == 2 * 6
+    attention = [n.op_type for n in graph.node if n.op_type.endswith("Attention")]
+    assert attention == ["QAttention"] * 2
+    assert len(integer) + 3 * len(attention) == 2 * 6
     assert not [n for n in integer if "pooler" in n or "classifier" in n]
 
 
@@ -335,6 +340,48 @@ def test_onnx_export_is_made_once_and_remade_when_damaged(ce_dir, onnx_cache, ex
     assert export_calls["export"] == 3
     assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-6)
     assert not [p for p in onnx_cache.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+@needs_onnxruntime
+def test_an_export_of_an_older_format_is_made_again(ce_dir, onnx_cache, export_calls):
+    """An export made before fusion (format 1, no "format" in its record) is not served as is:
+    it is made again in the current format."""
+    import json
+
+    want = CrossEncoderReranker(model=str(ce_dir), backend="onnx").score(QUERY, PASSAGES)
+    (folder,) = onnx_cache.iterdir()
+    record = folder / "cisrank-onnx.json"
+    info = json.loads(record.read_text())
+    assert info["format"] == cross_encoder.EXPORT_FORMAT and info["fused"]["ops"]["Attention"]
+    del info["format"]
+    record.write_text(json.dumps(info))
+    r = CrossEncoderReranker(model=str(ce_dir), backend="onnx")
+    assert export_calls["export"] == 2 and r.onnx.info["format"] == cross_encoder.EXPORT_FORMAT
+    assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-6)
+
+
+@needs_onnxruntime
+def test_a_fusion_that_changes_the_scores_is_not_kept(ce_dir, onnx_cache, monkeypatch):
+    """The optimizer's graph is checked against the unfused export on pairs of other lengths:
+    one that scores differently (here its classifier bias moved by 0.01) is dropped, the
+    unfused graph served, and the record says why."""
+    from onnx import numpy_helper
+    from onnxruntime.transformers import optimizer
+
+    optimize = optimizer.optimize_model
+
+    def off(*args, **kwargs):
+        fused = optimize(*args, **kwargs)
+        (bias,) = [t for t in fused.model.graph.initializer if t.name.endswith("classifier.bias")]
+        bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 0.01, bias.name))
+        return fused
+
+    monkeypatch.setattr(optimizer, "optimize_model", off)
+    reference = CrossEncoderReranker(model=str(ce_dir), dtype="float32")
+    r = CrossEncoderReranker(model=str(ce_dir), backend="onnx")
+    assert r.onnx.info["fused"] == {"ops": {}, "reason": "fused graph off by 0.01"}
+    assert r.score(QUERY, PASSAGES) == pytest.approx(reference.score(QUERY, PASSAGES), abs=1e-4)
+    assert sorted(p.name for p in r.onnx.folder.glob("*.onnx")) == ["model.onnx"]
 
 
 @needs_onnxruntime
