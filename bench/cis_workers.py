@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-from common import machine, report
+from common import interleaved, machine, report
 
 from cisrank.data.datasets import load_named
 from cisrank.rerank.pooled import load_on_workers
@@ -45,17 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ds = load_named(args.dataset)
     qids = ds.qids[: args.queries]
-    seconds = dict.fromkeys(rerankers, 0.0)
-    scores: dict[str, list[float]] = {name: [] for name in rerankers}
+    seconds, scores = interleaved(rerankers, ds, qids, args.depth)
     names = list(rerankers)
-    for k, qid in enumerate(qids):
-        passages = [h.text for h in ds.candidates[qid][: args.depth]]
-        for name in names if k % 2 == 0 else names[::-1]:
-            reranker, threads = rerankers[name]
-            set_threads(threads)
-            t = time.perf_counter()
-            scores[name] += reranker.score(ds.topics[qid], passages)
-            seconds[name] += time.perf_counter() - t
     for reranker, _ in rerankers.values():
         if hasattr(reranker, "close"):
             reranker.close()

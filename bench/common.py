@@ -80,6 +80,37 @@ def report(name: str, payload: dict[str, Any], results_dir: Path | None = None) 
     return write_result(name, payload, results_dir)
 
 
+def interleaved(
+    rerankers: dict[str, tuple[Any, int]],
+    dataset: Any,
+    qids: list[str],
+    depth: int,
+    queries_per_call: int = 1,
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Seconds and scores of each reranker (with the torch thread count this process runs it
+    on) over the same queries' first-stage top `depth`, `queries_per_call` queries to a
+    `score_batch` call (`cisrank eval` gives 8), the order of the rerankers rotated call by call
+    so that load from other processes hits every one alike."""
+    from cisrank.workers import set_threads
+
+    names = list(rerankers)
+    seconds = dict.fromkeys(names, 0.0)
+    scores: dict[str, list[float]] = {name: [] for name in names}
+    for k, at in enumerate(range(0, len(qids), queries_per_call)):
+        requests = [
+            (dataset.topics[q], [h.text for h in dataset.candidates[q][:depth]])
+            for q in qids[at : at + queries_per_call]
+        ]
+        for name in names[k % len(names) :] + names[: k % len(names)]:
+            reranker, threads = rerankers[name]
+            set_threads(threads)
+            t = time.perf_counter()
+            lists = reranker.score_batch(requests)
+            seconds[name] += time.perf_counter() - t
+            scores[name] += [v for values in lists for v in values]
+    return seconds, scores
+
+
 def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
     """Wall seconds of each call after one warm-up call."""
     fn()

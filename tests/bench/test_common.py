@@ -42,3 +42,31 @@ def test_report_prints_every_figure_aligned_and_writes_the_same_record(tmp_path,
         "speedup_of_default: 1.119",
     ]
     assert json.loads(path.read_text())["results"] == {"pairs": 1000, "speedup_of_default": 1.119}
+
+
+def test_interleaved_scores_every_call_in_rotated_order_and_keeps_query_order():
+    """Each reranker sees the same requests, `queries_per_call` at a time; who goes first
+    rotates call by call; scores come back flattened in query order."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name, offset):
+            self.name, self.offset = name, offset
+
+        def score_batch(self, requests):
+            calls.append((self.name, [q for q, _ in requests]))
+            return [[self.offset + len(q) + i for i in range(len(p))] for q, p in requests]
+
+    hit = SimpleNamespace
+    ds = SimpleNamespace(
+        topics={"1": "a", "2": "bb", "3": "ccc"},
+        candidates={q: [hit(text=f"p{i}") for i in range(4)] for q in ("1", "2", "3")},
+    )
+    threads = torch.get_num_threads()  # set before each call: left as it is
+    rerankers = {"x": (Fake("x", 0), threads), "y": (Fake("y", 100), threads)}
+    seconds, scores = _common().interleaved(rerankers, ds, ["1", "2", "3"], 2, queries_per_call=2)
+    assert calls == [("x", ["a", "bb"]), ("y", ["a", "bb"]), ("y", ["ccc"]), ("x", ["ccc"])]
+    assert scores == {"x": [1, 2, 2, 3, 3, 4], "y": [101, 102, 102, 103, 103, 104]}
+    assert set(seconds) == {"x", "y"} and all(v >= 0 for v in seconds.values())

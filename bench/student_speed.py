@@ -1,0 +1,87 @@
+"""The distilled student against the torch CIS engine it replaces, as `cisrank eval` runs both.
+
+Issue 30's speed bar: the student's throughput is at least 20x the torch CIS engine's on this
+CPU. Every reranker is loaded as `cisrank eval` loads it with its defaults (`load_on_workers`: a
+worker per core, one torch thread each), CIS as the reverse estimator on torch float32, the
+student on PyTorch float32 and through ONNX Runtime float32 and int8; all score the same DL19
+queries' BM25 top `--depth`, 8 queries to a call as `cisrank eval` sends them, the order rotated
+call by call, so that a ratio holds whatever else the machine runs. Scores are compared too: each ONNX path against the PyTorch student.
+
+    CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/student_speed.py \
+        --student out/student [--cis-model smollm2-135m-instruct --queries 16 --depth 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+from common import interleaved, machine, report
+
+from cisrank.data.datasets import load_named
+from cisrank.eval.pipeline import QUERIES_PER_CALL
+from cisrank.rerank.pooled import load_on_workers
+from cisrank.workers import WorkerOptions
+
+CIS = "CIS reverse, torch float32"
+STUDENT = "student, torch float32"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--student", required=True, help="the student's CrossEncoder folder")
+    ap.add_argument("--cis-model", default="smollm2-135m-instruct")
+    ap.add_argument("--dataset", default="trec-dl19")
+    ap.add_argument("--queries", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=100)
+    args = ap.parse_args(argv)
+
+    workers = WorkerOptions()
+    setups = {
+        CIS: ("cis", args.cis_model, {"estimator": "reverse", "backend": "torch"}),
+        STUDENT: ("cross-encoder", args.student, {}),
+        "student, ONNX Runtime float32": ("cross-encoder", args.student, {"backend": "onnx"}),
+        "student, ONNX Runtime int8": (
+            "cross-encoder",
+            args.student,
+            {"backend": "onnx", "dtype": "int8"},
+        ),
+    }
+    rerankers = {
+        name: (load_on_workers(kind, model, workers, **options), workers.threads_per_worker)
+        for name, (kind, model, options) in setups.items()
+    }
+    ds = load_named(args.dataset)
+    qids = ds.qids[: args.queries]
+    try:
+        seconds, scores = interleaved(rerankers, ds, qids, args.depth, QUERIES_PER_CALL)
+    finally:
+        for reranker, _ in rerankers.values():
+            reranker.close()
+
+    pairs = len(scores[CIS])
+    student = np.asarray(scores[STUDENT])
+    result = {
+        "student": args.student,
+        "cis_model": args.cis_model,
+        "dataset": args.dataset,
+        "queries": len(qids),
+        "depth": args.depth,
+        "pairs": pairs,
+        "workers": f"{workers.count} x {workers.threads_per_worker} thread",
+        "pairs_per_second": {k: round(pairs / v, 2) for k, v in seconds.items()},
+        "speed_vs_cis": {k: round(seconds[CIS] / v, 2) for k, v in seconds.items() if k != CIS},
+        "max_abs_diff_vs_torch_student": {
+            k: round(float(np.abs(np.asarray(v) - student).max()), 4)
+            for k, v in scores.items()
+            if k not in (CIS, STUDENT)
+        },
+        "machine": machine(),
+    }
+    report(f"student_speed_{args.dataset}", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
