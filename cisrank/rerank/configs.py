@@ -141,7 +141,9 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     backend: Annotated[LMBackendName, Flag()] = Field(
         default="torch",
         description="torch (CPU or GPU) or onnx: the model exported once to ONNX and run by ONNX "
-        "Runtime (CPU; extra 'onnx'; measured in bench/cross_encoder.py); auto: torch.",
+        "Runtime (CPU; extra 'onnx'; measured in bench/cross_encoder.py); auto: onnx int8 on a "
+        "CPU where onnxruntime is installed and no dtype or quantization is asked for (measured "
+        "1.7x-2.4x torch float32 within 0.001 nDCG@10 on DL21 and DL19), torch otherwise.",
     )
     dtype: Annotated[str | None, Flag()] = Field(
         default=None,
@@ -158,8 +160,6 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     @field_validator("backend")
     @classmethod
     def _check_backend(cls, v: str) -> str:
-        if v == "auto":
-            return "torch"
         if v == "ctranslate2":
             raise ValueError(
                 "ctranslate2 runs causal LMs only; a cross-encoder runs on torch or onnx"

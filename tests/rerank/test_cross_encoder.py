@@ -399,6 +399,23 @@ def test_an_export_that_never_loads_is_a_one_line_error(ce_dir, onnx_cache, monk
     assert "\n" not in str(caught.value)
 
 
+@needs_onnxruntime
+def test_auto_backend_is_onnx_int8_on_a_cpu_unless_asked_otherwise(ce_dir, onnx_cache, monkeypatch):
+    """`backend="auto"`: the measured fast path (ONNX Runtime int8) on a CPU; torch wherever a
+    dtype or torch's quantization is asked for, or onnxruntime is missing; workers resolve it
+    the same way from the same options."""
+    auto = CrossEncoderReranker(model=str(ce_dir), backend="auto")
+    assert (auto.backend, auto.compute_type) == ("onnx", "int8")
+    int8 = CrossEncoderReranker(model=str(ce_dir), backend="onnx", dtype="int8")
+    assert auto.score(QUERY, PASSAGES) == pytest.approx(int8.score(QUERY, PASSAGES), abs=1e-6)
+    for options, compute in (({"dtype": "float32"}, "float32"), ({"quantize": "int8"}, "int8")):
+        r = CrossEncoderReranker(model=str(ce_dir), backend="auto", **options)
+        assert (r.backend, r.compute_type) == ("torch", compute), options
+    assert CrossEncoderReranker(model=str(ce_dir)).backend == "torch"  # the default is exact
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    assert CrossEncoderReranker(model=str(ce_dir), backend="auto").backend == "torch"
+
+
 def test_onnx_without_onnxruntime_names_the_extra(ce_dir, onnx_cache, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     with pytest.raises(MissingExtraError, match=r"cisrank\[onnx\]") as caught:
