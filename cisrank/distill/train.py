@@ -321,7 +321,7 @@ def train(
         CrossEncoderTrainingArguments,
         losses,
     )
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback, set_seed
 
     from cisrank.distill.listwise import LengthSortedListNetLoss
 
@@ -346,6 +346,10 @@ def train(
     log.info("%d queries, %d training examples (%s)", len(queries), len(examples), config.loss)
 
     path = resolve_model(config.base_model)
+    # Seeded before the model is made: its classification head is initialised at random when
+    # loaded, and the trainer seeds only after that, so an unseeded head made every run another
+    # student (`make student` promises the same one from a clean clone).
+    set_seed(config.seed)
     try:
         model = CrossEncoder(path, num_labels=1, max_length=config.max_length, device=device)
     except OSError as exc:

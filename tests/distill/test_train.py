@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from scipy.stats import spearmanr
 
 from cisrank.data.datasets import load_folder
@@ -140,6 +141,30 @@ def test_training_learns_the_teacher_and_saves_a_loadable_student(
 
     with pytest.raises(DataError, match="already holds a trained model"):
         train([rows_dir], out, cfg, dev)
+
+
+def test_training_is_reproducible_whatever_the_random_state_before_it(
+    rows_dir, tiny_bert_dir, tmp_path
+):
+    """The same config gives the same student bit for bit, even after other code drew random
+    numbers (the classification head is made at random: seeded before it is made). `make
+    student` relies on this to rebuild the kept student from a clean clone."""
+    from safetensors.torch import load_file
+
+    cfg = TrainConfig(
+        base_model=str(tiny_bert_dir), epochs=2, batch_size=4, max_length=64, logging_steps=5
+    )
+    weights = []
+    for k in range(2):
+        torch.manual_seed(1000 + k)  # another state each time, as other code would leave it
+        train([rows_dir], tmp_path / f"s{k}", cfg)
+        weights.append(load_file(str(tmp_path / f"s{k}" / "model.safetensors")))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    other = TrainConfig(**{**cfg.model_dump(), "seed": cfg.seed + 1})
+    train([rows_dir], tmp_path / "other", other)
+    head = load_file(str(tmp_path / "other" / "model.safetensors"))["classifier.weight"]
+    assert not torch.equal(head, weights[0]["classifier.weight"])  # the seed does decide it
 
 
 def test_training_refuses_an_unfinished_generate(rows_dir, tiny_bert_dir, tmp_path):
