@@ -62,6 +62,7 @@ import torch
 
 from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError, require
+from cisrank.lm.backends import onnx_int8_fits
 from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
 from cisrank.lm.onnx_export import (
     OPSET,
@@ -469,11 +470,7 @@ def _resolve_backend(config: CrossEncoderRerankerConfig) -> tuple[str, str | Non
     within 0.001 on both); torch otherwise. Other backends are taken as asked."""
     if config.backend != "auto":
         return config.backend, config.dtype
-    import importlib.util
-
-    on_cpu = resolve_device(config.device).type == "cpu"
-    plain = config.dtype in (None, "auto") and config.quantize == "none"
-    if on_cpu and plain and importlib.util.find_spec("onnxruntime") is not None:
+    if config.quantize == "none" and onnx_int8_fits(config.device, config.dtype):
         return "onnx", "int8"
     return "torch", config.dtype
 
@@ -505,8 +502,7 @@ class CrossEncoderReranker(BaseReranker):
             )
         self.model_name = self.config.model
         self.backend, dtype = _resolve_backend(self.config)
-        if (self.backend, dtype) != (self.config.backend, self.config.dtype):
-            self.config = self.config.replace(backend=self.backend, dtype=dtype)
+        self.config = self.config.replace(backend=self.backend, dtype=dtype)
         self.onnx: OnnxCrossEncoder | None = None
         self.model: torch.nn.Module | None = None
         if self.backend == "onnx":
