@@ -25,6 +25,7 @@ All run on one thread in this process, query by query, the order rotated query b
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import sys
 from typing import Any
@@ -36,7 +37,6 @@ from common import interleaved, machine, report
 from cisrank.data.datasets import load_named
 from cisrank.data.runs import Run
 from cisrank.eval.metrics import evaluate
-from cisrank.lm.batching import LengthBatcher
 from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
 REFERENCE = "ONNX Runtime int8 (cisrank)"
@@ -57,19 +57,23 @@ class OpenVinoRunner:
         return np.asarray(out[0])[:, 0].copy()
 
 
-def batches(reranker: CrossEncoderReranker, pairs: list[tuple[str, str]]) -> list[dict]:
-    """The collated batches the reranker would run for these pairs."""
-    enc = reranker.tokenize(pairs)
-    out: list[dict] = []
+class BatchRecorder:
+    """In the place of the session: keeps the collated batches the reranker would run."""
 
-    def keep(rows: list[int]) -> list[float]:
-        out.append(reranker._pads.collate(enc, rows))
-        return [0.0] * len(rows)
+    def __init__(self) -> None:
+        self.batches: list[dict[str, np.ndarray]] = []
 
-    LengthBatcher(batch_size=reranker.batch_size).run(
-        [len(ids) for ids in enc["input_ids"]], keep, 0.0
-    )
-    return out
+    def logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        self.batches.append(batch)
+        return np.zeros(len(batch["input_ids"]))
+
+
+def with_runner(reranker: CrossEncoderReranker, runner: Any) -> CrossEncoderReranker:
+    """The reranker (its tokenizer, length batching, padding) with another runner in place of
+    its ONNX Runtime session; the session is not loaded again."""
+    other = copy.copy(reranker)
+    other.onnx = runner
+    return other
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         for q in calib.qids[: args.calibration_queries]
         for h in calib.candidates[q][:30]
     ]
-    calib_batches = [{k: b[k] for k in names} for b in batches(ort_fp32, calib_pairs)]
+    recorder = BatchRecorder()
+    with_runner(ort_fp32, recorder).score_pairs(calib_pairs)
+    calib_batches = [{k: b[k] for k in names} for b in recorder.batches]
     example = {k: torch.from_numpy(v) for k, v in calib_batches[0].items()}
     torch_model = AutoModelForSequenceClassification.from_pretrained(args.student).eval()
     with torch.inference_mode():
@@ -113,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ov_weights = nncf.compress_weights(ov_fp32.clone(), mode=nncf.CompressWeightsMode.INT8_ASYM)
 
     def on_openvino(model: Any) -> CrossEncoderReranker:
-        reranker = CrossEncoderReranker(model=args.student, backend="onnx")
-        reranker.onnx = OpenVinoRunner(model, names)  # type: ignore[assignment]
-        return reranker
+        return with_runner(ort_fp32, OpenVinoRunner(model, names))
 
     rerankers = {
         "ONNX Runtime float32 (cisrank)": (ort_fp32, 1),

@@ -83,7 +83,7 @@ def resolve_backend(
         return "onnx", "int8"
     if dtype not in (None, "auto") or _on_gpu(device):
         return "torch", dtype
-    if not onnx_int8_fits(device, dtype):
+    if not _onnxruntime_installed():
         log.info("onnxruntime is not installed (extra 'onnx'): the causal LM runs on torch float32")
         return "torch", dtype
     return "onnx", "int8"
@@ -92,11 +92,11 @@ def resolve_backend(
 def onnx_int8_fits(device: str | None, dtype: str | None) -> bool:
     """`auto`'s rule for ONNX Runtime int8, shared by the causal LM and the cross-encoder: a CPU
     (the engine's own device rule), no compute type asked for, onnxruntime installed."""
-    return (
-        dtype in (None, "auto")
-        and not _on_gpu(device)
-        and importlib.util.find_spec("onnxruntime") is not None
-    )
+    return dtype in (None, "auto") and not _on_gpu(device) and _onnxruntime_installed()
+
+
+def _onnxruntime_installed() -> bool:
+    return importlib.util.find_spec("onnxruntime") is not None
 
 
 def load_engine(
