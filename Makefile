@@ -77,7 +77,7 @@ demo-dense: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, wi
 # bi-encoder over the RRF(BM25, dense) top 20 of the 994 MS MARCO training queries; texts are
 # joined back from ../shared/data by `distill pool`). The fusion was chosen on DL21
 # (bench/hybrid_select.py --cv 5); DL19 is evaluated once at the end. bench/RESULTS.md has the
-# time on 2 cores and every student tried. From a clean clone: about 93 min (87 of them training,
+# time on 2 cores and every student tried. From a clean clone: 82 to 93 min (most of it training,
 # on both cores), DL19 nDCG@10 0.6352 (training seeds before it makes the model, and a fixed
 # thread count sums in a fixed order).
 STUDENT_SET ?= teachers/msmarco-train-top20.parquet
