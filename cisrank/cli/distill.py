@@ -289,6 +289,14 @@ def train_cmd(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the last checkpoint.")
     ] = False,
+    keep_checkpoints: Annotated[
+        bool,
+        typer.Option(
+            "--keep-checkpoints",
+            help="Keep OUT/checkpoints (the best and the last) instead of deleting them at the "
+            "end, e.g. to average or compare them.",
+        ),
+    ] = False,
     device: DeviceOpt = None,
 ) -> None:
     """Train a CrossEncoder on teacher rows or teacher sets (MSE, margin-MSE or listwise)."""
@@ -306,6 +314,7 @@ def train_cmd(
         teacher_sets=teacher_set or [],
         pool=pool,
         resume=resume,
+        keep_checkpoints=keep_checkpoints,
         device=device,
     )
     typer.echo(

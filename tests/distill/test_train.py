@@ -167,6 +167,36 @@ def test_training_is_reproducible_whatever_the_random_state_before_it(
     assert not torch.equal(head, weights[0]["classifier.weight"])  # the seed does decide it
 
 
+def test_kept_checkpoints_hold_the_best_and_the_last_and_the_student_is_the_best(
+    rows_dir, data_sets, tiny_bert_dir, tmp_path, monkeypatch
+):
+    """`distill train --keep-checkpoints` leaves the checkpoints for averaging or comparing them
+    (the run deletes them otherwise), and the student it saves is the best one's weights."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from cisrank.cli import app
+
+    monkeypatch.setenv("CISRANK_DATA_DIR", str(data_sets))
+    out = tmp_path / "student"
+    args = [
+        "distill", "train", "--data", str(rows_dir), "--out", str(out),
+        "--base-model", str(tiny_bert_dir), "--epochs", "3", "--lr", "1e-3",
+        "--train-batch-size", "4", "--max-length", "64", "--eval-steps", "2",
+        "--keep-checkpoints",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    record = json.loads((out / TRAINING_FILE).read_text())
+    kept = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda d: int(d.name[11:]))
+    best = out / "checkpoints" / record["best_checkpoint"].rsplit("/", 1)[-1]
+    assert best in kept and kept[-1].name == "checkpoint-15"  # 20 examples / 4 x 3 epochs
+    student = load_file(str(out / "model.safetensors"))
+    chosen = load_file(str(best / "model.safetensors"))
+    assert student.keys() == chosen.keys()
+    assert all(torch.equal(student[k], chosen[k]) for k in student)
+
+
 def test_training_refuses_an_unfinished_generate(rows_dir, tiny_bert_dir, tmp_path):
     (rows_dir / R.MANIFEST).unlink()
     with pytest.raises(DataError, match=r"has no manifest\.json"):
