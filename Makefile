@@ -89,13 +89,18 @@ STUDENT_LOSS ?= margin-mse --train-batch-size 32 --epochs 1 --eval-steps 156
 # Two torch threads: the kept student was trained so; another thread count sums in another
 # order (the same student to float rounding, not to the third decimal).
 STUDENT_THREADS ?= 2
+# The seed of the head's initialisation and of the batch order (12: the kept student). Another
+# seed is another student; bench/RESULTS.md says how far DL21 dev moves with it.
+STUDENT_SEED ?= 12
+# More `distill train` flags, e.g. STUDENT_EXTRA=--keep-checkpoints (the best and the last).
+STUDENT_EXTRA ?=
 student: install  ## train the kept student from the committed teacher rows into out/student, then DL19
 	$(VENV)/bin/cisrank distill pool --out out/trainset
 	OMP_NUM_THREADS=$(STUDENT_THREADS) $(VENV)/bin/cisrank distill train \
 		--teacher-set $(STUDENT_SET) --pool out/trainset \
 		--teacher-fuse $(STUDENT_FUSE) --teacher-fusion zscore --label-norm query \
 		--base-model all-MiniLM-L6-v2 --lr 2e-4 --max-length 256 --loss $(STUDENT_LOSS) \
-		--dev-dataset trec-dl21 --dev-depth 30 --out out/student
+		--dev-dataset trec-dl21 --dev-depth 30 --seed $(STUDENT_SEED) $(STUDENT_EXTRA) --out out/student
 	$(VENV)/bin/cisrank eval trec-dl19 --reranker cross-encoder --model out/student \
 		--output out/eval-dl19-student
 
