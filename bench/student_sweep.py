@@ -1,0 +1,181 @@
+"""A grid of student trainings, several seeds each, chosen on DL21 dev only (issue 30).
+
+One training of the kept recipe costs about 85 minutes on this 2-core CPU, so the choices of
+`make student` (loss, steps) were made one run at a time, and one run's dev figure moves by
+about as much as the choices do: the seed decides the head's initialisation and the order of
+the batches. On a GPU a run takes about a minute, so this runs a grid of `cisrank distill
+train` variants, each over several seeds, several at a time, and ranks them by their mean best
+DL21 dev nDCG@10 over the seeds (the same dev evaluator, depth and checkpoint rule as `make
+student`). DL19 is not touched.
+
+Every run is its own folder under `--out` (`<variant>-s<seed>`) holding the trainer's record,
+so a stopped sweep resumes where it was (finished runs are skipped) and `--summarize` alone
+rereads them. The summary goes to `--out/summary.json` and `summary.md` after every run.
+
+    python bench/student_sweep.py --out out/sweep --parallel 6 --device cuda \\
+        --base-model all-MiniLM-L6-v2 --seeds 12 13 14 [--variants base lr1e-4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from cisrank.fileio import atomic_write_text
+
+# `make student`'s recipe; each variant below changes only what it names.
+RECIPE = (
+    "--teacher-set teachers/msmarco-train-top20.parquet --pool out/trainset "
+    "--teacher-fuse cis:0.1,dense:0.9 --teacher-fusion zscore --label-norm query "
+    "--lr 2e-4 --max-length 256 --loss margin-mse --train-batch-size 32 --epochs 1 "
+    "--eval-steps 156 --dev-dataset trec-dl21 --dev-depth 30"
+)
+# 19,880 Margin-MSE examples: 622 steps of 32, dev at each quarter (eval-steps scales with it).
+VARIANTS = {
+    "base": "",
+    "lr1e-4": "--lr 1e-4",
+    "lr3e-4": "--lr 3e-4",
+    "lr5e-4": "--lr 5e-4",
+    "bs16": "--train-batch-size 16 --eval-steps 311",
+    "bs64": "--train-batch-size 64 --eval-steps 78",
+    "fuse-cis0.2": "--teacher-fuse cis:0.2,dense:0.8",
+    "fuse-cis0.3": "--teacher-fuse cis:0.3,dense:0.7",
+    "fuse-dense": "--teacher-fuse dense:1",
+    "epochs2": "--epochs 2 --eval-steps 156",
+}
+DEV_KEY = "eval_trec_dl21_ndcg@10"
+
+
+def _options(text: str) -> dict[str, str | None]:
+    """`--name value` and bare `--switch` tokens, in order (a switch maps to None)."""
+    tokens, out = shlex.split(text), {}
+    i = 0
+    while i < len(tokens):
+        name = tokens[i]
+        if not name.startswith("--"):
+            raise ValueError(f"expected an option, got {name!r} in {text!r}")
+        has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+        out[name] = tokens[i + 1] if has_value else None
+        i += 2 if has_value else 1
+    return out
+
+
+def flags(recipe: str, variant: str) -> list[str]:
+    """The recipe with the variant's options replacing the recipe's own (and adding others)."""
+    merged = _options(recipe) | _options(variant)
+    return [x for name, value in merged.items() for x in (name, value) if x is not None]
+
+
+def run_one(cli: str, out: Path, args: list[str], log: Path) -> Path:
+    if (out / "distill-training.json").is_file():
+        return out
+    cmd = [*shlex.split(cli), "distill", "train", *args, "--out", str(out)]
+    with log.open("w") as f:
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{out.name}: exit {done.returncode}, see {log}")
+    return out
+
+
+def read_run(folder: Path) -> dict | None:
+    path = folder / "distill-training.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    curve = [h[DEV_KEY] for h in record["history"] if DEV_KEY in h]
+    return {"best": max(curve), "curve": curve, "seconds": record["train_seconds"]}
+
+
+def summarize(root: Path, variants: list[str], seeds: list[int]) -> list[dict]:
+    rows = []
+    for name in variants:
+        runs = {s: read_run(root / f"{name}-s{s}") for s in seeds}
+        done = {s: r for s, r in runs.items() if r}
+        if not done:
+            continue
+        bests = [r["best"] for r in done.values()]
+        rows.append(
+            {
+                "variant": name,
+                "flags": VARIANTS.get(name, "?"),
+                "seeds": sorted(done),
+                "mean_best_dev": round(statistics.fmean(bests), 4),
+                "sd": round(statistics.stdev(bests), 4) if len(bests) > 1 else None,
+                # seeds as strings: the keys JSON keeps
+                "best_by_seed": {str(s): round(r["best"], 4) for s, r in done.items()},
+                "curves": {str(s): [round(v, 4) for v in r["curve"]] for s, r in done.items()},
+                "train_seconds": {str(s): r["seconds"] for s, r in done.items()},
+            }
+        )
+    rows.sort(key=lambda r: -r["mean_best_dev"])
+    atomic_write_text(root / "summary.json", json.dumps(rows, indent=1) + "\n")
+    lines = [
+        "| variant | flags | seeds | mean best DL21 dev | sd | best by seed | dev by eval (first seed) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        first = r["curves"][str(r["seeds"][0])]
+        sd = "" if r["sd"] is None else f"{r['sd']:.4f}"
+        lines.append(
+            f"| {r['variant']} | `{r['flags']}` | {len(r['seeds'])} | {r['mean_best_dev']:.4f} | "
+            f"{sd} | "
+            f"{' / '.join(f'{v:.4f}' for v in r['best_by_seed'].values())} | "
+            f"{' / '.join(f'{v:.4f}' for v in first)} |"
+        )
+    atomic_write_text(root / "summary.md", "\n".join(lines) + "\n")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[12, 13, 14])
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--base-model", default="all-MiniLM-L6-v2")
+    ap.add_argument("--recipe", default=RECIPE, help="the flags every variant starts from")
+    ap.add_argument("--cli", default=f"{sys.executable} -m cisrank.cli", help="how to run cisrank")
+    ap.add_argument("--summarize", action="store_true", help="only reread finished runs")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.summarize:
+        rows = summarize(args.out, args.variants, args.seeds)
+        print((args.out / "summary.md").read_text() if rows else "no finished runs")
+        return
+    # seed by seed: an early stop still leaves every variant measured on the first seeds
+    jobs = [(v, s) for s in args.seeds for v in args.variants]
+    failures = []
+    with ThreadPoolExecutor(args.parallel) as pool:
+        futures = {}
+        for variant, seed in jobs:
+            run_args = [*flags(args.recipe, VARIANTS[variant]), "--seed", str(seed)]
+            run_args += ["--base-model", args.base_model]
+            if args.device:
+                run_args += ["--device", args.device]
+            out = args.out / f"{variant}-s{seed}"
+            log = args.out / f"{variant}-s{seed}.log"
+            futures[pool.submit(run_one, args.cli, out, run_args, log)] = out.name
+        started = time.perf_counter()
+        for fut in as_completed(futures):
+            try:
+                fut.result()
+                print(f"{time.perf_counter() - started:7.0f}s  {futures[fut]} done", flush=True)
+            except Exception as exc:  # one failed run must not lose the others
+                failures.append(str(exc))
+                print(f"FAILED {exc}", flush=True)
+            summarize(args.out, args.variants, args.seeds)
+    print((args.out / "summary.md").read_text())
+    if failures:
+        raise SystemExit(f"{len(failures)} runs failed: {failures[0]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""bench/student_sweep.py: how a variant's flags replace the recipe's, that finished runs are
+not rerun, and the summary's arithmetic (mean and sd of each variant's best dev over seeds)."""
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("student_sweep", BENCH / "student_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_variant_replaces_the_recipes_values_in_place_and_adds_its_own(sweep):
+    got = sweep.flags("--lr 2e-4 --epochs 1 --pool 'a b'", "--lr 1e-4 --seed 3 --keep-checkpoints")
+    assert got == [
+        *("--lr", "1e-4", "--epochs", "1", "--pool", "a b"),
+        *("--seed", "3", "--keep-checkpoints"),
+    ]
+    with pytest.raises(ValueError, match="expected an option"):
+        sweep.flags("--lr 2e-4 stray", "")
+
+
+def test_every_variant_is_the_recipe_with_one_change(sweep):
+    base = sweep.flags(sweep.RECIPE, "")
+    assert sweep.flags(sweep.RECIPE, sweep.VARIANTS["base"]) == base
+    for name, variant in sweep.VARIANTS.items():
+        got = sweep.flags(sweep.RECIPE, variant)
+        assert len(got) == len(base), name  # nothing added: each variant changes a recipe value
+        assert sum(a != b for a, b in zip(got, base, strict=True)) <= 2, name
+
+
+def _finished(folder: Path, curve: list[float], seconds: float = 60.0) -> None:
+    folder.mkdir(parents=True)
+    history = [{"loss": 1.0, "step": 10}]
+    history += [{sweep_key(): v, "step": 20 * (i + 1)} for i, v in enumerate(curve)]
+    record = {"history": history, "train_seconds": seconds}
+    (folder / "distill-training.json").write_text(json.dumps(record))
+
+
+def sweep_key() -> str:
+    return "eval_trec_dl21_ndcg@10"
+
+
+def test_summary_ranks_variants_by_mean_best_dev_over_finished_seeds(sweep, tmp_path):
+    _finished(tmp_path / "base-s12", [0.50, 0.55, 0.54])
+    _finished(tmp_path / "base-s13", [0.52, 0.53, 0.51])
+    _finished(tmp_path / "lr1e-4-s12", [0.56, 0.57, 0.49])
+    (tmp_path / "lr1e-4-s13").mkdir()  # stopped mid-run: no record, not counted
+    rows = sweep.summarize(tmp_path, ["base", "lr1e-4", "bs16"], [12, 13])
+    assert [r["variant"] for r in rows] == ["lr1e-4", "base"]  # bs16 never ran: no row
+    lr, base = rows
+    assert lr["seeds"] == [12] and lr["mean_best_dev"] == 0.57 and lr["sd"] is None
+    assert base["mean_best_dev"] == round(statistics.fmean([0.55, 0.53]), 4)
+    assert base["sd"] == round(statistics.stdev([0.55, 0.53]), 4)
+    table = (tmp_path / "summary.md").read_text().splitlines()
+    assert table[2].startswith("| lr1e-4 | `--lr 1e-4` | 1 | 0.5700 |  | 0.5700 |")
+    assert table[3].endswith("| 0.5500 / 0.5300 | 0.5000 / 0.5500 / 0.5400 |")
+    assert json.loads((tmp_path / "summary.json").read_text()) == rows
+
+
+def test_a_finished_run_is_not_rerun_and_a_failed_one_names_its_log(sweep, tmp_path):
+    _finished(tmp_path / "done", [0.5])
+    # `false` as the CLI fails whenever it is run: the finished run must not run it
+    assert sweep.run_one("false", tmp_path / "done", [], tmp_path / "done.log") == tmp_path / "done"
+    with pytest.raises(RuntimeError, match=r"todo\.log"):
+        sweep.run_one("false", tmp_path / "todo", [], tmp_path / "todo.log")
