@@ -7,14 +7,22 @@ student on PyTorch float32 and through ONNX Runtime float32 and int8; all score 
 queries' BM25 top `--depth`, 8 queries to a call as `cisrank eval` sends them, the order rotated
 call by call, so that a ratio holds whatever else the machine runs. Scores are compared too: each ONNX path against the PyTorch student.
 
+`--base NAME=MODEL` (repeatable) adds a cross-encoder of another base beside them, on PyTorch
+float32 and ONNX Runtime int8: the base's encoder with a seeded, untrained one-logit head, which
+costs exactly what a trained student of that base would (issue 30 asks for the bases' speed side
+by side; a student of all-mpnet-base-v2 takes this CPU far longer to train than to time).
+
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/student_speed.py \
-        --student out/student [--cis-model smollm2-135m-instruct --queries 16 --depth 100]
+        --student out/student [--cis-model smollm2-135m-instruct --queries 16 --depth 100] \
+        [--base mpnet=all-mpnet-base-v2]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from common import interleaved, machine, report
@@ -25,6 +33,7 @@ from cisrank.rerank.pooled import load_on_workers
 from cisrank.workers import WorkerOptions
 
 CIS = "CIS reverse, torch float32"
+F32, INT8 = "torch float32", "ONNX Runtime int8"
 STUDENT = "student, torch float32"
 
 
@@ -35,8 +44,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default="trec-dl19")
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--depth", type=int, default=100)
+    ap.add_argument("--base", action="append", default=[], metavar="NAME=MODEL")
     args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        bases = {
+            name: untrained_cross_encoder(model, Path(tmp) / name)
+            for name, model in (b.split("=", 1) for b in args.base)
+        }
+        return measure(args, bases)
 
+
+def untrained_cross_encoder(model: str, out: Path) -> str:
+    """`model`'s encoder under a one-logit head seeded as `distill train` seeds it."""
+    from sentence_transformers.cross_encoder import CrossEncoder
+    from transformers import set_seed
+
+    from cisrank.models.resolve import resolve_model
+
+    set_seed(12)
+    CrossEncoder(resolve_model(model), num_labels=1, device="cpu").save_pretrained(str(out))
+    return str(out)
+
+
+def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
     workers = WorkerOptions()
     setups = {
         CIS: ("cis", args.cis_model, {"estimator": "reverse", "backend": "torch"}),
@@ -48,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             {"backend": "onnx", "dtype": "int8"},
         ),
     }
+    for name, folder in bases.items():
+        setups[f"{name}, {F32}"] = ("cross-encoder", folder, {})
+        setups[f"{name}, {INT8}"] = ("cross-encoder", folder, {"backend": "onnx", "dtype": "int8"})
     rerankers = {
         name: (load_on_workers(kind, model, workers, **options), workers.threads_per_worker)
         for name, (kind, model, options) in setups.items()
@@ -61,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             reranker.close()
 
     pairs = len(scores[CIS])
-    student = np.asarray(scores[STUDENT])
+    arrays = {k: np.asarray(v) for k, v in scores.items()}
+    student = arrays[STUDENT]
     result = {
         "student": args.student,
         "cis_model": args.cis_model,
@@ -73,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         "pairs_per_second": {k: round(pairs / v, 2) for k, v in seconds.items()},
         "speed_vs_cis": {k: round(seconds[CIS] / v, 2) for k, v in seconds.items() if k != CIS},
         "max_abs_diff_vs_torch_student": {
-            k: round(float(np.abs(np.asarray(v) - student).max()), 4)
-            for k, v in scores.items()
-            if k not in (CIS, STUDENT)
+            k: round(float(np.abs(v - student).max()), 4)
+            for k, v in arrays.items()
+            if k.startswith("student, ") and k != STUDENT
+        },
+        "bases_int8_vs_their_torch_max_abs_diff": {
+            name: round(
+                float(np.abs(arrays[f"{name}, {INT8}"] - arrays[f"{name}, {F32}"]).max()), 4
+            )
+            for name in bases
         },
         "machine": machine(),
     }
