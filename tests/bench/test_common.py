@@ -1,24 +1,21 @@
 """bench/common.write_result: the JSON record a benchmark leaves next to bench/RESULTS.md."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _common():
-    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def common(bench_script):
+    return bench_script("common")
 
 
-def test_write_result_records_figures_machine_and_date(tmp_path):
-    common = _common()
+def test_write_result_records_figures_machine_and_date(tmp_path, common):
     path = common.write_result("demo", {"p50_s": 0.25, "speedup": 3.5}, results_dir=tmp_path)
     assert path == tmp_path / "demo.json"
     record = json.loads(path.read_text())
@@ -31,12 +28,12 @@ def test_write_result_records_figures_machine_and_date(tmp_path):
     assert os.listdir(tmp_path) == ["demo.json"]
 
 
-def test_results_go_to_bench_results_by_default():
-    assert _common().RESULTS_DIR == BENCH / "results"
+def test_results_go_to_bench_results_by_default(common):
+    assert common.RESULTS_DIR == BENCH / "results"
 
 
-def test_report_prints_every_figure_aligned_and_writes_the_same_record(tmp_path, capsys):
-    path = _common().report("demo", {"pairs": 1000, "speedup_of_default": 1.119}, tmp_path)
+def test_report_prints_every_figure_aligned_and_writes_the_same_record(tmp_path, capsys, common):
+    path = common.report("demo", {"pairs": 1000, "speedup_of_default": 1.119}, tmp_path)
     assert capsys.readouterr().out.splitlines() == [
         "             pairs: 1000",
         "speedup_of_default: 1.119",
@@ -44,7 +41,7 @@ def test_report_prints_every_figure_aligned_and_writes_the_same_record(tmp_path,
     assert json.loads(path.read_text())["results"] == {"pairs": 1000, "speedup_of_default": 1.119}
 
 
-def test_interleaved_scores_every_call_in_rotated_order_and_keeps_query_order():
+def test_interleaved_scores_every_call_in_rotated_order_and_keeps_query_order(common):
     """Each reranker sees the same requests, `queries_per_call` at a time; who goes first
     rotates call by call; scores come back flattened in query order."""
     from types import SimpleNamespace
@@ -66,7 +63,7 @@ def test_interleaved_scores_every_call_in_rotated_order_and_keeps_query_order():
     )
     threads = torch.get_num_threads()  # set before each call: left as it is
     rerankers = {"x": (Fake("x", 0), threads), "y": (Fake("y", 100), threads)}
-    seconds, scores = _common().interleaved(rerankers, ds, ["1", "2", "3"], 2, queries_per_call=2)
+    seconds, scores = common.interleaved(rerankers, ds, ["1", "2", "3"], 2, queries_per_call=2)
     assert calls == [("x", ["a", "bb"]), ("y", ["a", "bb"]), ("y", ["ccc"]), ("x", ["ccc"])]
     assert scores == {"x": [1, 2, 2, 3, 3, 4], "y": [101, 102, 102, 103, 103, 104]}
     assert set(seconds) == {"x", "y"} and all(v >= 0 for v in seconds.values())

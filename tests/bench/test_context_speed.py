@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from cisrank.testing import SAMPLE_SENTENCES
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-
-def test_context_speed_runs_on_a_tiny_model(tiny_gpt2_dir, tmp_path):
+def test_context_speed_runs_on_a_tiny_model(tiny_gpt2_dir, tmp_path, bench_script):
     data = tmp_path / "nq.jsonl.gz"
     with gzip.open(data, "wt", encoding="utf-8") as fh:
         for i, text in enumerate(SAMPLE_SENTENCES[:4]):
             ctx = {"title": f"T{i}", "text": text, "isgold": True}
             fh.write(json.dumps({"question": "who wrote hamlet ?", "ctxs": [ctx]}) + "\n")
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_context_speed", BENCH / "context_speed.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        out = module.main(
-            ["--data", str(data), "--model", str(tiny_gpt2_dir), "--k", "3", "--repeats", "1",
-             "--new-tokens", "2", "--results-dir", str(tmp_path), "--name", "speed"]
-        )  # fmt: skip
-    finally:
-        sys.path.remove(str(BENCH))
+    out = bench_script("context_speed").main(
+        ["--data", str(data), "--model", str(tiny_gpt2_dir), "--k", "3", "--repeats", "1",
+         "--new-tokens", "2", "--results-dir", str(tmp_path), "--name", "speed"]
+    )  # fmt: skip
     assert out["curvature"]["k"] == 3 and out["curvature"]["max_abs_diff_engine_vs_plain"] < 1e-3
     assert out["curvature"]["engine_vs_plain_ratio"] > 0
     assert set(out["decoding"]["modes"]) == {"naive", "avg_ens", "replug", "leens", "clehe"}

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from cisrank.testing import SAMPLE_SENTENCES
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # question, answers, gold passage (title, text): the words of the tiny tokenizer
 ROWS = [
@@ -28,15 +24,8 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def rag_nq():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_rag_nq", BENCH / "rag_nq.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_rag_nq"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("bench_rag_nq", None)
-    sys.path.remove(str(BENCH))
+def rag_nq(bench_script):
+    return bench_script("rag_nq")
 
 
 @pytest.fixture

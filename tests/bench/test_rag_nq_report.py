@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from scipy import stats
 
 from cisrank.context.assemble import curvature_scores, sort_desc
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture(scope="module")
-def report():
-    spec = importlib.util.spec_from_file_location("bench_rag_nq_report", BENCH / "rag_nq_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def report(bench_script):
+    return bench_script("rag_nq_report")
 
 
 @pytest.mark.parametrize(("b", "c"), [(43, 12), (3, 5), (22, 4), (0, 7), (10, 10), (1, 0)])

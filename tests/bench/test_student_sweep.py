@@ -1,22 +1,16 @@
 """bench/student_sweep.py: how a variant's flags replace the recipe's, that finished runs are
 not rerun, and the summary's arithmetic (mean and sd of each variant's best dev over seeds)."""
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture(scope="module")
-def sweep():
-    spec = importlib.util.spec_from_file_location("student_sweep", BENCH / "student_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def sweep(bench_script):
+    return bench_script("student_sweep")
 
 
 def test_a_variant_replaces_the_recipes_values_in_place_and_adds_its_own(sweep):
