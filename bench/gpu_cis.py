@@ -97,9 +97,8 @@ def main() -> None:
             ),
             "bf16, GPU batching": CISReranker(model=folder, **common),
         }
-        tokens = sum(
-            len(c) + len(t) for c, t in paths["bf16, GPU batching"].reverse_spans(requests)
-        )
+        spans = paths["bf16, GPU batching"].reverse_spans(requests)  # the same ids on every path
+        tokens = sum(len(context) + len(query) for context, query in spans)
         out: dict[str, object] = {
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
@@ -119,9 +118,7 @@ def main() -> None:
         f32 = [np.array(s) for s in scores["float32, GPU batching"]]
         cpu_batching = [np.array(s) for s in scores["float32, CPU batching"]]
         bf16 = [np.array(s) for s in scores["bf16, GPU batching"]]
-        lengths = [
-            len(t) for t in (ids for _, ids in paths["bf16, GPU batching"].reverse_spans(requests))
-        ]
+        lengths = [len(query) for _, query in spans]
         flat32, flat16 = np.concatenate(f32), np.concatenate(bf16)
         per_token = np.abs(flat16 - flat32) / np.array(lengths)
         out["float32 GPU vs CPU batching: max |diff|"] = float(

@@ -2,7 +2,9 @@
 not rerun, and the summary's arithmetic (mean and sd of each variant's best dev over seeds)."""
 
 import json
+import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,18 @@ def test_a_finished_run_is_not_rerun_and_a_failed_one_names_its_log(sweep, tmp_p
     assert sweep.run_one("false", tmp_path / "done", [], tmp_path / "done.log") == tmp_path / "done"
     with pytest.raises(RuntimeError, match=r"todo\.log"):
         sweep.run_one("false", tmp_path / "todo", [], tmp_path / "todo.log")
+
+
+def test_the_recipe_is_make_students(sweep):
+    """The sweep varies what `make student` trains: its flags, read from `make -n student`,
+    are the recipe's, plus the base model, the seed and the output the sweep sets per run."""
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    root = Path(__file__).resolve().parents[2]
+    dry = subprocess.run(["make", "-n", "student"], cwd=root, capture_output=True, text=True)
+    lines = dry.stdout.replace("\\\n", " ").splitlines()
+    train = next(line for line in lines if "distill train" in line)
+    made = sweep._options(train.split("distill train", 1)[1])
+    assert made.pop("--base-model") == "all-MiniLM-L6-v2"
+    assert made.pop("--seed") == "12" and made.pop("--out") == "out/student"
+    assert made == sweep._options(sweep.RECIPE)
