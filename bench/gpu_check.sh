@@ -35,7 +35,8 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c "import torch, transformers, sentence_transformers as st; print('torch', torch.__version__, 'transformers', transformers.__version__, 'sentence-transformers', st.__version__)" | tee -a "$OUT/machine.txt"
 
-SMOKE="--teacher-set teachers/msmarco-train-top20.parquet --pool out/trainset --teacher-fuse cis:0.1,dense:0.9 --loss margin-mse --epochs 0.01 --eval-steps 3 --dev-dataset trec-dl21 --dev-depth 5"
+# the sweep's own recipe, cut to 7 steps and a shallow dev set
+SMOKE=$(cd bench && python3 -c "from student_sweep import RECIPE, flags; print(' '.join(flags(RECIPE, '--epochs 0.01 --eval-steps 3 --dev-depth 5')))") || exit 2
 { python3 -m cisrank.cli distill pool --out out/trainset \
     && python3 -m cisrank.cli distill train $SMOKE --base-model /tmp/minilm --device cuda --out /tmp/smoke; } \
     > "$OUT/smoke.log" 2>&1 || { tail -40 "$OUT/smoke.log"; exit 3; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds .gpu/ (ignored), what bench/gpu_check.sh needs on a bare lent GPU machine, here, where
 # the package registries can be reached. A device call carries 64 MiB in all, the working tree
-# included (about 8 MB): this folder comes to about 53 MB.
+# included (about 8 MB): this folder comes to about 51 MB.
 #   .gpu/whl             cp312 wheels of what the machine's image lacks (its Python is 3.12;
 #                        torch, transformers, sentence-transformers, pyarrow are there)
 #   .gpu/small.tar.xz    ../shared/data's DL19, DL21, DL22 and msmarco-train folders, and

@@ -59,9 +59,10 @@ def untrained_cross_encoder(model: str, out: Path) -> str:
     from sentence_transformers.cross_encoder import CrossEncoder
     from transformers import set_seed
 
+    from cisrank.distill.config import TrainConfig
     from cisrank.models.resolve import resolve_model
 
-    set_seed(12)
+    set_seed(TrainConfig().seed)
     CrossEncoder(resolve_model(model), num_labels=1, device="cpu").save_pretrained(str(out))
     return str(out)
 

@@ -76,6 +76,23 @@ def tiny_bert_dir(tmp_path_factory, word_vocab) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ce_dir(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A one-logit cross-encoder on the tiny BERT, saved as training saves one."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    model = CrossEncoder(str(tiny_bert_dir), num_labels=1, device="cpu")
+    with torch.no_grad():
+        # The default head (std 0.02) gives scores within ~1e-4 of each other: widen them so that
+        # a 1e-5 agreement is a real check and not just "all scores are about equal".
+        model.model.classifier.weight.normal_(0.0, 1.0)
+    out = tmp_path_factory.mktemp("cross-encoder")
+    model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster of 2 CPUs for the `--engine ray` tests, started once per session (the
     jobs find it initialized and use it) and shut down at the end. Skips, saying why, only where

@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from sentence_transformers.cross_encoder import CrossEncoder
+from references import brute_tokens
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cisrank.lm.engine import CausalLMEngine
@@ -31,15 +31,9 @@ QUERY = "when was the author of hamlet born ?"
 
 
 def brute_sums(path, prefix: list[int], conts: list[list[int]]) -> np.ndarray:
-    """Summed log p(cont | prefix): one full float64 forward per continuation on the CPU."""
+    """Summed log p(cont | prefix), the float64 reference on the CPU."""
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
-    out = []
-    with torch.no_grad():
-        for cont in conts:
-            logits = ref(torch.tensor([prefix + cont])).logits[0]
-            lp = torch.log_softmax(logits, dim=-1)
-            out.append(sum(float(lp[len(prefix) + i - 1, t]) for i, t in enumerate(cont)))
-    return np.array(out)
+    return np.array([sum(brute_tokens(ref, prefix, cont)) for cont in conts])
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -97,19 +91,6 @@ def test_cis_reranker_on_cuda_float32_equals_cpu(tiny_llama_dir):
         a, b = np.array(cpu.score(QUERY, passages)), np.array(gpu.score(QUERY, passages))
         assert np.abs(a - b).max() <= TOL, estimator
         assert gpu.config.dtype == "float32" and gpu.config.backend == "torch"
-
-
-@pytest.fixture(scope="module")
-def ce_dir(tiny_bert_dir, tmp_path_factory):
-    torch.manual_seed(0)
-    model = CrossEncoder(str(tiny_bert_dir), num_labels=1, device="cpu")
-    with torch.no_grad():
-        model.model.classifier.weight.normal_(
-            0.0, 1.0
-        )  # spread the scores (see test_cross_encoder)
-    out = tmp_path_factory.mktemp("cross-encoder")
-    model.save_pretrained(str(out))
-    return out
 
 
 def test_cross_encoder_on_cuda_float32_equals_cpu_and_bf16_stays_close(ce_dir):

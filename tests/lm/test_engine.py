@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from references import brute_tokens
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cisrank.errors import CisrankError
@@ -14,16 +15,6 @@ from cisrank.lm.engine import CausalLMEngine
 from cisrank.testing import SAMPLE_SENTENCES
 
 TOL = 1e-3
-
-
-def brute_tokens(ref, prefix: list[int], cont: list[int]) -> list[float]:
-    """Per-token log p(cont | prefix): one full forward, plain log_softmax, float64."""
-    if not cont:
-        return []
-    with torch.no_grad():
-        logits = ref(torch.tensor([prefix + cont])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1)
-    return [float(lp[len(prefix) + i - 1, t]) for i, t in enumerate(cont)]
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])

@@ -35,20 +35,6 @@ PASSAGES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ce_dir(tiny_bert_dir, tmp_path_factory):
-    """A one-logit cross-encoder on the tiny BERT, saved as training saves one."""
-    torch.manual_seed(0)
-    model = CrossEncoder(str(tiny_bert_dir), num_labels=1)
-    with torch.no_grad():
-        # The default head (std 0.02) gives scores within ~1e-4 of each other: widen them so that
-        # the 1e-5 agreement below is a real check and not just "all scores are about equal".
-        model.model.classifier.weight.normal_(0.0, 1.0)
-    out = tmp_path_factory.mktemp("cross-encoder")
-    model.save_pretrained(str(out))
-    return out
-
-
 def predict(path, pairs, **kwargs):
     """The reference: sentence-transformers' own predict, raw logits."""
     model = CrossEncoder(str(path), device="cpu", **kwargs)
