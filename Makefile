@@ -97,7 +97,7 @@ STUDENT_EXTRA ?=
 student: install  ## train the kept student from the committed teacher rows into out/student, then DL19
 	$(VENV)/bin/cisrank distill pool --out out/trainset
 	OMP_NUM_THREADS=$(STUDENT_THREADS) $(VENV)/bin/cisrank distill train \
-		--teacher-set $(STUDENT_SET) --pool out/trainset \
+		$(addprefix --teacher-set ,$(STUDENT_SET)) --pool out/trainset \
 		--teacher-fuse $(STUDENT_FUSE) --teacher-fusion zscore --label-norm query \
 		--base-model all-MiniLM-L6-v2 --lr 2e-4 --max-length 256 --loss $(STUDENT_LOSS) \
 		--dev-dataset trec-dl21 --dev-depth 30 --seed $(STUDENT_SEED) $(STUDENT_EXTRA) --out out/student

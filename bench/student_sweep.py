@@ -53,8 +53,9 @@ VARIANTS = {
 DEV_KEY = "eval_trec_dl21_ndcg@10"
 
 
-def _options(text: str) -> dict[str, str | None]:
-    """`--name value` and bare `--switch` tokens, in order (a switch maps to None)."""
+def _options(text: str) -> dict[str, list[str | None]]:
+    """`--name value` and bare `--switch` tokens, in order, each name with all its values: a
+    repeated option (`--teacher-set A --teacher-set B`) keeps every one; a switch has [None]."""
     tokens, out = shlex.split(text), {}
     i = 0
     while i < len(tokens):
@@ -62,15 +63,22 @@ def _options(text: str) -> dict[str, str | None]:
         if not name.startswith("--"):
             raise ValueError(f"expected an option, got {name!r} in {text!r}")
         has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-        out[name] = tokens[i + 1] if has_value else None
+        out.setdefault(name, []).append(tokens[i + 1] if has_value else None)
         i += 2 if has_value else 1
     return out
 
 
 def flags(recipe: str, variant: str) -> list[str]:
-    """The recipe with the variant's options replacing the recipe's own (and adding others)."""
+    """The recipe with the variant's options replacing the recipe's own (every value of a
+    repeated one) and adding others."""
     merged = _options(recipe) | _options(variant)
-    return [x for name, value in merged.items() for x in (name, value) if x is not None]
+    return [
+        x
+        for name, values in merged.items()
+        for value in values
+        for x in (name, value)
+        if x is not None
+    ]
 
 
 def run_one(cli: str, out: Path, args: list[str], log: Path) -> Path:

@@ -25,6 +25,17 @@ def test_a_variant_replaces_the_recipes_values_in_place_and_adds_its_own(sweep):
         sweep.flags("--lr 2e-4 stray", "")
 
 
+def test_a_repeated_option_keeps_every_value_until_a_variant_names_it(sweep):
+    recipe = "--teacher-set a.parquet --pool p --teacher-set b.parquet"
+    assert sweep.flags(recipe, "--lr 1e-4") == [
+        *("--teacher-set", "a.parquet", "--teacher-set", "b.parquet", "--pool", "p"),
+        *("--lr", "1e-4"),
+    ]
+    assert sweep.flags(recipe, "--teacher-set c.parquet") == [
+        *("--teacher-set", "c.parquet", "--pool", "p"),
+    ]
+
+
 def test_every_variant_is_the_recipe_with_one_change(sweep):
     base = sweep.flags(sweep.RECIPE, "")
     assert sweep.flags(sweep.RECIPE, sweep.VARIANTS["base"]) == base
@@ -81,6 +92,6 @@ def test_the_recipe_is_make_students(sweep):
     lines = dry.stdout.replace("\\\n", " ").splitlines()
     train = next(line for line in lines if "distill train" in line)
     made = sweep._options(train.split("distill train", 1)[1])
-    assert made.pop("--base-model") == "all-MiniLM-L6-v2"
-    assert made.pop("--seed") == "12" and made.pop("--out") == "out/student"
+    assert made.pop("--base-model") == ["all-MiniLM-L6-v2"]
+    assert made.pop("--seed") == ["12"] and made.pop("--out") == ["out/student"]
     assert made == sweep._options(sweep.RECIPE)
