@@ -1,24 +1,32 @@
-"""The teacher set the repository carries (`teachers/`, what `make student` trains on): readable,
-ids and scores only, its provenance complete, and every id found again in the training pool that
-`distill pool` rebuilds from the real data."""
+"""The teacher sets the repository carries (`teachers/`, what `make student` trains on): readable,
+ids and scores only, their provenance complete, and every id found again in the data the set
+names: the training pool that `distill pool` rebuilds from the real data, or DL22's BM25 run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cisrank.distill import teacher_set as TS
 from cisrank.distill.trainset import build_pool
 
-SET = Path(__file__).resolve().parents[2] / "teachers" / "msmarco-train-top20.parquet"
+TEACHERS = Path(__file__).resolve().parents[2] / "teachers"
+TRAIN = TEACHERS / "msmarco-train-top20.parquet"
+DL22 = TEACHERS / "trec-dl22-bm25-top100.parquet"
 
 
-def test_the_committed_set_names_its_teachers_and_holds_no_text():
-    ts = TS.load(SET)
-    assert len(ts) == 19_880 and ts.components == ["cis", "dense"]
+@pytest.mark.parametrize(
+    ("path", "pairs", "queries", "depth"),
+    [(TRAIN, 19_880, 994, 20), (DL22, 7_600, 76, 100)],
+    ids=["msmarco-train", "trec-dl22"],
+)
+def test_a_committed_set_names_its_teachers_and_holds_no_text(path, pairs, queries, depth):
+    ts = TS.load(path)
+    assert len(ts) == pairs and ts.components == ["cis", "dense"]
     lists = ts.by_query()
-    assert len(lists) == 994 and max(len(v) for v in lists.values()) == 20
+    assert len(lists) == queries and max(len(v) for v in lists.values()) == depth
     for rows in lists.values():  # each query's list is its first-stage top, ranks 1..n
         assert [ts.rank[i] for i in rows] == list(range(1, len(rows) + 1))
     assert all(np.isfinite(v).all() for v in ts.scores.values())
@@ -34,9 +42,30 @@ def test_the_committed_set_names_its_teachers_and_holds_no_text():
     assert ts.provenance["commit"]
 
 
+def test_both_sets_were_scored_by_the_same_engine():
+    """Fused and normalised alike in one training, so one CIS engine must have scored both."""
+    fingerprints = {
+        TS.load(p).provenance["components"]["cis"]["teacher"]["fingerprint"] for p in (TRAIN, DL22)
+    }
+    assert len(fingerprints) == 1
+
+
 def test_every_id_is_found_in_the_pool_rebuilt_from_the_data(data_root, tmp_path):
-    ts = TS.load(SET)
+    ts = TS.load(TRAIN)
     build_pool(tmp_path / "pool", data_root)
     texts = TS.texts_of(ts, tmp_path / "pool")
     assert set(ts.qid) <= set(texts.queries)
     assert set(ts.docid) <= set(texts.passages)
+
+
+def test_the_dl22_set_is_dl22s_bm25_top_100_rank_for_rank(data_root):
+    """Read against the run file itself, not through the loader that built the set."""
+    ts = TS.load(DL22)
+    assert ts.provenance["texts"] == {"dataset": "trec-dl22"}
+    run = {}
+    for line in (data_root / "trec-dl22" / "run-bm25-top100.trec").read_text().splitlines():
+        qid, _, docid, rank, *_ = line.split()
+        run[(qid, docid)] = int(rank)
+    assert dict(zip(zip(ts.qid, ts.docid, strict=True), ts.rank, strict=True)) == run
+    texts = TS.texts_of(ts)
+    assert set(ts.qid) <= set(texts.queries) and set(ts.docid) <= set(texts.passages)
