@@ -80,6 +80,8 @@ demo-dense: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, wi
 # time on 2 cores and every student tried. From a clean clone: 82 to 93 min (most of it training,
 # on both cores), DL19 nDCG@10 0.6352 (training seeds before it makes the model, and a fixed
 # thread count sums in a fixed order).
+# One or more committed teacher sets, each a --teacher-set. Adding teachers/trec-dl22-bm25-top100.parquet
+# (DL22's 76 queries; STUDENT_EXTRA="--list-depth 20") lost on DL21, so it is not in the default.
 STUDENT_SET ?= teachers/msmarco-train-top20.parquet
 STUDENT_FUSE ?= cis:0.1,dense:0.9
 # The loss and its steps, chosen on DL21 among MSE, Margin-MSE and listwise (bench/RESULTS.md):
