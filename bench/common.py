@@ -47,12 +47,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """The vector and matrix extensions that decide which kernels run (AVX2, AVX-512, VNNI,
+    BF16, AMX): hosts here vary, and a ratio means little without them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(
+                    f for f in flags if f.startswith(("avx", "amx", "fma")) or "vnni" in f
+                )
+    except OSError:
+        pass
+    return []
+
+
 def machine_info() -> dict[str, Any]:
     import torch
 
     return {
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
+        "cpu_flags": cpu_flags(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

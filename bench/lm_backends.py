@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import write_result
+from common import cpu_flags, write_result
 
 from cisrank.data.datasets import load_named
 from cisrank.data.runs import Run
@@ -39,19 +39,6 @@ DEFAULT = (
     "ctranslate2:int8_float32",
     "ctranslate2:int8",
 )
-
-
-def cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return sorted(
-                    f for f in flags if f.startswith(("avx", "amx", "fma")) or "vnni" in f
-                )
-    except OSError:
-        pass
-    return []
 
 
 def main() -> None:

@@ -29,12 +29,14 @@ from common import interleaved, machine, report
 
 from cisrank.data.datasets import load_named
 from cisrank.eval.pipeline import QUERIES_PER_CALL
+from cisrank.rerank.cross_encoder import cpu_has_native_bf16
 from cisrank.rerank.pooled import load_on_workers
 from cisrank.workers import WorkerOptions
 
 CIS = "CIS reverse, torch float32"
 F32, INT8 = "torch float32", "ONNX Runtime int8"
 STUDENT = "student, torch float32"
+BF16 = "student, torch bf16 (the default on this CPU)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--base", action="append", default=[], metavar="NAME=MODEL")
+    ap.add_argument("--tag", default="", help="appended to the result's name (another host, ...)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         bases = {
@@ -71,7 +74,8 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
     workers = WorkerOptions()
     setups = {
         CIS: ("cis", args.cis_model, {"estimator": "reverse", "backend": "torch"}),
-        STUDENT: ("cross-encoder", args.student, {}),
+        # float32 asked for by name: on a CPU with native bf16 matmuls the default is bf16
+        STUDENT: ("cross-encoder", args.student, {"dtype": "float32"}),
         "student, ONNX Runtime float32": ("cross-encoder", args.student, {"backend": "onnx"}),
         "student, ONNX Runtime int8": (
             "cross-encoder",
@@ -79,8 +83,10 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
             {"backend": "onnx", "dtype": "int8"},
         ),
     }
+    if cpu_has_native_bf16():
+        setups[BF16] = ("cross-encoder", args.student, {})
     for name, folder in bases.items():
-        setups[f"{name}, {F32}"] = ("cross-encoder", folder, {})
+        setups[f"{name}, {F32}"] = ("cross-encoder", folder, {"dtype": "float32"})
         setups[f"{name}, {INT8}"] = ("cross-encoder", folder, {"backend": "onnx", "dtype": "int8"})
     rerankers = {
         name: (load_on_workers(kind, model, workers, **options), workers.threads_per_worker)
@@ -118,10 +124,11 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
             )
             for name in bases
         },
+        "cpu_native_bf16": cpu_has_native_bf16(),
         "machine": machine(),
     }
     # a run with other bases keeps its own record beside the student-only one
-    report("_".join(["student_speed", args.dataset, *bases]), result)
+    report("_".join(["student_speed", args.dataset, *bases, *filter(None, [args.tag])]), result)
     return 0
 
 
