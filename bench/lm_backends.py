@@ -119,8 +119,7 @@ def main() -> None:
         test = M.paired_test(per_query[base], per_query[name])
         out[name]["delta_nDCG@10"] = round(float(test["mean_delta"]), 4)
         out[name]["p_randomization"] = float(test["p_randomization"])
-    flags = cpu_flags()
-    print(f"\nCPU flags: {' '.join(flags)}")
+    print(f"\nCPU flags: {' '.join(cpu_flags())}")  # write_result records them (machine_info)
     print(
         f"{args.dataset}, {len(qids)} queries x top {args.depth} = {pairs} pairs, {args.threads} thread(s), interleaved"
     )
@@ -143,7 +142,6 @@ def main() -> None:
             + " ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, "")
             ),
-            "cpu_flags": flags,
             "dataset": args.dataset,
             "queries": len(qids),
             "depth": args.depth,

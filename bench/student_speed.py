@@ -83,7 +83,8 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
             {"backend": "onnx", "dtype": "int8"},
         ),
     }
-    if cpu_has_native_bf16():
+    native_bf16 = cpu_has_native_bf16()
+    if native_bf16:
         setups[BF16] = ("cross-encoder", args.student, {})
     for name, folder in bases.items():
         setups[f"{name}, {F32}"] = ("cross-encoder", folder, {"dtype": "float32"})
@@ -124,7 +125,7 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
             )
             for name in bases
         },
-        "cpu_native_bf16": cpu_has_native_bf16(),
+        "cpu_native_bf16": native_bf16,
         "machine": machine(),
     }
     # a run with other bases keeps its own record beside the student-only one
