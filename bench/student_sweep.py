@@ -49,6 +49,9 @@ VARIANTS = {
     "fuse-cis0.3": "--teacher-fuse cis:0.3,dense:0.7",
     "fuse-dense": "--teacher-fuse dense:1",
     "epochs2": "--epochs 2 --eval-steps 156",
+    # DL22's 76 queries (BM25 top 100 scored, cut to the recipe's depth) beside MS MARCO's 994
+    "dl22": "--teacher-set teachers/msmarco-train-top20.parquet "
+    "--teacher-set teachers/trec-dl22-bm25-top100.parquet --list-depth 20 --eval-steps 167",
 }
 DEV_KEY = "eval_trec_dl21_ndcg@10"
 

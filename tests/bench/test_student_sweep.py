@@ -40,9 +40,26 @@ def test_every_variant_is_the_recipe_with_one_change(sweep):
     base = sweep.flags(sweep.RECIPE, "")
     assert sweep.flags(sweep.RECIPE, sweep.VARIANTS["base"]) == base
     for name, variant in sweep.VARIANTS.items():
+        if name == "dl22":
+            continue
         got = sweep.flags(sweep.RECIPE, variant)
         assert len(got) == len(base), name  # nothing added: each variant changes a recipe value
         assert sum(a != b for a, b in zip(got, base, strict=True)) <= 2, name
+
+
+def test_the_dl22_variant_adds_the_dl22_set_at_the_recipes_depth_and_nothing_else(sweep):
+    """The one variant that changes the data: MS MARCO's set kept, DL22's added, both cut to the
+    recipe's 20 passages a query, dev still at each quarter of the longer run."""
+    base = sweep._options(" ".join(sweep.flags(sweep.RECIPE, "")))
+    got = sweep._options(" ".join(sweep.flags(sweep.RECIPE, sweep.VARIANTS["dl22"])))
+    assert got.pop("--teacher-set") == [
+        "teachers/msmarco-train-top20.parquet",
+        "teachers/trec-dl22-bm25-top100.parquet",
+    ]
+    assert base.pop("--teacher-set") == ["teachers/msmarco-train-top20.parquet"]
+    assert got.pop("--list-depth") == ["20"]
+    assert (got.pop("--eval-steps"), base.pop("--eval-steps")) == (["167"], ["156"])
+    assert got == base
 
 
 def _finished(folder: Path, curve: list[float], seconds: float = 60.0) -> None:
