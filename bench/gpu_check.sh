@@ -51,7 +51,8 @@ SMOKE=$(cd bench && python3 -c "from student_sweep import RECIPE, flags; print('
     > "$OUT/smoke.log" 2>&1 || { tail -40 "$OUT/smoke.log"; exit 3; }
 echo "smoke training: ok"
 
-python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest-gpu.log"
+python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/pytest-gpu.log" 2>&1
+tail -25 "$OUT/pytest-gpu.log"
 (cd bench && python3 gpu_cis.py --model-config /tmp/g/smollm2) 2>&1 | grep -v "Loading\|Writing" | tee "$OUT/gpu_cis.log"
 cp bench/results/gpu_cis.json "$OUT/" 2>/dev/null
 fi

@@ -18,7 +18,7 @@ grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/ex
 rm -rf .gpu && mkdir -p .gpu/whl .gpu/minilm
 
 # the versions this checkout's .venv runs, so both machines run the same code paths
-pins=$($PY -m pip list --format=freeze 2>/dev/null | grep -iE '^(pydantic|pydantic_core|annotated-types|typing-inspection|ir_measures|pytrec_eval-terrier|datasets|dill|multiprocess)==')
+pins=$($PY -m pip list --format=freeze 2>/dev/null | grep -iE '^(typer|click|pydantic|pydantic_core|annotated-types|typing-inspection|ir_measures|pytrec_eval-terrier|datasets|dill|multiprocess)==')
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl $pins

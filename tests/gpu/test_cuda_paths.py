@@ -95,7 +95,10 @@ def test_cis_reranker_on_cuda_float32_equals_cpu(tiny_llama_dir):
 
 def test_cross_encoder_on_cuda_float32_equals_cpu_and_bf16_stays_close(ce_dir):
     pairs = [(s, t) for s in SAMPLE_SENTENCES[:4] for t in SAMPLE_SENTENCES]
-    cpu = np.array(CrossEncoderReranker(model=str(ce_dir), device="cpu").score_pairs(pairs))
+    # float32 by name: on a CPU with native bf16 (the lent H200's host has it) the default is bf16
+    cpu_ref = CrossEncoderReranker(model=str(ce_dir), device="cpu", dtype="float32")
+    assert cpu_ref.dtype == torch.float32
+    cpu = np.array(cpu_ref.score_pairs(pairs))
     exact = CrossEncoderReranker(model=str(ce_dir), device="cuda", dtype="float32")
     assert np.abs(np.array(exact.score_pairs(pairs)) - cpu).max() <= 1e-4
     fast = CrossEncoderReranker(model=str(ce_dir), device="cuda")
