@@ -33,8 +33,8 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: install lint  ## lint, then the test suite
-	$(VENV)/bin/pytest -q
+test: install lint  ## lint, then the test suite (its 25 slowest tests listed: the suite must stay under 15 min on 2 cores)
+	$(VENV)/bin/pytest -q --durations=25
 
 test-fast: install  ## the suite without the tests marked slow (real models over real data)
 	$(VENV)/bin/pytest -q -m "not slow"
