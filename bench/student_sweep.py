@@ -4,9 +4,9 @@ One training of the kept recipe costs about 85 minutes on this 2-core CPU, so th
 `make student` (loss, steps) were made one run at a time, and one run's dev figure moves by
 about as much as the choices do: the seed decides the head's initialisation and the order of
 the batches. On an H200, eight runs at a time take 1.5 to 4 minutes each (24 runs in about
-9 minutes), so this runs a grid of `cisrank distill train` variants, each over several seeds, several at a time, and ranks them by their mean best
-DL21 dev nDCG@10 over the seeds (the same dev evaluator, depth and checkpoint rule as `make
-student`). DL19 is not touched.
+9 minutes), so this runs a grid of `cisrank distill train` variants, each over several seeds,
+several at a time, and ranks them by their mean best DL21 dev nDCG@10 over the seeds (the same
+dev evaluator, depth and checkpoint rule as `make student`). DL19 is not touched.
 
 Every run is its own folder under `--out` (`<variant>-s<seed>`) holding the trainer's record,
 so a stopped sweep resumes where it was (finished runs are skipped) and `--summarize` alone
