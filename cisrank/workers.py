@@ -17,7 +17,9 @@ Two users, one pool:
 
 Workers are spawned (never forked: a forked torch with threads is unsafe), load the model in an
 initializer, and a worker whose model fails to load reports that error (its first line), not a
-broken pool.
+broken pool. A worker whose parent dies (a job stopped with SIGTERM or SIGKILL, which runs no
+cleanup in the parent) exits within a second instead of finishing its shard for nobody: an
+orphan would hold a core and a model's memory while the rerun of the job starts beside it.
 """
 
 from __future__ import annotations
@@ -102,7 +104,26 @@ class WorkerJob(Protocol):
 _STATE: dict[str, Any] = {}
 
 
-def _start(job: WorkerJob, threads: int) -> None:
+ORPHAN_POLL_S = 0.5
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Poll the parent pid: a reparented worker (init or a subreaper adopted it) exits at once.
+    Polling, not PR_SET_PDEATHSIG: that signal fires when the *thread* that spawned the worker
+    ends, and a server may start its pool from a short-lived thread."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_POLL_S)
+        os._exit(1)  # no cleanup owed: the parent that would read the results is gone
+
+    threading.Thread(target=watch, name="cisrank-orphan-watch", daemon=True).start()
+
+
+def _start(job: WorkerJob, threads: int, parent: int) -> None:
+    _exit_when_orphaned(parent)
     set_threads(threads)
     try:
         _STATE["job"], _STATE["state"] = job, job.load()
@@ -136,7 +157,7 @@ class WorkerPool:
             max_workers=processes,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(job, threads_per_worker),
+            initargs=(job, threads_per_worker, os.getpid()),
         )
 
     def submit(self, item: Any) -> Future[Any]:
