@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(
 PARENT = textwrap.dedent(
     """
     import os, sys, time
+    from pathlib import Path
     from cisrank.workers import WorkerPool
 
     class Sleeper:
@@ -25,7 +26,6 @@ PARENT = textwrap.dedent(
             return None
 
         def score(self, state, item):
-            Path = __import__("pathlib").Path
             Path(item + ".tmp").write_text(str(os.getpid()))
             os.replace(item + ".tmp", item)
             time.sleep(120)
