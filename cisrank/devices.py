@@ -1,4 +1,7 @@
-"""Device and dtype choice: CUDA with bf16 (fp16 on older GPUs) when present, CPU float32 otherwise."""
+"""Device and dtype choice: CUDA with bf16 (fp16 on older GPUs) when present, CPU float32 otherwise.
+
+Whether a CPU computes bf16 natively (`cpu_has_native_bf16`) is asked here too: where it does,
+the rerankers' CPU default is bf16, as on a GPU (measured in bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -44,3 +47,23 @@ def resolve_dtype(requested: str | torch.dtype | None, device: torch.device) -> 
         from cisrank.errors import CisrankError
 
         raise CisrankError(f"unknown dtype '{requested}': use one of {sorted(names)}") from None
+
+
+def _cpu_probe(name: str) -> bool:
+    """A `torch.cpu._is_*_supported` probe (private API: absent or failing reads as False)."""
+    probe = getattr(torch.cpu, name, None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except Exception:  # pragma: no cover - defensive
+        return False
+
+
+def cpu_has_native_bf16() -> bool:
+    """bf16 matmuls in hardware (AVX512-BF16 or AMX), where bf16 runs about 1.9x (CIS) to 3x
+    (the cross-encoder) float32; `CISRANK_CPU_BF16` overrides the detection (0 or 1)."""
+    from cisrank import env
+
+    forced = env.cpu_bf16()
+    if forced is not None:
+        return forced
+    return _cpu_probe("_is_avx512_bf16_supported") or _cpu_probe("_is_amx_tile_supported")

@@ -12,6 +12,7 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README'
 | `CISRANK_SERVE_STATUS` | a folder where `cisrank serve`'s workers report their models loaded or failed |
 | `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
 | `CISRANK_LM_BACKEND` | the causal LM's runtime where `--backend auto` (the default) is asked: torch, onnx or ctranslate2 |
+| `CISRANK_CPU_BF16` | `0`: treat this CPU as having no native bf16 (float32 defaults everywhere); `1`: as having it; unset: detect (AVX512-BF16 or AMX) |
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SERVER_CONFIG = "CISRANK_SERVER_CONFIG"
 SERVE_STATUS = "CISRANK_SERVE_STATUS"
 MODEL_HOME = "CISRANK_MODEL_HOME"
 LM_BACKEND = "CISRANK_LM_BACKEND"
+CPU_BF16 = "CISRANK_CPU_BF16"
 
 
 def _get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -78,6 +80,21 @@ def lm_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The backend `auto` must mean in this process, when set (lower-cased)."""
     value = _get(LM_BACKEND, environ)
     return value.strip().lower() if value else None
+
+
+def cpu_bf16(environ: Mapping[str, str] | None = None) -> bool | None:
+    """Whether to treat the CPU as having native bf16 matmuls; None: detect it."""
+    value = _get(CPU_BF16, environ)
+    if value is None or value.strip().lower() == "auto":
+        return None
+    flag = value.strip().lower()
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    if flag in ("0", "false", "no", "off"):
+        return False
+    from cisrank.errors import CisrankError
+
+    raise CisrankError(f"{CPU_BF16}={value!r}: use 1, 0 or auto")
 
 
 def user_cache_dir() -> Path:

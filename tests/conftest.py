@@ -14,6 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The brute-force references of the LM tests are float32 torch: `--backend auto` (ONNX int8 on a
 # CPU) is pinned to the exact runtime here; tests of `auto` set their own environment.
 os.environ["CISRANK_LM_BACKEND"] = "torch"
+# Likewise the bf16 defaults of a CPU with native bf16 (CIS, the cross-encoder): the suite runs
+# float32 on every host, AVX2 or AVX-512 BF16 alike (spawned workers inherit this); tests of the
+# bf16 defaults set CISRANK_CPU_BF16=1 themselves.
+os.environ["CISRANK_CPU_BF16"] = "0"
 
 from builders import write_set
 

@@ -79,15 +79,17 @@ class CISRerankerConfig(ComponentConfig):
     backend: Annotated[LMBackendName, Flag()] = Field(
         default="torch",
         description="Runtime of the causal LM: torch (exact, CPU or GPU), ctranslate2 or onnx "
-        "(CPU; extras of those names; measured in bench/lm_backends.py); auto: onnx int8 on a "
-        "CPU with the onnx extra (faster, scores move by quantization noise), torch on a GPU "
-        "or with an explicit float --dtype, or what $CISRANK_LM_BACKEND names.",
+        "(CPU; extras of those names; measured in bench/lm_backends.py); auto: torch on a GPU, "
+        "with an explicit float --dtype or on a CPU with native bf16, else onnx int8 on a CPU "
+        "with the onnx extra (faster, scores move by quantization noise), or what "
+        "$CISRANK_LM_BACKEND names.",
     )
     dtype: Annotated[str | None, Flag()] = Field(
         default=None,
-        description="Compute type: float32 (CPU default) or bfloat16/float16 (GPU default "
-        "bf16) for torch; float32, int8_float32 or int8 for ctranslate2; float32 or int8 "
-        "for onnx.",
+        description="Compute type: float32 or bfloat16/float16 for torch (default bf16 on a "
+        "GPU and on a CPU with native bf16, AVX512-BF16 or AMX, unless CISRANK_CPU_BF16=0; "
+        "float32 on other CPUs; float32 gives the exact scores); float32, int8_float32 or int8 "
+        "for ctranslate2; float32 or int8 for onnx.",
     )
     prior_store: Annotated[str | None, Flag(path=True)] = Field(
         default=None,

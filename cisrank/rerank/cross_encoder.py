@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cisrank.devices import resolve_device, resolve_dtype
+from cisrank.devices import _cpu_probe, cpu_has_native_bf16, resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.lm.backends import onnx_int8_fits
 from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
@@ -87,20 +87,6 @@ ONNX_MODEL = {"float32": "model.onnx", "int8": "model-int8.onnx"}
 ONNX_TOKENIZER = "tokenizer"
 ONNX_COMPUTE_TYPES = ("float32", "int8")
 _ONNX_FEATURE = "the cross-encoder's --backend onnx"
-
-
-def _cpu_probe(name: str) -> bool:
-    """A `torch.cpu._is_*_supported` probe (private API: absent or failing reads as False)."""
-    probe = getattr(torch.cpu, name, None)
-    try:
-        return bool(probe()) if probe is not None else False
-    except Exception:  # pragma: no cover - defensive
-        return False
-
-
-def cpu_has_native_bf16() -> bool:
-    """bf16 matmuls in hardware (AVX512-BF16 or AMX): there bf16 is ~3x faster than float32."""
-    return _cpu_probe("_is_avx512_bf16_supported") or _cpu_probe("_is_amx_tile_supported")
 
 
 def _cpu_has_vnni() -> bool:

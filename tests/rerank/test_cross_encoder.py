@@ -438,3 +438,14 @@ def test_backend_and_dtype_are_flags_shared_with_cis():
     assert {"cis", "cross-encoder"} <= set(flags["backend"].kinds)
     assert {"cis", "cross-encoder"} <= set(flags["dtype"].kinds)
     assert CrossEncoderRerankerConfig().backend == "torch"
+
+
+def test_the_cpu_default_follows_native_bf16_and_its_override(ce_dir, monkeypatch):
+    """bf16 by default where the CPU computes it natively (CISRANK_CPU_BF16 stands in for the
+    detection, so this runs on any host), float32 elsewhere and whenever asked for."""
+    monkeypatch.setenv("CISRANK_CPU_BF16", "1")
+    assert CrossEncoderReranker(model=str(ce_dir), device="cpu").dtype == torch.bfloat16
+    asked = CrossEncoderReranker(model=str(ce_dir), device="cpu", dtype="float32")
+    assert asked.dtype == torch.float32
+    monkeypatch.setenv("CISRANK_CPU_BF16", "0")
+    assert CrossEncoderReranker(model=str(ce_dir), device="cpu").dtype == torch.float32
