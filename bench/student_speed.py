@@ -28,8 +28,8 @@ import numpy as np
 from common import interleaved, machine, report
 
 from cisrank.data.datasets import load_named
+from cisrank.devices import cpu_has_native_bf16
 from cisrank.eval.pipeline import QUERIES_PER_CALL
-from cisrank.rerank.cross_encoder import cpu_has_native_bf16
 from cisrank.rerank.pooled import load_on_workers
 from cisrank.workers import WorkerOptions
 

@@ -67,3 +67,8 @@ def cpu_has_native_bf16() -> bool:
     if forced is not None:
         return forced
     return _cpu_probe("_is_avx512_bf16_supported") or _cpu_probe("_is_amx_tile_supported")
+
+
+def cpu_has_vnni() -> bool:
+    """int8 dot products that accumulate in int32 (AVX512-VNNI / AVX-VNNI): no saturation."""
+    return _cpu_probe("_is_vnni_supported")

@@ -85,9 +85,9 @@ def lm_backend(environ: Mapping[str, str] | None = None) -> str | None:
 def cpu_bf16(environ: Mapping[str, str] | None = None) -> bool | None:
     """Whether to treat the CPU as having native bf16 matmuls; None: detect it."""
     value = _get(CPU_BF16, environ)
-    if value is None or value.strip().lower() == "auto":
+    flag = (value or "auto").strip().lower()
+    if flag == "auto":
         return None
-    flag = value.strip().lower()
     if flag in ("1", "true", "yes", "on"):
         return True
     if flag in ("0", "false", "no", "off"):

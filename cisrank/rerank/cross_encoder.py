@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cisrank.devices import _cpu_probe, cpu_has_native_bf16, resolve_device, resolve_dtype
+from cisrank.devices import cpu_has_native_bf16, cpu_has_vnni, resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.lm.backends import onnx_int8_fits
 from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
@@ -87,11 +87,6 @@ ONNX_MODEL = {"float32": "model.onnx", "int8": "model-int8.onnx"}
 ONNX_TOKENIZER = "tokenizer"
 ONNX_COMPUTE_TYPES = ("float32", "int8")
 _ONNX_FEATURE = "the cross-encoder's --backend onnx"
-
-
-def _cpu_has_vnni() -> bool:
-    """int8 dot products that accumulate in int32 (AVX512-VNNI / AVX-VNNI): no saturation."""
-    return _cpu_probe("_is_vnni_supported")
 
 
 def _linear_names(model: torch.nn.Module, head: bool) -> list[str]:
@@ -152,7 +147,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
                 f"(this torch has {torch.backends.quantized.supported_engines}): use quantize='none'"
             )
         linear_cls = DynamicLinear
-        if _cpu_has_vnni():
+        if cpu_has_vnni():
 
             class FullRangeDynamicLinear(DynamicLinear):
                 def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,10 +13,11 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from cisrank import testing
 from cisrank.cli.reranker_flags import flags_of
 from cisrank.data.types import rank_order
+from cisrank.devices import cpu_has_native_bf16
 from cisrank.errors import CisrankError, MissingExtraError, ModelNotFoundError
 from cisrank.rerank import Reranker, cross_encoder, load_reranker
 from cisrank.rerank.configs import CPU_BATCH_SIZE, CrossEncoderRerankerConfig
-from cisrank.rerank.cross_encoder import CrossEncoderReranker, cpu_has_native_bf16
+from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
 needs_fbgemm = pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines,
