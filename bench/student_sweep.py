@@ -1,7 +1,7 @@
 """A grid of student trainings, several seeds each, chosen on DL21 dev only (issue 30).
 
-One training of the kept recipe costs about 85 minutes on this 2-core CPU, so the choices of
-`make student` (loss, steps) were made one run at a time, and one run's dev figure moves by
+One pass of the recipe costs about 85 minutes on this 2-core CPU, so the choices of
+`make student` (loss, steps) were first made one run at a time, and one run's dev figure moves by
 about as much as the choices do: the seed decides the head's initialisation and the order of
 the batches. On an H200, eight runs at a time take 1.5 to 4 minutes each (24 runs in about
 9 minutes), so this runs a grid of `cisrank distill train` variants, each over several seeds,
@@ -30,7 +30,8 @@ from pathlib import Path
 
 from cisrank.fileio import atomic_write_text
 
-# `make student`'s recipe; each variant below changes only what it names.
+# The one-pass recipe the grid starts from (`make student` trains its `epochs2` variant since
+# that won the H200 grid); each variant below changes only what it names.
 RECIPE = (
     "--teacher-set teachers/msmarco-train-top20.parquet --pool out/trainset "
     "--teacher-fuse cis:0.1,dense:0.9 --teacher-fusion zscore --label-norm query "
