@@ -49,7 +49,7 @@ def test_every_variant_is_the_recipe_with_one_change(sweep):
 
 def test_the_dl22_variant_adds_the_dl22_set_at_the_recipes_depth_and_nothing_else(sweep):
     """The one variant that changes the data: MS MARCO's set kept, DL22's added, both cut to the
-    recipe's 20 passages a query, dev still at each quarter of the longer run."""
+    recipe's 20 passages a query, dev at the same fractions of the longer run."""
     base = sweep._options(" ".join(sweep.flags(sweep.RECIPE, "")))
     got = sweep._options(" ".join(sweep.flags(sweep.RECIPE, sweep.VARIANTS["dl22"])))
     assert got.pop("--teacher-set") == [
@@ -85,6 +85,7 @@ def test_summary_ranks_variants_by_mean_best_dev_over_finished_seeds(sweep, tmp_
     assert lr["seeds"] == [12] and lr["mean_best_dev"] == 0.57 and lr["sd"] is None
     assert base["mean_best_dev"] == round(statistics.fmean([0.55, 0.53]), 4)
     assert base["sd"] == round(statistics.stdev([0.55, 0.53]), 4)
+    assert lr["recipe"] == base["recipe"] == sweep.RECIPE
     table = (tmp_path / "summary.md").read_text().splitlines()
     assert table[2].startswith("| lr1e-4 | `--lr 1e-4` | 1 | 0.5700 |  | 0.5700 |")
     assert table[3].endswith("| 0.5500 / 0.5300 | 0.5000 / 0.5500 / 0.5400 |")
