@@ -77,8 +77,9 @@ demo-dense: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, wi
 # bi-encoder over the RRF(BM25, dense) top 20 of the 994 MS MARCO training queries; texts are
 # joined back from ../shared/data by `distill pool`). The fusion was chosen on DL21
 # (bench/hybrid_select.py --cv 5); DL19 is evaluated once at the end. bench/RESULTS.md has the
-# time on 2 cores and every student tried (training seeds before it makes the model, and a fixed
-# thread count sums in a fixed order).
+# time on 2 cores and every student tried. A rerun on the same host should write the same weights
+# (training seeds before it makes the model, and a fixed thread count sums in a fixed order);
+# bench/RESULTS.md says where that was shown.
 # One or more committed teacher sets, each a --teacher-set. Adding teachers/trec-dl22-bm25-top100.parquet
 # (DL22's 76 queries; STUDENT_EXTRA="--list-depth 20") lost on DL21, so it is not in the default.
 STUDENT_SET ?= teachers/msmarco-train-top20.parquet
