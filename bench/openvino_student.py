@@ -8,7 +8,11 @@ Runtime session), so every path scores the same batches:
 
 - ONNX Runtime float32 and int8: cisrank's `backend="onnx"` (fused graph; int8 = dynamic,
   per-channel weights);
-- OpenVINO float32: `openvino.convert_model` of the torch sequence-classification model;
+- OpenVINO float32: `openvino.convert_model` of the torch sequence-classification model, run
+  with its precision named (`INFERENCE_PRECISION_HINT`), since OpenVINO's CPU default is bf16
+  wherever the CPU computes it;
+- on such a CPU (AVX512-BF16 or AMX), OpenVINO bf16 and cisrank's PyTorch bf16 (its default
+  there) too, and the static int8 model with bf16 in its unquantized ops;
 - OpenVINO int8 (static): NNCF post-training quantization (`ModelType.TRANSFORMER`) calibrated
   on another set's pairs (DL21 by default), never on the measured queries;
 - OpenVINO int8 weights: NNCF weight compression (int8 asymmetric, per channel), float
@@ -36,6 +40,7 @@ from common import interleaved, machine, report
 
 from cisrank.data.datasets import load_named
 from cisrank.data.runs import Run
+from cisrank.devices import cpu_has_native_bf16
 from cisrank.eval.metrics import evaluate
 from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
@@ -45,10 +50,17 @@ REFERENCE = "ONNX Runtime int8 (cisrank)"
 class OpenVinoRunner:
     """A compiled OpenVINO model in the place of the reranker's ONNX Runtime session."""
 
-    def __init__(self, model: Any, names: list[str]) -> None:
+    def __init__(self, model: Any, names: list[str], precision: str = "f32") -> None:
         import openvino as ov
 
-        config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+        # The precision is named: OpenVINO's CPU default is bf16 wherever the CPU has it, so an
+        # unnamed "float32" row would run bf16 there (on int8 models, for the unquantized ops).
+        config = {
+            "INFERENCE_NUM_THREADS": 1,
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": precision,
+        }
         self.request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
         self.names = names
 
@@ -84,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration-queries", type=int, default=8)
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--depth", type=int, default=100)
+    ap.add_argument("--tag", default="", help="appended to the result's name (another host, ...)")
     args = ap.parse_args(argv)
     if importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None:
         print('needs the openvino extra: .venv/bin/pip install -e ".[openvino]"', file=sys.stderr)
@@ -118,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ov_weights = nncf.compress_weights(ov_fp32.clone(), mode=nncf.CompressWeightsMode.INT8_ASYM)
 
-    def on_openvino(model: Any) -> CrossEncoderReranker:
-        return with_runner(ort_fp32, OpenVinoRunner(model, names))
+    def on_openvino(model: Any, precision: str = "f32") -> CrossEncoderReranker:
+        return with_runner(ort_fp32, OpenVinoRunner(model, names, precision))
 
     rerankers = {
         "ONNX Runtime float32 (cisrank)": (ort_fp32, 1),
@@ -128,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         "OpenVINO int8 static (NNCF)": (on_openvino(ov_static), 1),
         "OpenVINO int8 weights (NNCF)": (on_openvino(ov_weights), 1),
     }
+    bf16 = cpu_has_native_bf16()
+    if bf16:
+        rerankers["PyTorch bf16 (cisrank)"] = (
+            CrossEncoderReranker(model=args.student, dtype="bfloat16"),
+            1,
+        )
+        rerankers["OpenVINO bf16"] = (on_openvino(ov_fp32, "bf16"), 1)
+        rerankers["OpenVINO int8 static, bf16 elsewhere"] = (on_openvino(ov_static, "bf16"), 1)
     ds = load_named(args.dataset)
     qids = [q for q in ds.qids if ds.qrels.get(q)][: args.queries]
     seconds, scores = interleaved(rerankers, ds, qids, args.depth, 1)
@@ -151,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "depth": args.depth,
         "pairs": pairs,
         "threads": 1,
+        "cpu_native_bf16": bf16,
         "openvino": ov.__version__,
         "nncf": nncf.__version__,
         "pairs_per_second": {k: round(pairs / v, 2) for k, v in seconds.items()},
@@ -163,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "machine": machine(),
     }
-    report(f"openvino_student_{args.dataset}", result)
+    report("_".join(["openvino_student", args.dataset, *filter(None, [args.tag])]), result)
     return 0
 
 
