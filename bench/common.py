@@ -88,6 +88,16 @@ def write_result(name: str, payload: dict[str, Any], results_dir: Path | None = 
     return atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
+def add_tag_option(ap: Any) -> None:
+    """`--tag`: a run on another host keeps its own record beside the committed one."""
+    ap.add_argument("--tag", default="", help="appended to the result's name (another host, ...)")
+
+
+def result_name(*parts: str) -> str:
+    """A result's file name from its parts, the empty ones (an unset `--tag`) left out."""
+    return "_".join(filter(None, parts))
+
+
 def report(name: str, payload: dict[str, Any], results_dir: Path | None = None) -> Path:
     """Print each figure on its own line, then `write_result` them."""
     width = max(len(k) for k in payload)

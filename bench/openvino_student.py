@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import interleaved, machine, report
+from common import add_tag_option, interleaved, machine, report, result_name
 
 from cisrank.data.datasets import load_named
 from cisrank.data.runs import Run
@@ -50,7 +50,7 @@ REFERENCE = "ONNX Runtime int8 (cisrank)"
 class OpenVinoRunner:
     """A compiled OpenVINO model in the place of the reranker's ONNX Runtime session."""
 
-    def __init__(self, model: Any, names: list[str], precision: str = "f32") -> None:
+    def __init__(self, model: Any, names: list[str], precision: str) -> None:
         import openvino as ov
 
         # The precision is named: OpenVINO's CPU default is bf16 wherever the CPU has it, so an
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration-queries", type=int, default=8)
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--depth", type=int, default=100)
-    ap.add_argument("--tag", default="", help="appended to the result's name (another host, ...)")
+    add_tag_option(ap)
     args = ap.parse_args(argv)
     if importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None:
         print('needs the openvino extra: .venv/bin/pip install -e ".[openvino]"', file=sys.stderr)
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "machine": machine(),
     }
-    report("_".join(["openvino_student", args.dataset, *filter(None, [args.tag])]), result)
+    report(result_name("openvino_student", args.dataset, args.tag), result)
     return 0
 
 

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import interleaved, machine, report
+from common import add_tag_option, interleaved, machine, report, result_name
 
 from cisrank.data.datasets import load_named
 from cisrank.devices import cpu_has_native_bf16
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--base", action="append", default=[], metavar="NAME=MODEL")
-    ap.add_argument("--tag", default="", help="appended to the result's name (another host, ...)")
+    add_tag_option(ap)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         bases = {
@@ -141,7 +141,7 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
         "machine": machine(),
     }
     # a run with other bases keeps its own record beside the student-only one
-    report("_".join(["student_speed", args.dataset, *bases, *filter(None, [args.tag])]), result)
+    report(result_name("student_speed", args.dataset, *bases, args.tag), result)
     return 0
 
 

@@ -67,3 +67,12 @@ def test_interleaved_scores_every_call_in_rotated_order_and_keeps_query_order(co
     assert calls == [("x", ["a", "bb"]), ("y", ["a", "bb"]), ("y", ["ccc"]), ("x", ["ccc"])]
     assert scores == {"x": [1, 2, 2, 3, 3, 4], "y": [101, 102, 102, 103, 103, 104]}
     assert set(seconds) == {"x", "y"} and all(v >= 0 for v in seconds.values())
+
+
+def test_result_name_leaves_out_an_unset_tag(common):
+    assert common.result_name("student_speed", "trec-dl19", "mpnet", "") == (
+        "student_speed_trec-dl19_mpnet"
+    )
+    assert common.result_name("openvino_student", "trec-dl19", "avx512-s12") == (
+        "openvino_student_trec-dl19_avx512-s12"
+    )
