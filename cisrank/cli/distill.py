@@ -261,6 +261,56 @@ def pack_cmd(
     )
 
 
+@distill_app.command("ship")
+def ship_cmd(
+    student: Annotated[
+        Path,
+        typer.Option("--student", help="The float32 student folder (make student: out/student)."),
+    ] = Path("out/student"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Where the shipped files go (default: the package's "
+            "cisrank/models/shipped/cisrank-student).",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Write nothing: make the files in a temporary folder and compare their sha256 "
+            "with --out's (exit 0 the same, 1 not).",
+        ),
+    ] = False,
+) -> None:
+    """Turn a trained student into the float16 files cisrank ships as `cisrank-student`
+    (deterministic: the same student gives the same sha256), or check that the shipped files
+    are that student's (`--check`)."""
+    from cisrank.distill.ship import check_shipped, ship_student
+    from cisrank.models.shipped import student_folder
+
+    target = out if out is not None else student_folder()
+    if check:
+        diffs = check_shipped(student, target)
+        if diffs:
+            typer.echo(f"{target} is not made from {student}:", err=True)
+            for line in diffs:
+                typer.echo(f"  {line}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{target}: every file has the same sha256 as the one made from {student}")
+        return
+    shipped = ship_student(student, target)
+    typer.echo(
+        f"shipped {student} -> {shipped.folder} ({shipped.bytes / 1e6:.1f} MB, "
+        f"{WEIGHTS_NOTE}; model.safetensors sha256 {shipped.files['model.safetensors'][:16]}...)"
+    )
+
+
+WEIGHTS_NOTE = "float16 weights, widened to float32 on load"
+
+
 @distill_app.command("train")
 @takes(training=TRAIN_FLAGS)
 def train_cmd(

@@ -54,23 +54,18 @@ def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """The catalogue: each model's size, licence, who published its wheels, and where it is pulled
-    (or that it is not)."""
-    from cisrank.errors import DamagedFileError
+    (or that it is not); then the models shipped with cisrank itself (its student)."""
     from cisrank.models.catalogue import folder_bytes, load_catalogue, pulled_path
-    from cisrank.models.integrity import verify_model
+    from cisrank.models.shipped import load_shipped
 
-    rows, lines = [], []
+    rows: list[dict] = []
+    lines: list[str] = []
     for entry in load_catalogue().values():
         folder = pulled_path(entry, home)
         on_disk = folder_bytes(folder) if folder else None
-        state = None
+        state: str | None = None
         if folder is not None:
-            try:
-                check = verify_model(folder)  # the fast path: a stat per file when unchanged
-                state = check.status
-                problem = f": {check.problems[0].file}" if check.problems else ""
-            except DamagedFileError as exc:
-                state, problem = "damaged", f": {Path(exc.path).name}"
+            state, problem = _state(folder)
         rows.append(
             {
                 "name": entry.name,
@@ -96,7 +91,45 @@ def list_models(
             f"{_size(entry.size)} to download\n"
             f"  from {entry.packages}, files only (no code from them runs)\n  {where}"
         )
+    for shipped in load_shipped().values():
+        state, problem = _state(shipped.folder)
+        size = folder_bytes(shipped.folder) if shipped.folder.is_dir() else None
+        rows.append(
+            {
+                "name": shipped.name,
+                "kind": shipped.kind,
+                "source_model": shipped.source_model,
+                "licence": shipped.licence,
+                "download_bytes": 0,
+                "packages": [],
+                "publisher": "cisrank",
+                "architecture": shipped.architecture,
+                "pulled": str(shipped.folder),
+                "pulled_bytes": size,
+                "state": state,
+                "shipped": True,
+            }
+        )
+        note = "" if state == "intact" else f" {state.upper()}{problem}: reinstall cisrank"
+        lines.append(
+            f"{shipped.name}  {shipped.source_model}  {shipped.kind}, {shipped.licence}, "
+            f"shipped with cisrank (nothing to download)\n  {shipped.summary}\n"
+            f"  in the package: {shipped.folder} ({_size(size)}){note}"
+        )
     typer.echo(json.dumps(rows, indent=2) if as_json else "\n".join(lines))
+
+
+def _state(folder: Path) -> tuple[str, str]:
+    """A model folder's state by the fast check (a stat per unchanged file) and its first
+    problem, for `list`."""
+    from cisrank.errors import DamagedFileError
+    from cisrank.models.integrity import verify_model
+
+    try:
+        check = verify_model(folder)
+    except DamagedFileError as exc:
+        return "damaged", f": {Path(exc.path).name}"
+    return check.status, f": {check.problems[0].file}" if check.problems else ""
 
 
 @models_app.command("pull")
@@ -119,6 +152,16 @@ def _pull(name: str, home: Path | None, find_links: Path | None) -> None:
     import time
 
     from cisrank.models.catalogue import folder_bytes, pull_model
+    from cisrank.models.integrity import require_intact_model
+    from cisrank.models.shipped import shipped_model
+
+    if (shipped := shipped_model(name)) is not None:
+        check = require_intact_model(shipped.folder, full=True)
+        typer.echo(
+            f"{shipped.name} ships with cisrank: nothing to pull ({shipped.folder}, intact: "
+            f"{check.files} files hashed in {check.seconds:.1f} s)"
+        )
+        return
 
     started = time.perf_counter()
     outcome = pull_model(
@@ -142,7 +185,10 @@ def _pull(name: str, home: Path | None, find_links: Path | None) -> None:
 def verify_models(
     names: Annotated[
         list[str] | None,
-        typer.Argument(help="Catalogue names or pulled folders (default: every pulled model)."),
+        typer.Argument(
+            help="Catalogue names or pulled folders (default: every pulled model and every "
+            "model shipped with cisrank)."
+        ),
     ] = None,
     home: HomeOpt = None,
     repair: Annotated[
@@ -154,7 +200,8 @@ def verify_models(
     ] = False,
     find_links: FindLinksOpt = None,
 ) -> None:
-    """Hash every file of pulled models against the sha256 recorded when they were pulled.
+    """Hash every file of pulled models (and of the models shipped with cisrank) against the
+    sha256 recorded when they were pulled (or shipped).
 
     One line per model. Exit code 0: intact; 1: pulled before checksums were recorded (nothing to
     check against; `--repair` or `cisrank models pull NAME` re-pulls it to record them); 2: a
@@ -163,12 +210,17 @@ def verify_models(
     from cisrank.errors import CisrankError, DamagedFileError
     from cisrank.models.catalogue import load_catalogue, lookup, model_home
     from cisrank.models.integrity import FileProblem, ModelCheck, repair_hint, verify_model
+    from cisrank.models.shipped import load_shipped
 
     root = model_home(home)
+    shipped = load_shipped()
     targets: list[tuple[str, Path]] = []
-    for name in names or [e.name for e in load_catalogue().values() if (root / e.name).exists()]:
+    pulled = [e.name for e in load_catalogue().values() if (root / e.name).exists()]
+    for name in names or [*pulled, *shipped]:
         entry = lookup(name)
-        if entry is not None:
+        if name.strip().lower() in shipped:
+            targets.append((name.strip().lower(), shipped[name.strip().lower()].folder))
+        elif entry is not None:
             targets.append((entry.name, root / entry.name))
         elif Path(name).expanduser().is_dir():
             targets.append((name, Path(name).expanduser()))

@@ -45,6 +45,7 @@ from typing import Any
 from cisrank import env
 from cisrank.errors import CisrankError, DamagedFileError
 from cisrank.fileio import atomic_write_text
+from cisrank.models.shipped import REINSTALL_HINT, SHIPPED_FORMAT, shipped_root
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class ModelCheck:
     hashed_bytes: int = 0
     seconds: float = 0.0
     problems: tuple[FileProblem, ...] = field(default_factory=tuple)
+    shipped: bool = False
+    """A folder shipped inside cisrank (`cisrank.models.shipped`): repaired by a reinstall."""
 
     @property
     def intact(self) -> bool:
@@ -106,9 +109,11 @@ class ModelCheck:
         first = self.problems[0]
         more = len(self.problems) - 1
         detail = first.detail + (f"; {more} more file(s) damaged" if more else "")
-        return DamagedModelError(
-            self.folder / first.file, detail, repair_hint(self.folder, self.name)
-        )
+        if self.shipped:
+            hint = REINSTALL_HINT.format(folder=self.folder)
+        else:
+            hint = repair_hint(self.folder, self.name)
+        return DamagedModelError(self.folder / first.file, detail, hint)
 
 
 def model_home(home: str | Path | None = None) -> Path:
@@ -119,7 +124,10 @@ def model_home(home: str | Path | None = None) -> Path:
 
 
 def repair_hint(folder: Path, name: str) -> str:
-    """The command that repairs a pulled folder, as the user would type it."""
+    """The command that repairs a pulled folder, as the user would type it (a folder shipped
+    inside the package is repaired by reinstalling it)."""
+    if folder.resolve().is_relative_to(shipped_root().resolve()):
+        return REINSTALL_HINT.format(folder=folder)
     if not name:
         return "restore the folder or pull the model again"
     if folder.name != name:
@@ -285,9 +293,10 @@ def verify_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
     if provenance is None:
         return ModelCheck(folder, "not-pulled")
     name = str(provenance.get("name", ""))
+    shipped = provenance.get("format") == SHIPPED_FORMAT
     expected = _expected(provenance)
     if expected is None:
-        return ModelCheck(folder, "unrecorded", name)
+        return ModelCheck(folder, "unrecorded", name, shipped=shipped)
     stamps = {} if full else _read_stamps(folder)
     fresh: dict[str, list[Any]] = {}
     problems: list[FileProblem] = []
@@ -332,7 +341,9 @@ def verify_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
         write_stamps(folder, fresh)
     status = "damaged" if problems else "intact"
     seconds = time.perf_counter() - started
-    return ModelCheck(folder, status, name, len(expected), total, hashed, seconds, tuple(problems))
+    return ModelCheck(
+        folder, status, name, len(expected), total, hashed, seconds, tuple(problems), shipped
+    )
 
 
 def require_intact_model(folder: str | Path, *, full: bool = False) -> ModelCheck:

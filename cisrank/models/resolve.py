@@ -13,6 +13,7 @@ from pathlib import Path
 from cisrank.errors import ModelNotFoundError
 from cisrank.models.catalogue import did_you_mean, for_source_model, resolve_catalogue_name
 from cisrank.models.integrity import PROVENANCE_FILE, require_intact_model
+from cisrank.models.shipped import shipped_model
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", MINILM_ID.lower()}
@@ -42,8 +43,9 @@ def _looks_like_path(name: str) -> bool:
 def resolve_model(name_or_path: str) -> str:
     """Return a local folder for `name_or_path`, or the hub id itself when downloads are allowed.
 
-    Order: an existing local folder; a catalogue name (`cisrank models list`) pulled with
-    `cisrank models pull`; the packaged all-MiniLM-L6-v2 for its names; the local Hugging Face
+    Order: an existing local folder; a model shipped with cisrank (`cisrank-student`); a
+    catalogue name (`cisrank models list`), pulled on first use or with `cisrank models pull`;
+    the packaged all-MiniLM-L6-v2 for its names; the local Hugging Face
     cache; the hub id (only when not offline). A name that fails offline and is close to a
     catalogue name, or is the upstream id of a catalogue model, says which name to pull.
 
@@ -63,6 +65,8 @@ def resolve_model(name_or_path: str) -> str:
                 f"model path '{name_or_path}' is not a model folder (no config.json in it)"
             )
         return _checked(path.resolve())
+    if (shipped := shipped_model(name_or_path)) is not None:
+        return _checked(shipped.folder)
     if (pulled := resolve_catalogue_name(name_or_path)) is not None:
         return _checked(Path(pulled))
     if name_or_path.lower() in _MINILM_ALIASES and (packaged := _packaged_minilm()):

@@ -1,0 +1,193 @@
+"""Turn a trained float32 student into the files cisrank ships (`cisrank distill ship`).
+
+Why a command and not a hand-made copy: the shipped files are the one set of weights the
+repository holds, so anyone must be able to check that they are what `make student` trains.
+The conversion is deterministic (the same float32 folder gives the same bytes, sha256 for
+sha256), and `--check` rebuilds them from a student folder and compares with the shipped ones.
+
+What changes and what does not:
+
+- `model.safetensors`: every floating tensor rounded to float16 (round to nearest even, IEEE
+  754 binary16), integer tensors kept; a value outside float16's finite range is refused rather
+  than turned into an infinity. Written with `safetensors`' own layout (tensors sorted, fixed
+  metadata), which is a function of the tensors alone.
+- `config.json` and the tokenizer and sentence-transformers files are copied byte for byte; the
+  config keeps `"dtype": "float32"`, so every loader widens the float16 weights to float32
+  (transformers' `dtype="auto"` reads that field).
+- `cisrank-provenance.json` records the size and sha256 of every shipped file (checked on every
+  load, `cisrank.models.integrity`) and of the source files they came from, and no date, so that
+  two runs write identical provenances.
+
+What float16 storage costs in ranking is measured, not assumed (bench/RESULTS.md: the shipped
+weights against the float32 student on every backend, DL19 and DL21).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cisrank.errors import CisrankError
+from cisrank.fileio import atomic_write_text, exchange_folders
+from cisrank.models.integrity import PROVENANCE_FILE, record_files, seal, sha256_file
+from cisrank.models.shipped import SHIPPED_FORMAT
+
+WEIGHTS = "model.safetensors"
+COPIED = (
+    "config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "added_tokens.json",
+)
+"""The files a sentence-transformers CrossEncoder folder loads from besides its weights (those
+present are copied); training logs, checkpoints and the model card stay behind."""
+
+MAX_SHIPPED_BYTES = 50_000_000
+"""The repository's bound on shipped weights (issue 45): 50 MB for the whole folder."""
+
+FLOAT16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What `ship_student` wrote: the folder, its total bytes and its files' sha256."""
+
+    folder: Path
+    bytes: int
+    files: dict[str, str]
+
+
+def _check_source(source: Path) -> dict[str, Any]:
+    if not (source / WEIGHTS).is_file() or not (source / "config.json").is_file():
+        raise CisrankError(
+            f"'{source}' is not a trained student folder (it needs {WEIGHTS} and config.json: "
+            "the folder `cisrank distill train` or `make student` writes)"
+        )
+    try:
+        config = json.loads((source / "config.json").read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CisrankError(f"{source / 'config.json'}: not readable JSON ({exc})") from None
+    archs = config.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        raise CisrankError(
+            f"'{source}' holds a {archs[0] if archs else 'model'} with no classification head, "
+            "not a cross-encoder student"
+        )
+    labels = len(config.get("id2label") or {}) or config.get("num_labels", 1)
+    if labels != 1:
+        raise CisrankError(f"'{source}' has {labels} labels; a student has one (its score)")
+    return config
+
+
+def half_tensors(source: Path) -> dict[str, Any]:
+    """The student's tensors with every floating one rounded to float16; a value float16
+    cannot hold is an error naming the tensor."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(source / WEIGHTS))
+    out = {}
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.is_floating_point():
+            t32 = t.float()
+            if not bool(torch.isfinite(t32).all()):
+                raise CisrankError(f"{source / WEIGHTS}: tensor '{name}' holds NaN or infinity")
+            peak = float(t32.abs().max()) if t32.numel() else 0.0
+            if peak > FLOAT16_MAX:
+                raise CisrankError(
+                    f"{source / WEIGHTS}: tensor '{name}' holds {peak:g}, beyond float16's "
+                    f"{FLOAT16_MAX:g}: this student cannot ship as float16"
+                )
+            t = t32.to(torch.float16)
+        out[name] = t.contiguous()
+    return out
+
+
+def _write(source: Path, staging: Path, name: str, recipe: str) -> None:
+    from safetensors.torch import save_file
+
+    _check_source(source)
+    save_file(half_tensors(source), str(staging / WEIGHTS), metadata={"format": "pt"})
+    used = [WEIGHTS]
+    for rel in COPIED:
+        if (source / rel).is_file():
+            shutil.copyfile(source / rel, staging / rel)
+            used.append(rel)
+    files, _ = record_files(staging)
+    provenance = {
+        "name": name,
+        "kind": "cross-encoder",
+        "format": SHIPPED_FORMAT,
+        "weights": "float16 (round to nearest even) of the float32 student below; config.json "
+        "says float32, so loaders widen them to float32",
+        "recipe": recipe,
+        "source": {rel: {"sha256": sha256_file(source / rel)} for rel in sorted(used)},
+        "files": files,
+    }
+    atomic_write_text(staging / PROVENANCE_FILE, json.dumps(seal(provenance), indent=2) + "\n")
+
+
+def ship_student(
+    source: str | Path,
+    out: str | Path,
+    *,
+    name: str = "cisrank-student",
+    recipe: str = "make student",
+) -> Shipped:
+    """Write the shipped form of the float32 student `source` into `out` (replaced whole, in
+    one step: a reader sees the old folder or the new one). Deterministic."""
+    source, out = Path(source), Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.ship-", dir=out.parent))
+    try:
+        _write(source, staging, name, recipe)
+        total = sum(p.stat().st_size for p in staging.iterdir())
+        if total > MAX_SHIPPED_BYTES:
+            raise CisrankError(
+                f"the shipped student would take {total / 1e6:.1f} MB, over the "
+                f"{MAX_SHIPPED_BYTES / 1e6:.0f} MB the repository allows"
+            )
+        hashes = {p.name: sha256_file(p) for p in sorted(staging.iterdir())}
+        if out.exists():
+            if not exchange_folders(staging, out):
+                old = staging.with_name(staging.name + ".old")
+                out.rename(old)
+                staging.rename(out)
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(out)
+        return Shipped(out, total, hashes)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_shipped(source: str | Path, shipped: str | Path, **options: Any) -> list[str]:
+    """The differences between the shipped folder and what `ship_student(source)` writes now:
+    [] when every file has the same sha256 (the shipped files are `source`'s, exactly)."""
+    shipped = Path(shipped)
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = ship_student(source, Path(tmp) / shipped.name, **options)
+        have = (
+            {p.name: sha256_file(p) for p in sorted(shipped.iterdir())} if shipped.is_dir() else {}
+        )
+        diffs = []
+        for rel in sorted(set(fresh.files) | set(have)):
+            if rel not in have:
+                diffs.append(f"{rel}: not in {shipped}")
+            elif rel not in fresh.files:
+                diffs.append(f"{rel}: in {shipped} but not made from {source}")
+            elif have[rel] != fresh.files[rel]:
+                diffs.append(
+                    f"{rel}: sha256 {have[rel][:12]}... shipped, {fresh.files[rel][:12]}... made"
+                )
+        return diffs
