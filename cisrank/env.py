@@ -13,6 +13,8 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README'
 | `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
 | `CISRANK_LM_BACKEND` | the causal LM's runtime where `--backend auto` (the default) is asked: torch, onnx or ctranslate2 |
 | `CISRANK_CPU_BF16` | `0`: treat this CPU as having no native bf16 (float32 defaults everywhere); `1`: as having it; unset: detect (AVX512-BF16 or AMX) |
+| `CISRANK_ENCODER_BACKEND` | the cross-encoder's runtime where `--backend auto` (its default) is asked: torch or onnx |
+| `CISRANK_AUTO_PULL` | `0`: a catalogue model named but not pulled is an error naming `cisrank models pull`; default `1`: pulled on first use, with one line saying so |
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ SERVE_STATUS = "CISRANK_SERVE_STATUS"
 MODEL_HOME = "CISRANK_MODEL_HOME"
 LM_BACKEND = "CISRANK_LM_BACKEND"
 CPU_BF16 = "CISRANK_CPU_BF16"
+ENCODER_BACKEND = "CISRANK_ENCODER_BACKEND"
+AUTO_PULL = "CISRANK_AUTO_PULL"
 
 
 def _get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -80,6 +84,24 @@ def lm_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The backend `auto` must mean in this process, when set (lower-cased)."""
     value = _get(LM_BACKEND, environ)
     return value.strip().lower() if value else None
+
+
+def encoder_backend(environ: Mapping[str, str] | None = None) -> str | None:
+    """The backend the cross-encoder's `auto` must mean in this process, when set."""
+    value = _get(ENCODER_BACKEND, environ)
+    return value.strip().lower() if value else None
+
+
+def auto_pull(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a catalogue model named but not pulled is pulled on first use (the default)."""
+    value = (_get(AUTO_PULL, environ) or "1").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    from cisrank.errors import CisrankError
+
+    raise CisrankError(f"{AUTO_PULL}={value!r}: use 1 or 0")
 
 
 def cpu_bf16(environ: Mapping[str, str] | None = None) -> bool | None:

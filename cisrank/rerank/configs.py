@@ -20,6 +20,19 @@ Estimator = Literal["forward", "reverse", "both"]
 # `auto` picks a runtime per host (cisrank.lm.backends); the cross-encoder's auto is torch.
 LMBackendName = Literal["auto", "torch", "ctranslate2", "onnx"]
 
+DEFAULT_CIS_MODEL = "smollm2-135m-instruct"
+"""The causal LM of CIS when none is named: the catalogue's SmolLM2-135M-Instruct, the model
+every CIS figure of bench/RESULTS.md was measured with."""
+
+STUDENT_MODEL = "cisrank-student"
+"""The student shipped with cisrank (`cisrank.models.shipped`), the `student` kind's model."""
+
+DEFAULT_HYBRID_FUSE = "cis:0.3,dense:0.7"
+"""The hybrid's fusion when none is named: `bench/hybrid_select.py --cv 5` on DL21 (5-fold
+cross-validation over families of fusions, the family with the best held-out nDCG@10 refitted on
+all of DL21): linear min-max, CIS 0.3 and the dense bi-encoder 0.7 (bench/RESULTS.md, 'A stronger
+bi-encoder: all-mpnet-base-v2', hybrid_select_d20_minilm.json)."""
+
 CPU_BATCH_SIZE = 8
 GPU_BATCH_SIZE = 128
 """Cross-encoder pairs per model batch when unset: small on CPU (less padding), large on GPU."""
@@ -37,12 +50,18 @@ class DenseRerankerConfig(ComponentConfig):
         description="Texts per encoder batch; 16 on CPU (less padding: 1.2x faster than 32 on "
         "DL19 passages, see bench/RESULTS.md), 128 on GPU when unset.",
     )
-    device: str | None = None
+    device: str | None = Field(
+        default=None, description="torch device (cpu, cuda, cuda:1); unset: CUDA when present."
+    )
     max_seq_length: int | None = Field(
         default=None, ge=1, description="Token limit; the model's own (256 for MiniLM) when unset."
     )
-    query_prefix: str = ""
-    passage_prefix: str = ""
+    query_prefix: str = Field(
+        default="", description="Text put before every query (e.g. 'query: ' for E5 encoders)."
+    )
+    passage_prefix: str = Field(
+        default="", description="Text put before every passage (e.g. 'passage: ' for E5)."
+    )
 
 
 class CISRerankerConfig(ComponentConfig):
@@ -50,22 +69,32 @@ class CISRerankerConfig(ComponentConfig):
 
     label: ClassVar[str] = "CIS reranker"
 
-    model: str = "gpt2"
+    model: str = Field(
+        default=DEFAULT_CIS_MODEL,
+        description="Causal LM: a Hugging Face id, a local folder or a catalogue name; default "
+        f"{DEFAULT_CIS_MODEL} (the catalogue's, pulled on first use), the model of every CIS "
+        "figure in bench/RESULTS.md.",
+    )
     estimator: Annotated[Estimator, Flag()] = Field(
-        default="forward",
-        description="forward: log p(K|Q) - log p(K) (prior offline); reverse: log p(Q|K) under a "
-        "passage-first template (no prior; the same CIS up to log p(Q), constant per query); "
-        "both: the mean of the two.",
+        default="reverse",
+        description="reverse (default): log p(Q|K) under a passage-first template (no prior; "
+        "the same CIS up to log p(Q), constant per query); forward: log p(K|Q) - log p(K) "
+        "(prior offline); both: the mean of the two. Chosen on DL21 (bench/RESULTS.md, "
+        "'Choosing the estimator on DL21': reverse upr 0.5086 nDCG@10 at depth 20 against "
+        "forward 0.4470 at best); DL19 at depth 100: 0.5860.",
     )
     template: Annotated[str, Flag()] = Field(
-        default="plain",
-        description="Query template: plain, qa, chat (the tokenizer's chat template), or a "
-        "custom string holding {query}.",
+        default="qa",
+        description="Query template of the forward estimator: qa (default, the paper's "
+        "'Question: Q Answer:' form), plain, chat (the tokenizer's chat template), or a custom "
+        "string holding {query}. On DL21 (depth 20) forward qa 0.4391, plain 0.4207, chat 0.4470 "
+        "with an instruction-tuned model (bench/RESULTS.md).",
     )
     reverse_template: Annotated[str, Flag()] = Field(
         default="upr",
-        description="Passage-first template of the reverse estimator: upr, chat, or a custom "
-        "string holding {passage} and ending with {query}.",
+        description="Passage-first template of the reverse estimator: upr (default; 0.5086 on "
+        "DL21 at depth 20 against chat's 0.5043, bench/RESULTS.md), chat, or a custom string "
+        "holding {passage} and ending with {query}.",
     )
     max_doc_tokens: Annotated[int, Flag()] = Field(
         default=512, ge=1, description="Passage tokens kept."
@@ -75,7 +104,9 @@ class CISRerankerConfig(ComponentConfig):
     max_padding: float | None = Field(
         default=None, ge=0.0, lt=1.0, description="Padding a row may carry (0.05 CPU, 0.25 GPU)."
     )
-    device: str | None = None
+    device: str | None = Field(
+        default=None, description="torch device (cpu, cuda, cuda:1); unset: CUDA when present."
+    )
     backend: Annotated[LMBackendName, Flag()] = Field(
         default="torch",
         description="Runtime of the causal LM: torch (exact, CPU or GPU), ctranslate2 or onnx "
@@ -101,7 +132,10 @@ class CISRerankerConfig(ComponentConfig):
         default="sum",
         description="'sum' of the passage's token log-probabilities, or their 'mean'.",
     )
-    padding_side: Literal["right", "left"] = "right"
+    padding_side: Literal["right", "left"] = Field(
+        default="right",
+        description="The side short rows are padded on (scores do not depend on it).",
+    )
 
     @field_validator("template")
     @classmethod
@@ -122,8 +156,10 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     label: ClassVar[str] = "cross-encoder"
 
     model: str | None = Field(
-        default=None,
-        description="CrossEncoder folder (e.g. the output of distillation training) or hub id.",
+        default=STUDENT_MODEL,
+        description="A sentence-transformers CrossEncoder with one logit: a folder (the output of "
+        f"distillation training), a hub id, or {STUDENT_MODEL} (default), the student shipped "
+        "with cisrank.",
     )
     batch_size: int | None = Field(
         default=None,
@@ -137,15 +173,19 @@ class CrossEncoderRerankerConfig(ComponentConfig):
         description="Tokens per (query, passage) pair, truncated longest-first; the model's own "
         "limit when unset.",
     )
-    device: str | None = None
+    device: str | None = Field(
+        default=None, description="torch device (cpu, cuda, cuda:1); unset: CUDA when present."
+    )
     # backend and dtype share their flags with the CIS reranker's: the same field type, and the
     # help shows the first kind's description.
     backend: Annotated[LMBackendName, Flag()] = Field(
-        default="torch",
-        description="torch (CPU or GPU) or onnx: the model exported once to ONNX and run by ONNX "
-        "Runtime (CPU; extra 'onnx'; measured in bench/cross_encoder.py); auto: onnx int8 on a "
-        "CPU where onnxruntime is installed and no dtype or quantization is asked for (measured "
-        "1.7x-2.4x torch float32 within 0.001 nDCG@10 on DL21 and DL19), torch otherwise.",
+        default="auto",
+        description="auto (default): onnx int8 on a CPU where onnxruntime is installed (extra "
+        "'onnx') and no dtype or quantization is asked for, torch otherwise (GPUs included), or "
+        "what $CISRANK_ENCODER_BACKEND names; measured for the kept student at 2.29x torch "
+        "float32 and 1.22x torch bf16, DL19 nDCG@10 0.6542 against float32's 0.6486 "
+        "(bench/RESULTS.md, 'The two-pass student'). torch: exact float32 (or bf16) scores, CPU "
+        "or GPU; onnx: exported once to ONNX and run by ONNX Runtime (CPU).",
     )
     dtype: Annotated[str | None, Flag()] = Field(
         default=None,
@@ -169,16 +209,31 @@ class CrossEncoderRerankerConfig(ComponentConfig):
         return v
 
 
+class StudentRerankerConfig(CrossEncoderRerankerConfig):
+    """The cross-encoder with the student that ships with cisrank as its model: `--reranker
+    student` is `--reranker cross-encoder --model cisrank-student`, option for option."""
+
+    label: ClassVar[str] = "student reranker"
+
+    model: str | None = Field(
+        default=STUDENT_MODEL,
+        description=f"The student's folder; default {STUDENT_MODEL}, shipped with cisrank (DL19 "
+        "nDCG@10 0.6477, bench/RESULTS.md).",
+    )
+
+
 class HybridRerankerConfig(ComponentConfig):
     """Which scorers are fused, with which weights and method."""
 
     label: ClassVar[str] = "hybrid reranker"
 
     fuse: Annotated[str, Flag()] = Field(
-        default="cis:0.5,dense:0.5",
+        default=DEFAULT_HYBRID_FUSE,
         description="Components and weights, 'KIND:W,...': reranker kinds (cis, dense, "
-        "cross-encoder) and first-stage (the input order). --model goes to the first component "
-        "that takes a model.",
+        "cross-encoder, student) and first-stage (the input order). --model goes to the first "
+        f"component that takes a model. Default {DEFAULT_HYBRID_FUSE}, linear: chosen on DL21 "
+        "by 5-fold cross-validation (bench/hybrid_select.py --cv 5; CV nDCG@10 0.5448 at depth "
+        "20, DL19 0.6074 at depth 20, bench/RESULTS.md).",
     )
     fusion: Annotated[Literal["linear", "rrf"], Flag()] = Field(
         default="linear",

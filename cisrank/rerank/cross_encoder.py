@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cisrank import env
 from cisrank.devices import cpu_has_native_bf16, cpu_has_vnni, resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError, require
 from cisrank.lm.backends import onnx_int8_fits
@@ -75,7 +76,12 @@ from cisrank.lm.onnx_export import (
 )
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker, fast_only
-from cisrank.rerank.configs import CPU_BATCH_SIZE, GPU_BATCH_SIZE, CrossEncoderRerankerConfig
+from cisrank.rerank.configs import (
+    CPU_BATCH_SIZE,
+    GPU_BATCH_SIZE,
+    CrossEncoderRerankerConfig,
+    StudentRerankerConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +181,14 @@ def load_cross_encoder(model: str, device: torch.device, max_length: int | None 
 
     path = resolve_model(model)
     try:
+        # float32 by name: transformers 5 loads in the checkpoint's own type by default, and the
+        # shipped student is stored as float16 (widened here; bf16 is made from float32 later).
         encoder = CrossEncoder(
-            path, device=str(device), max_length=max_length, activation_fn=torch.nn.Identity()
+            path,
+            device=str(device),
+            max_length=max_length,
+            activation_fn=torch.nn.Identity(),
+            model_kwargs={"dtype": torch.float32},
         )
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load cross-encoder '{model}' from {path}: {exc}") from exc
@@ -445,12 +457,23 @@ class OnnxCrossEncoder:
 
 
 def _resolve_backend(config: CrossEncoderRerankerConfig) -> tuple[str, str | None]:
-    """The (backend, dtype) that `backend="auto"` means: ONNX Runtime int8 on a CPU where
-    onnxruntime is installed and neither a dtype nor torch's quantization is asked for (the
-    student's fast path: bench/RESULTS.md, 1.7x torch float32 on DL21 and 2.4x on DL19, nDCG@10
-    within 0.001 on both); torch otherwise. Other backends are taken as asked."""
+    """The (backend, dtype) that `backend="auto"` (the default) means: what
+    `$CISRANK_ENCODER_BACKEND` names where set; else ONNX Runtime int8 on a CPU where onnxruntime
+    is installed and neither a dtype nor torch's quantization is asked for (the student's fast
+    path: bench/RESULTS.md, 2.29x torch float32 and 1.22x torch bf16 for the kept student on an
+    AVX-512 VNNI host, 1.7x-2.4x float32 on AVX2); torch otherwise (a GPU, no onnxruntime).
+    Other backends are taken as asked."""
     if config.backend != "auto":
         return config.backend, config.dtype
+    forced = env.encoder_backend()
+    if forced is not None:
+        if forced not in ("torch", "onnx"):
+            raise CisrankError(
+                f"{env.ENCODER_BACKEND}={forced!r} is not a cross-encoder backend: torch or onnx"
+            )
+        if forced == "torch":
+            return "torch", config.dtype
+        return "onnx", config.dtype or "int8"
     if config.quantize == "none" and onnx_int8_fits(config.device, config.dtype):
         return "onnx", "int8"
     return "torch", config.dtype
@@ -478,8 +501,9 @@ class CrossEncoderReranker(BaseReranker):
         self.config = (config or CrossEncoderRerankerConfig()).replace(model=model, **options)
         if not self.config.model:
             raise CisrankError(
-                "the cross-encoder reranker needs a model: pass --model with the folder written "
-                "by distillation training (any sentence-transformers CrossEncoder folder works)"
+                "the cross-encoder reranker needs a model: pass --model with a CrossEncoder "
+                "folder (the one distillation training writes) or leave it unset for the "
+                "student shipped with cisrank (cisrank-student)"
             )
         self.model_name = self.config.model
         self.backend, dtype = _resolve_backend(self.config)
@@ -648,3 +672,25 @@ class CrossEncoderReranker(BaseReranker):
             f"CrossEncoderReranker(model={self.model_name!r}, device={str(self.device)!r}, "
             f"dtype={str(self.dtype).removeprefix('torch.')!r}, quantize={self.config.quantize!r})"
         )
+
+
+class StudentReranker(CrossEncoderReranker):
+    """The student that ships with cisrank (`cisrank-student`, `cisrank.models.shipped`): a
+    MiniLM-L6 cross-encoder distilled from CIS and all-mpnet-base-v2 (`make student`), served
+    as `--reranker student`. The same scores as `--reranker cross-encoder --model
+    cisrank-student`, option for option; only its name and its config's label differ.
+
+    Example:
+        load_reranker("student").rank("who wrote hamlet", documents, top_n=3)
+    """
+
+    name = "student"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: CrossEncoderRerankerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(model, config=config or StudentRerankerConfig(), **options)

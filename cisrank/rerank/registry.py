@@ -21,6 +21,7 @@ from cisrank.rerank.configs import (
     CrossEncoderRerankerConfig,
     DenseRerankerConfig,
     HybridRerankerConfig,
+    StudentRerankerConfig,
 )
 
 ConfigT = TypeVar("ConfigT", bound=ComponentConfig)
@@ -81,6 +82,12 @@ def _cross_encoder() -> RerankerClass[CrossEncoderRerankerConfig]:
     return CrossEncoderReranker
 
 
+def _student() -> RerankerClass[StudentRerankerConfig]:
+    from cisrank.rerank.cross_encoder import StudentReranker
+
+    return StudentReranker
+
+
 def _hybrid() -> RerankerClass[HybridRerankerConfig]:
     from cisrank.rerank.hybrid import HybridReranker
 
@@ -107,6 +114,12 @@ KINDS: dict[str, RerankerKind[Any]] = {
             "cosine of bi-encoder embeddings",
             DenseRerankerConfig,
             _dense,
+        ),
+        RerankerKind(
+            "student",
+            "the cross-encoder shipped with cisrank (DL19 0.6477)",
+            StudentRerankerConfig,
+            _student,
         ),
         RerankerKind(
             "hybrid",
@@ -139,6 +152,40 @@ def config_fields(name: str) -> frozenset[str]:
     if check_name(name) == NO_RERANKER:
         return frozenset()
     return KINDS[name].fields
+
+
+def default_model(name: str) -> str | None:
+    """The model kind `name` loads when none is named (its config's default), or None for a
+    kind without one of its own (`none`, a fusion of other kinds)."""
+    if check_name(name) == NO_RERANKER:
+        return None
+    field = KINDS[name].config.model_fields.get("model")
+    default = field.default if field is not None else None
+    return default if isinstance(default, str) else None
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """Options for kind `name`, checked as building it would check them but without loading
+    a model (or torch): unknown ones named with their owner, values against the kind's config;
+    a fusing kind's options against its own config and the kinds it may fuse. None values
+    mean "the default" and are skipped. For checks before a server starts."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if check_name(name) == NO_RERANKER or not given:
+        return
+    kind = KINDS[name]
+    if not kind.fuses:
+        _check_options(kind, given)
+        kind.config().replace(**given)
+        return
+    own = {k: v for k, v in given.items() if k in kind.fields}
+    kind.config().replace(**own)
+    others = set(given) - set(own)
+    fusable = frozenset().union(*(k.fields for k in KINDS.values() if not k.fuses))
+    stray = sorted(others - fusable)
+    if stray:
+        raise CisrankError(
+            f"{', '.join(map(flag_name, stray))}: not options of {name} or of a kind it fuses"
+        )
 
 
 def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:

@@ -25,7 +25,8 @@ def test_generate_command_writes_rows_and_resumes(data_sets, tiny_gpt2_dir, tmp_
     args = [
         "distill", "generate", "--dataset", "trec-dl22", "--data-dir", str(data_sets / "trec-dl22"),
         "--teacher", "cis", "--model", str(tiny_gpt2_dir), "--template", "qa",
-        "--depth", "3", "--shard-pairs", "9", "--out", str(out), "--quiet",
+        "--estimator", "forward", "--depth", "3", "--shard-pairs", "9", "--out", str(out),
+        "--quiet",
     ]  # fmt: skip
     first = invoke(*args)
     assert first.exit_code == 0, first.output
@@ -63,8 +64,8 @@ def test_generate_command_takes_the_reverse_estimator(data_sets, tiny_gpt2_dir, 
         assert [got[(qid, h.docid)] for h in hits] == pytest.approx(want, abs=1e-4)
     forward = invoke(
         "distill", "generate", "--dataset", "trec-dl22", "--data-dir", str(data_sets / "trec-dl22"),
-        "--teacher", "cis", "--model", str(tiny_gpt2_dir), "--depth", "3",
-        "--out", str(tmp_path / "fwd"), "--quiet",
+        "--teacher", "cis", "--model", str(tiny_gpt2_dir), "--estimator", "forward",
+        "--depth", "3", "--out", str(tmp_path / "fwd"), "--quiet",
     )  # fmt: skip
     assert forward.exit_code == 0, forward.output
     assert R.read_rows(tmp_path / "fwd").to_pydict()["score"] != rows["score"]

@@ -53,7 +53,7 @@ def test_no_reranker_names_the_kinds_to_choose(tmp_path):
     assert p.returncode == 2
     assert (
         _last_line(p)
-        == "error: `rerank` needs a reranker: --reranker cis, cross-encoder, dense, hybrid"
+        == "error: `rerank` needs a reranker: --reranker cis, cross-encoder, dense, hybrid, student"
     )
 
 

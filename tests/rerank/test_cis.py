@@ -65,12 +65,14 @@ def refs(tiny_gpt2_dir, tiny_llama_dir, tiny_gpt2_bpe_dir):
 def test_matches_brute_force(refs, arch, template, tmp_path):
     path, ref, tok = refs[arch]
     exp = [brute(ref, tok, TEMPLATES[template], QUERY, k) for k in PASSAGES]
-    r = CISReranker(str(path), template=template, device="cpu", batch_size=4)
+    r = CISReranker(str(path), template=template, device="cpu", batch_size=4, estimator="forward")
     assert np.abs(np.array(r.log_conditional(QUERY, PASSAGES)) - [e[0] for e in exp]).max() <= TOL
     assert np.abs(np.array(r.log_prior(PASSAGES)) - [e[1] for e in exp]).max() <= TOL
     cis = [e[0] - e[1] for e in exp]
     assert np.abs(np.array(r.score(QUERY, PASSAGES)) - cis).max() <= TOL
-    mean = CISReranker(str(path), template=template, normalize="mean", engine=r.engine)
+    mean = CISReranker(
+        str(path), template=template, normalize="mean", engine=r.engine, estimator="forward"
+    )
     assert (
         np.abs(
             np.array(mean.score(QUERY, PASSAGES))
@@ -84,7 +86,12 @@ def test_matches_brute_force(refs, arch, template, tmp_path):
     random.Random(1).shuffle(order)
     for bs, side in ((1, "left"), (2, "right"), (len(PASSAGES), "left")):
         rr = CISReranker(
-            str(path), template=template, batch_size=bs, padding_side=side, prior_store=store
+            str(path),
+            template=template,
+            batch_size=bs,
+            padding_side=side,
+            prior_store=store,
+            estimator="forward",
         )
         got = rr.score(QUERY, [PASSAGES[i] for i in order])
         assert np.abs(np.array(got) - [cis[i] for i in order]).max() <= TOL, (bs, side)
@@ -99,7 +106,7 @@ def test_custom_template_and_bpe_boundary(refs):
     joint = tok(template.format(query=query) + passage, add_special_tokens=False)["input_ids"]
     sep = tok(passage, add_special_tokens=False)["input_ids"]
     assert joint[-len(sep) :] != sep  # the joint string really tokenizes differently
-    r = CISReranker(str(path), template=template, device="cpu")
+    r = CISReranker(str(path), template=template, device="cpu", estimator="forward")
     c, p, _ = brute(ref, tok, template, query, passage)
     assert abs(r.log_conditional(query, [passage])[0] - c) <= TOL
     assert abs(r.score(query, [passage])[0] - (c - p)) <= TOL
@@ -107,14 +114,16 @@ def test_custom_template_and_bpe_boundary(refs):
 
 def test_store_misses_on_other_model_or_max_doc_tokens(refs, tmp_path):
     store = PriorStore(tmp_path / "priors.sqlite")
-    gpt2 = CISReranker(str(refs["gpt2"][0]), prior_store=store)
+    gpt2 = CISReranker(str(refs["gpt2"][0]), prior_store=store, estimator="forward")
     cold = gpt2.log_prior(PASSAGES)
     warm = gpt2.log_prior(PASSAGES)
     assert cold == warm and store.stats() == {"hits": len(PASSAGES), "misses": len(PASSAGES)}
-    llama = CISReranker(str(refs["llama"][0]), prior_store=store)
+    llama = CISReranker(str(refs["llama"][0]), prior_store=store, estimator="forward")
     llama.log_prior(PASSAGES)
     assert store.stats()["misses"] == 2 * len(PASSAGES)
-    short = CISReranker(str(refs["gpt2"][0]), prior_store=store, max_doc_tokens=4)
+    short = CISReranker(
+        str(refs["gpt2"][0]), prior_store=store, max_doc_tokens=4, estimator="forward"
+    )
     got = short.log_prior(PASSAGES)
     assert store.stats()["misses"] == 3 * len(PASSAGES)
     _, ref, tok = refs["gpt2"]
@@ -125,12 +134,19 @@ def test_store_misses_on_other_model_or_max_doc_tokens(refs, tmp_path):
 def test_validation_and_registry(refs, tmp_path):
     path = str(refs["gpt2"][0])
     with pytest.raises(CisrankError, match="neither a named template"):
-        CISReranker(path, template="no placeholder")
+        CISReranker(path, template="no placeholder", estimator="forward")
     with pytest.raises(CisrankError, match="unknown CIS reranker option"):
-        CISReranker(path, temperature=2)
+        CISReranker(path, temperature=2, estimator="forward")
     with pytest.raises(CisrankError, match="cis reranker, not of dense"):
         load_reranker("dense", "all-MiniLM-L6-v2", template="qa")
-    r = load_reranker("cis", path, template="qa", max_doc_tokens=8, prior_store=str(tmp_path / "s"))
+    r = load_reranker(
+        "cis",
+        path,
+        template="qa",
+        max_doc_tokens=8,
+        prior_store=str(tmp_path / "s"),
+        estimator="forward",
+    )
     assert isinstance(r, CISReranker) and r.prior_store is not None
     assert r.config.max_doc_tokens == 8 and r.score(QUERY, []) == []
     ranked = r.rerank(QUERY, PASSAGES, top_n=2)
@@ -159,14 +175,24 @@ def test_cli_rerank_and_errors(refs, tmp_path, monkeypatch, capsys):
     code, out, err = _cli(
         monkeypatch,
         capsys,
-        [*base, "-r", "cis", "-m", path, "--template", "qa", "--prior-store", store, "--json"],
+        [
+            *base,
+            *("-r", "cis", "-m", path, "--estimator", "forward", "--template", "qa"),
+            *("--prior-store", store, "--json"),
+        ],
     )
     assert code == 0, err
     rows = json.loads(out)["results"]
-    expected = CISReranker(path, template="qa").score(QUERY, PASSAGES)
+    expected = CISReranker(path, template="qa", estimator="forward").score(QUERY, PASSAGES)
     assert rows[0]["id"] == f"d{int(np.argmax(expected))}"
     assert abs(rows[0]["score"] - max(expected)) <= TOL
     assert PriorStore(store).count() == len(set(PASSAGES))
+    # the default estimator is the reverse one (chosen on DL21): query likelihood, no prior
+    code, out, err = _cli(monkeypatch, capsys, [*base, "-r", "cis", "-m", path, "--json"])
+    assert code == 0, err
+    reverse = CISReranker(path, estimator="reverse").score(QUERY, PASSAGES)
+    got = {row["id"]: row["score"] for row in json.loads(out)["results"]}
+    assert [got[f"d{i}"] for i in range(len(PASSAGES))] == pytest.approx(reverse, abs=TOL)
     code, _, err = _cli(monkeypatch, capsys, [*base, "-r", "cis", "-m", str(tmp_path / "no" / "m")])
     assert code == 2 and err.count("\n") == 1 and "does not exist" in err
     code, _, err = _cli(monkeypatch, capsys, [*base, "-r", "dense", "--template", "qa"])

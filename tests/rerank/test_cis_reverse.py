@@ -116,7 +116,7 @@ def test_reverse_is_batch_and_padding_independent(models):
 
 def test_both_is_the_mean_of_forward_and_reverse(models):
     path, _, _ = models["gpt2"]
-    fwd = CISReranker(str(path), template="qa", device="cpu")
+    fwd = CISReranker(str(path), template="qa", device="cpu", estimator="forward")
     rev = CISReranker(str(path), estimator="reverse", device="cpu", engine=fwd.engine)
     both = CISReranker(str(path), estimator="both", template="qa", device="cpu", engine=fwd.engine)
     f, r, b = fwd.score(QUERY, PASSAGES), rev.score(QUERY, PASSAGES), both.score(QUERY, PASSAGES)

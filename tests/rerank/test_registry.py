@@ -17,7 +17,7 @@ RERANK = Path(cisrank.rerank.__file__).parent
 
 
 def test_every_kind_has_a_config_and_a_class_of_the_one_shape():
-    assert available() == ["none", "cis", "cross-encoder", "dense", "hybrid"]
+    assert available() == ["none", "cis", "cross-encoder", "dense", "hybrid", "student"]
     for name, kind in KINDS.items():
         assert kind.name == name and kind.summary
         assert issubclass(kind.config, ComponentConfig)
