@@ -22,7 +22,7 @@ import typer
 from pydantic.fields import FieldInfo
 
 from cisrank.cli.defaults import field_help
-from cisrank.config import ComponentConfig, flag_fields, flag_name
+from cisrank.config import ComponentConfig, Flag, flag_fields, flag_name
 from cisrank.rerank.registry import KINDS
 
 Command = TypeVar("Command", bound=Callable[..., None])
@@ -50,6 +50,19 @@ class RerankerFlag:
 
     def parameter(self, role: str) -> inspect.Parameter:
         info = self.config.model_fields[self.field]
+        if is_mapping(info):
+            option = typer.Option(
+                self.name,
+                help=field_help(self.config, self.field) + " As KIND=MODEL,KIND=MODEL.",
+                rich_help_panel=self.panel(role),
+                callback=_mapping,
+            )
+            return inspect.Parameter(
+                self.field,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[str | None, option],
+            )
         # Field(ge=..., le=...) as typer's min and max: out of range is the usage error it was.
         bounds = {
             flag: next((getattr(m, bound) for m in info.metadata if hasattr(m, bound)), None)
@@ -77,6 +90,36 @@ def _path_string(value: Path | None) -> str | None:
     return None if value is None else str(value)
 
 
+def is_mapping(info: FieldInfo) -> bool:
+    """A `dict[str, str]` field (the hybrid's `models`), given on the command line as
+    `KEY=VALUE,KEY=VALUE`."""
+    return get_origin(info.annotation) is dict
+
+
+def _mapping(value: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in value.split(",")):
+        key, sep, item = part.partition("=")
+        if not part or not sep or not key.strip() or not item.strip():
+            raise typer.BadParameter(f"'{part}': give KEY=VALUE pairs separated by commas")
+        out[key.strip()] = item.strip()
+    return out
+
+
+def flaggable(info: FieldInfo) -> bool:
+    """Whether a config field can be a flag: str, int, float (a Literal of them, optional or
+    not) or a str mapping."""
+    if is_mapping(info):
+        return True
+    try:
+        cli_type(info)
+    except TypeError:
+        return False
+    return True
+
+
 def cli_type(info: FieldInfo) -> type:
     """The flag's type: the field's, less None; a Literal's values are checked by the config,
     with its one-line error, so the flag reads text."""
@@ -90,14 +133,21 @@ def cli_type(info: FieldInfo) -> type:
     return cast(type, annotation)
 
 
-def flags_of(kinds: Sequence[str] | None = None, omit: Collection[str] = ()) -> list[RerankerFlag]:
+def flags_of(
+    kinds: Sequence[str] | None = None, omit: Collection[str] = (), every_field: bool = False
+) -> list[RerankerFlag]:
     """The flags of the given reranker kinds (all by default), in table and field order; a
-    field several kinds mark is one flag."""
+    field several kinds mark is one flag. `every_field`: every option of a kind that a flag can
+    carry, marked `Flag()` or not (`serve`, whose flags are the whole reranker spec)."""
     found: dict[str, RerankerFlag] = {}
     for kind in KINDS.values():
         if kinds is not None and kind.name not in kinds:
             continue
-        for field, mark in flag_fields(kind.config).items():
+        marks = flag_fields(kind.config)
+        if every_field:
+            infos = kind.config.model_fields
+            marks = {f: marks.get(f, Flag()) for f, i in infos.items() if flaggable(i)}
+        for field, mark in marks.items():
             if field in omit:
                 continue
             if field in found:
@@ -112,11 +162,16 @@ def flags_of(kinds: Sequence[str] | None = None, omit: Collection[str] = ()) -> 
 
 
 def reranker_flags(
-    *, role: str = "reranker", kinds: Sequence[str] | None = None, omit: Collection[str] = ()
+    *,
+    role: str = "reranker",
+    kinds: Sequence[str] | None = None,
+    omit: Collection[str] = (),
+    every_field: bool = False,
 ) -> Callable[[Command], Command]:
     """Give a command taking `**options` one flag per `Flag()` field of the `kinds` (all kinds
-    by default) except `omit`; `role` names the option that picks the kind (`--teacher cis`)."""
-    flags = flags_of(kinds, omit)
+    by default) except `omit` (with `every_field`, per field a flag can carry); `role` names the
+    option that picks the kind (`--teacher cis`)."""
+    flags = flags_of(kinds, omit, every_field)
 
     def decorate(command: Command) -> Command:
         signature = inspect.signature(command, eval_str=True)

@@ -30,7 +30,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -39,6 +39,8 @@ import typer
 
 from cisrank import env
 from cisrank.cli.options import ModelOpt
+from cisrank.cli.reranker_flags import reranker_flags
+from cisrank.config import flag_name
 from cisrank.errors import CisrankError, DamagedFileError, require
 from cisrank.rerank.registry import NO_RERANKER, available
 
@@ -60,16 +62,29 @@ def _reranker_name(kind: str, model: str | None) -> str:
 
 
 def quick_config(
-    reranker: str | None, model: str | None, indexes: Sequence[Path] = ()
+    reranker: str | None,
+    model: str | None,
+    indexes: Sequence[Path] = (),
+    options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
-    """The ServerConfig of the quick start: one reranker named after its kind, each index named
-    after its folder. Without `--reranker`, the default reranker of a bare `cisrank serve`."""
+    """The ServerConfig of the quick start: one reranker named after its kind, with the
+    reranker flags given (`--estimator`, `--fuse`, `--backend`, ...) as its options, each index
+    named after its folder. Without `--reranker`, the default reranker of a bare `cisrank
+    serve`."""
     from pydantic import ValidationError
 
     from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
+    from cisrank.rerank.registry import check_options
 
-    if model is not None and reranker is None:
-        raise CisrankError(f"--model needs --reranker KIND ({SERVED_KINDS})")
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if (model is not None or given) and reranker is None:
+        what = "--model" if model is not None else ", ".join(map(flag_name, given))
+        raise CisrankError(f"{what} needs --reranker KIND ({SERVED_KINDS})")
+    if reranker is not None and ":" not in reranker and given:
+        try:
+            check_options(reranker, given)
+        except CisrankError as exc:
+            raise CisrankError(f"reranker '{reranker}': {exc}") from None
     specs: dict[str, IndexSpec] = {}
     for path in indexes:
         name = path.resolve().name
@@ -83,9 +98,8 @@ def quick_config(
         if reranker is None:
             return ServerConfig(indexes=specs)
         name = _reranker_name(reranker, model)
-        return ServerConfig(
-            rerankers={name: RerankerSpec(kind=reranker, model=model)}, indexes=specs
-        )
+        spec = RerankerSpec(kind=reranker, model=model, options=given)
+        return ServerConfig(rerankers={name: spec}, indexes=specs)
     except ValidationError as exc:
         raise CisrankError(f"cannot serve that: {exc.errors()[0]['msg']}") from None
 
@@ -95,6 +109,7 @@ def server_config(
     reranker: str | None = None,
     model: str | None = None,
     indexes: Sequence[Path] = (),
+    options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
     """The config `cisrank serve` runs: from --config, from the quick-start options, or the
     default; every reranker kind and index path checked."""
@@ -103,15 +118,16 @@ def server_config(
 
     quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
     quick += ["--index"] if indexes else []
+    quick += [flag_name(k) for k, v in (options or {}).items() if v is not None]
     if config is not None and quick:
         raise CisrankError(
             f"give either --config or {'/'.join(quick)}, not both: the config file names every "
-            "reranker and index"
+            "reranker, its options and every index"
         )
     if config is not None:
         cfg = ServerConfig.load(config)
     elif quick:
-        cfg = quick_config(reranker, model, indexes)
+        cfg = quick_config(reranker, model, indexes, options)
     else:
         cfg = ServerConfig()
     for name, spec in cfg.rerankers.items():
@@ -179,22 +195,32 @@ def check_prior_store(name: str, spec: str | Path) -> None:
 
 
 def check_model(name: str, spec: RerankerSpec) -> None:
-    """A pulled model (`cisrank models pull`, by catalogue name or by its folder) hashed in full
-    against the sha256 its pull recorded: a damaged file stops the start with one line naming
-    it and the command that repairs it. Other models are checked when they load."""
-    if spec.model is None or ":" in spec.kind:
+    """A pulled or shipped model (by catalogue name, by its folder, or as the kind's default
+    model) hashed in full against the sha256 its pull recorded: a damaged file stops the start
+    with one line naming it and the command that repairs it; a catalogue model not pulled yet is
+    pulled first (on first use, with one line saying so). Other models are checked when they
+    load."""
+    if ":" in spec.kind:
+        return
+    from cisrank.rerank.registry import default_model
+
+    model = spec.model or default_model(spec.kind)
+    if model is None:
         return
     try:
         from cisrank.models.catalogue import resolve_catalogue_name
         from cisrank.models.integrity import PROVENANCE_FILE, require_intact_model
+        from cisrank.models.shipped import shipped_model
     except ImportError:  # pragma: no cover - a build without model integrity checks
         return
     try:
-        path = Path(spec.model).expanduser()
+        path = Path(model).expanduser()
         if path.exists():
             folder = path if (path / PROVENANCE_FILE).is_file() else None
+        elif (shipped := shipped_model(model)) is not None:
+            folder = shipped.folder
         else:
-            pulled = resolve_catalogue_name(spec.model)
+            pulled = resolve_catalogue_name(model)
             folder = Path(pulled) if pulled is not None else None
         if folder is not None:
             require_intact_model(folder, full=True)
@@ -301,6 +327,7 @@ def run_uvicorn(target: str, sock: socket.socket, **options: Any) -> str | None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@reranker_flags(every_field=True, omit=("model",))
 def serve(
     config: Annotated[
         Path | None,
@@ -308,7 +335,8 @@ def serve(
             "--config",
             "-c",
             help="Server config (JSON or YAML): rerankers {name: {kind, model, options}}, "
-            "indexes, limits, batching. Default: one 'dense' reranker on all-MiniLM-L6-v2.",
+            "indexes, limits, batching. Default: the shipped student ('student', /v1/rerank) "
+            "and the all-MiniLM-L6-v2 bi-encoder ('dense', /v1/embeddings).",
         ),
     ] = None,
     reranker: Annotated[
@@ -317,7 +345,8 @@ def serve(
             "--reranker",
             "-r",
             help=f"Quick start without --config: serve one reranker of this kind ({SERVED_KINDS}, "
-            "or package.module:factory for your own), named after the kind.",
+            "or package.module:factory for your own), named after the kind, with the reranker "
+            "flags below as its options.",
         ),
     ] = None,
     model: ModelOpt = None,
@@ -341,13 +370,19 @@ def serve(
             help="Worker processes; each loads its own copy of every model.",
         ),
     ] = 1,
+    **options: Any,
 ) -> None:
     """Serve the REST API: /v1/rerank (Cohere and Jina shape; also /v2/rerank, and /rerank,
     which takes TEI's shape too), /v1/search, /v1/context and /v1/generate (RAG context and
     answers with a cis reranker's language model), /v1/embeddings (OpenAI shape, a dense
     reranker's encoder), /v1/models, /healthz, /readyz, /metrics; the OpenAPI docs at /docs.
 
-    Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/msmarco.
+    No flags: the student shipped with cisrank on /v1/rerank and the all-MiniLM-L6-v2
+    bi-encoder on /v1/embeddings.
+
+    Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/msmarco;
+    cisrank serve --reranker cis --estimator forward --template qa (every option of a kind is a
+    flag, listed below by kind).
 
     Several models: cisrank serve --config server.yaml.
 
@@ -361,7 +396,7 @@ def serve(
     (config, default 60) for the requests in flight; any still running then are answered 503 with
     Retry-After. Exit code 0 after a SIGTERM.
     """
-    cfg = server_config(config, reranker, model, index or ())
+    cfg = server_config(config, reranker, model, index or (), options)
     require("uvicorn", "serve", "cisrank serve")
     sock = listen(host, port)
     env.set_server_config_json(cfg.model_dump_json())

@@ -199,7 +199,7 @@ def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
         (
             k.name
             for k in KINDS.values()
-            if k is not kind and not k.fuses and set(unknown) <= k.fields
+            if k is not kind and set(unknown) <= k.fields
         ),
         None,
     )

@@ -132,3 +132,94 @@ def test_config_and_quick_start_together_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "either --config or --reranker, not both" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
+
+
+# ----------------------------------------------------------- every option of a kind is a flag
+
+
+def test_a_bare_serve_serves_the_student_and_the_bi_encoder():
+    """No flags: the shipped student answers /v1/rerank (the first, so the default reranker)
+    and the all-MiniLM-L6-v2 bi-encoder answers /v1/embeddings."""
+    cfg = ServerConfig()
+    assert cfg.rerankers == {
+        "student": RerankerSpec(kind="student"),
+        "dense": RerankerSpec(kind="dense"),
+    }
+    assert cfg.default_reranker_name == "student"
+
+
+def test_reranker_options_are_serve_flags(served):
+    cfg, _ = served(
+        *("--reranker", "cis", "--estimator", "forward", "--template", "qa"),
+        *("--max-doc-tokens", "64", "--backend", "torch", "--normalize", "mean"),
+    )
+    assert cfg.rerankers == {
+        "cis": RerankerSpec(
+            kind="cis",
+            options={
+                "estimator": "forward",
+                "template": "qa",
+                "max_doc_tokens": 64,
+                "backend": "torch",
+                "normalize": "mean",
+            },
+        )
+    }
+    cfg, _ = served(
+        *("--reranker", "hybrid", "--model", "smollm2-135m-instruct"),
+        *("--fuse", "cis:0.2,first-stage:0.1,dense:0.7", "--fusion", "rrf", "--rrf-k", "30"),
+        *("--models", "dense=all-mpnet-base-v2", "--estimator", "reverse"),
+    )
+    assert cfg.rerankers["hybrid"].options == {
+        "fuse": "cis:0.2,first-stage:0.1,dense:0.7",
+        "fusion": "rrf",
+        "rrf_k": 30.0,
+        "models": {"dense": "all-mpnet-base-v2"},
+        "estimator": "reverse",
+    }
+    cfg, _ = served("--reranker", "dense", "--query-prefix", "query: ", "--batch-size", "4")
+    assert cfg.rerankers["dense"].options == {"query_prefix": "query: ", "batch_size": 4}
+    cfg, _ = served("--reranker", "student", "--backend", "torch", "--dtype", "float32")
+    assert cfg.rerankers["student"].options == {"backend": "torch", "dtype": "float32"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--estimator", "forward"], "--estimator needs --reranker KIND"),
+        (["-r", "dense", "--template", "qa"], r"--template: option\(s\) of the cis reranker"),
+        (["-r", "cis", "--estimator", "sideways"], "estimator: Input should be"),
+        (["-r", "cis", "--fuse", "cis:1"], r"--fuse: (not options of cis|option\(s\) of the hybrid)"),
+        (["-r", "hybrid", "--fuse", "cis:x"], "weight 'x' is not a number"),
+        (["-r", "hybrid", "--models", "dense"], "give KEY=VALUE pairs"),
+        (["--config", "server.json", "--estimator", "reverse"], "either --config or --estimator"),
+    ],
+)
+def test_serve_flag_errors_are_one_line_exit_2(tmp_path, args, needle):
+    """A usage error (typer's, exit 2) or a CisrankError, which `cisrank`'s main prints as one
+    line with exit 2, before anything loads."""
+    import re
+
+    (tmp_path / "server.json").write_text("{}", encoding="utf-8")
+    args = [str(tmp_path / a) if a == "server.json" else a for a in args]
+    result = CliRunner().invoke(app, ["serve", *args])
+    if isinstance(result.exception, CisrankError):
+        message = str(result.exception)
+        assert "\n" not in message
+    else:
+        assert result.exit_code == 2, result.output
+        message = result.output
+    assert re.search(needle, message), message
+
+
+def test_serve_help_lists_every_kinds_options_by_kind():
+    import re
+
+    text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    panels = re.findall(r"--reranker ([a-z| -]+?)(?::|\s─)", text)
+    for kind in ("cis", "dense", "hybrid", "student", "cross-encoder"):
+        assert any(kind in p for p in panels), (kind, panels)
+    for flag in ("--estimator", "--template", "--reverse-template", "--fuse", "--fusion",
+                 "--models", "--backend", "--dtype", "--quantize", "--query-prefix",
+                 "--max-doc-tokens", "--prior-store", "--rrf-k"):  # fmt: skip
+        assert flag in text, flag
