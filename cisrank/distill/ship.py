@@ -158,6 +158,10 @@ def ship_student(
                 f"{MAX_SHIPPED_BYTES / 1e6:.0f} MB the repository allows"
             )
         hashes = {p.name: sha256_file(p) for p in sorted(staging.iterdir())}
+        # package data: readable by every user of an installation (mkdtemp made it 0700)
+        staging.chmod(0o755)
+        for p in staging.iterdir():
+            p.chmod(0o644)
         if out.exists():
             if not exchange_folders(staging, out):
                 old = staging.with_name(staging.name + ".old")

@@ -60,6 +60,7 @@ from cisrank.models.integrity import (
     verify_model,
     write_stamps,
 )
+from cisrank.models.shipped import load_shipped
 from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ def suggest(name: str, entries: Mapping[str, CatalogueEntry] | None = None) -> l
     # and "all-mpnet-base" both find their entry.
     spellings = {e.name: e.name for e in entries.values()}
     spellings.update({e.source_model.rsplit("/", 1)[-1].lower(): e.name for e in entries.values()})
+    spellings.update({name: name for name in load_shipped()})
     close = difflib.get_close_matches(key.rsplit("/", 1)[-1], list(spellings), n=3, cutoff=0.75)
     found = [spellings[c] for c in close]
     if len(key) >= 5:  # a fragment of a name ("qwen2.5-coder", "mpnet-base")
@@ -168,6 +170,8 @@ def did_you_mean(name: str, entries: Mapping[str, CatalogueEntry] | None = None)
     if not names:
         return ""
     quoted = " or ".join(f"'{n}'" for n in names)
+    if names[0] in load_shipped():
+        return f"did you mean {quoted} (shipped with cisrank: nothing to pull)?"
     return f"did you mean the catalogue model {quoted} (`cisrank models pull {names[0]}`)?"
 
 

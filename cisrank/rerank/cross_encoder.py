@@ -663,13 +663,11 @@ class CrossEncoderReranker(BaseReranker):
         return out
 
     def __repr__(self) -> str:
+        cls = type(self).__name__
         if self.onnx is not None:
-            return (
-                f"CrossEncoderReranker(model={self.model_name!r}, backend='onnx', "
-                f"dtype={self.compute_type!r})"
-            )
+            return f"{cls}(model={self.model_name!r}, backend='onnx', dtype={self.compute_type!r})"
         return (
-            f"CrossEncoderReranker(model={self.model_name!r}, device={str(self.device)!r}, "
+            f"{cls}(model={self.model_name!r}, device={str(self.device)!r}, "
             f"dtype={str(self.dtype).removeprefix('torch.')!r}, quantize={self.config.quantize!r})"
         )
 
