@@ -8,8 +8,10 @@ its name, model, tokenizer, LM) takes one share, each worker another.
 
 Pairs are dealt by passage, all pairs of one passage to one copy (the reverse CIS estimator runs
 a passage's context once for every query that has it), in shares of near-equal characters;
-every copy scores what it would score alone (rerankers are batch-independent), and the scores
-come back in input order.
+every copy scores the parts of its pairs (`Reranker.score_parts`: what a passage's score owes to
+itself, the same in any grouping), the parts come back in input order, and each whole request is
+combined here, once (`Reranker.combine`: the hybrid's per-query fusion needs every passage of
+its query, which no single copy holds).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cisrank.rerank.base import BaseReranker, Request, Reranker
+from cisrank.rerank.base import CombiningReranker, Part, Request, Reranker
 from cisrank.workers import WorkerOptions, WorkerPool, balanced_split, for_device, set_threads
 
 
@@ -35,13 +37,14 @@ class RerankerJob:
 
         return load_reranker(self.kind, self.model, **self.options)
 
-    def score(self, reranker: Reranker, requests: list[Request]) -> list[list[float]]:
-        return reranker.score_batch(requests)
+    def score(self, reranker: Reranker, requests: list[Request]) -> list[list[Part]]:
+        return reranker.score_parts(requests)
 
 
-class PooledReranker(BaseReranker):
+class PooledReranker(CombiningReranker):
     """`load_reranker(kind, model, **options)` on `workers.count` processes of
-    `workers.threads_per_worker` torch threads each (this one included)."""
+    `workers.threads_per_worker` torch threads each (this one included): parts scored on every
+    copy, requests combined by this process's copy."""
 
     def __init__(
         self,
@@ -57,6 +60,8 @@ class PooledReranker(BaseReranker):
         self.name = self.local.name
         self.model_name = self.local.model_name
         self.keeps_order = self.local.keeps_order
+        self.combines_request = self.local.combines_request
+        self.passage_major = self.local.passage_major
         # Capabilities: the local copy's (its tokenizer and LM run in this process; its prior
         # store counts the lookups of this process's share only).
         self.fast_tokenizer = self.local.fast_tokenizer
@@ -75,11 +80,14 @@ class PooledReranker(BaseReranker):
             self.pool.warm()
         return self.pool
 
-    def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
+    def combine(self, query: str, passages: Sequence[str], parts: Sequence[Part]) -> list[float]:
+        return self.local.combine(query, passages, parts)
+
+    def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
         lists = [(q, list(ps)) for q, ps in requests]
         pool = self._start()
         if pool is None:
-            return self.local.score_batch(lists)
+            return self.local.score_parts(lists)
         # every (request, position) of one passage text in one group, one group to one copy
         groups: dict[str, list[tuple[int, int]]] = {}
         for r, (_, passages) in enumerate(lists):
@@ -91,13 +99,13 @@ class PooledReranker(BaseReranker):
         plans = [_plan([groups[keys[g]] for g in share], lists) for share in shares]
         busy = [i for i, (subrequests, _) in enumerate(plans) if subrequests]
         futures = {i: pool.submit(plans[i][0]) for i in busy if i > 0}
-        results = {0: self.local.score_batch(plans[0][0])} if 0 in busy else {}
+        results = {0: self.local.score_parts(plans[0][0])} if 0 in busy else {}
         results.update({i: f.result() for i, f in futures.items()})
-        out: list[list[float]] = [[0.0] * len(ps) for _, ps in lists]
+        out: list[list[Part]] = [[None] * len(ps) for _, ps in lists]
         for i in busy:
             for (r, positions), values in zip(plans[i][1], results[i], strict=True):
                 for j, v in zip(positions, values, strict=True):
-                    out[r][j] = float(v)
+                    out[r][j] = v
         return out
 
     def close(self) -> None:
