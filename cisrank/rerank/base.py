@@ -29,7 +29,9 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
 - `pair_token_limit`: the most tokens its model reads of one (query, passage) pair (the API caps
   a pair's estimated cost at it);
 - `causal_lm`: its causal-LM engine (RAG context assembly and generation run on it);
-- `prior_store`: where it keeps log p(K) (the API reports its hit rate).
+- `prior_store`: where it keeps log p(K) (the API reports its hit rate);
+- `compute_type`: the number format its model computes in (`float32`, `bfloat16`, `int8`...,
+  as the runtime names it: the API's TEI-shaped `/info` reports it as `model_dtype`).
 
 Callers read these; they never probe a reranker for attributes. This module stays light (no torch
 or transformers at import): the types are imported for type checkers only.
@@ -92,6 +94,11 @@ class Reranker(Protocol):
     @property
     def prior_store(self) -> Priors | None:
         """Where the reranker keeps log p(K)."""
+        ...
+
+    @property
+    def compute_type(self) -> str | None:
+        """The number format its model computes in, as its runtime names it."""
         ...
 
     @property
@@ -162,6 +169,7 @@ class BaseReranker(ABC):
     pair_token_limit: int | None = None
     causal_lm: CausalLMEngine | None = None
     prior_store: Priors | None = None
+    compute_type: str | None = None
     passage_major: bool = False
     combines_request: bool = False
 

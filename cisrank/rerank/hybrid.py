@@ -113,7 +113,13 @@ class HybridReranker(CombiningReranker):
             for kind, r in self.components.items()
         )
         # Capabilities: none of its own. Its components read with several tokenizers and limits,
-        # and a fused score is not one LM's: the `BaseReranker` defaults (None) stand.
+        # and a fused score is not one LM's: the `BaseReranker` defaults (None) stand. Its
+        # compute type is its components', named by kind where they differ.
+        types = {k: t for k, r in self.components.items() if (t := r.compute_type)}
+        if len(set(types.values())) == 1:
+            self.compute_type = next(iter(types.values()))
+        elif types:
+            self.compute_type = "+".join(f"{k}:{t}" for k, t in types.items())
 
     def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
         """Every component scores all requests in one call (keeping its own cross-request

@@ -68,6 +68,7 @@ class PooledReranker(CombiningReranker):
         self.pair_token_limit = self.local.pair_token_limit
         self.causal_lm = self.local.causal_lm
         self.prior_store = self.local.prior_store
+        self.compute_type = self.local.compute_type
         self.pool: WorkerPool | None = None
         self._start()
 
