@@ -1,8 +1,12 @@
-"""Builders of small on-disk datasets in the layout of ../shared/data, shared by tests."""
+"""Builders of small on-disk datasets in the layout of ../shared/data, shared by tests, and an
+in-process stand-in for a worker pool."""
+
+from __future__ import annotations
 
 import gzip
 import json
 from pathlib import Path
+from typing import ClassVar
 
 from cisrank.testing import SAMPLE_SENTENCES
 
@@ -73,3 +77,40 @@ def write_set(root: Path, name: str, qids: list[str], depth: int = 5, judged: bo
         qrels="\n".join(qrels) + "\n" if judged else None,
         topics=topics,
     )
+
+
+class InProcessPool:
+    """A `WorkerPool` stand-in that runs its job here: what the pool is asked, without the
+    seconds a spawned worker takes to start. Records every pool built."""
+
+    built: ClassVar[list[InProcessPool]] = []
+
+    def __init__(self, job, processes, threads_per_worker=1):
+        self.processes = processes
+        self.job = job
+        self.state = job.load()
+        self.items = 0
+        InProcessPool.built.append(self)
+
+    def warm(self):
+        pass
+
+    def submit(self, item):
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        self.items += 1
+        future.set_result(self.job.score(self.state, item))
+        return future
+
+    def close(self):
+        pass
+
+    @classmethod
+    def installed(cls, monkeypatch) -> list[InProcessPool]:
+        """Every pool `cisrank.rerank.pooled` builds is one of these (the list of them)."""
+        import cisrank.rerank.pooled as pooled
+
+        cls.built = []
+        monkeypatch.setattr(pooled, "WorkerPool", cls)
+        return cls.built

@@ -32,6 +32,7 @@ from cisrank import env
 from cisrank.api.assembly import ContextService
 from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.config import ServerConfig
+from cisrank.api.docs import install_docs
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
 from cisrank.api.metrics import Metrics
@@ -72,6 +73,8 @@ def create_app(
         summary="Rerank and search passages by causal relevance (CIS), in the Cohere rerank shape.",
         version=_version(),
         lifespan=lifespan,
+        docs_url=None,  # served from installed assets by install_docs, never from a CDN
+        redoc_url=None,
         responses={
             422: {"model": ErrorBody, "description": "A field is out of its limits."},
             400: {"model": ErrorBody, "description": "Malformed body."},
@@ -98,6 +101,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=metrics, paths=paths)
     install_error_handlers(app)
     app.include_router(router)
+    install_docs(app)
     return app
 
 

@@ -19,14 +19,17 @@ How a round works (`BatchScorer._run`):
    planned first, oldest first, and gets its chunk whatever its size; then its clock restarts.
    A large request thus advances by a chunk at least every `max_age_ms` plus a model call or
    so, instead of waiting for the stream of small ones to pause (or for its own timeout).
-3. The batch is scored in the model thread with one `score_batch([(query, passages), ...])` call
-   (the one primitive of the reranker contract: one model batch across requests). Scores of a
-   chunk equal scores of the whole because the reranker contract makes scores independent of
-   batch composition.
+3. The batch is scored in the model thread with one `score_parts([(query, passages), ...])`
+   call (one model batch across requests). What a slice gets is each passage's part, which the
+   reranker contract makes independent of batch composition; a passage's final score may depend
+   on the whole request (the hybrid normalizes over its query's candidates, scores the first
+   stage by position), so once a request's last slice is in, its parts are combined, once, over
+   the whole request (`Reranker.combine`). The answer is then exactly `score_batch` of the whole
+   request, which is what the library's `rank` gives, however the request was sliced.
 4. Isolation: when that model batch raises, each request's chunk is scored again alone, in the
    same thread hop (`score_isolated`), so one request whose text the model cannot take (a
    tokenizer error, say) fails alone with `ScoringFailed`, and the requests that happened to share
-   its batch get exactly the scores they would have got alone (batch independence again). The
+   its batch get exactly the parts they would have got alone (batch independence again). The
    retry costs one extra model call per request of a failed batch, and only then. The error is
    marked as the request's input being unusable (`is_input_error`: 4xx) or not (500).
 
@@ -59,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from cisrank.api.config import BatchingConfig
-from cisrank.rerank.base import Reranker
+from cisrank.rerank.base import Part, Reranker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -143,7 +146,7 @@ class _Job:
     waiting_since: float  # loop time of acceptance, then of its last scored chunk
     tokens: list[int]  # estimated tokens of each (query, passage) pair
     cost_left: int  # estimated tokens not yet scored (counted in the scorer's in-flight cost)
-    scores: list[float] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)  # `score_parts` of the passages before `next`
     next: int = 0  # first passage not yet handed to the model
     cancelled: bool = False
 
@@ -162,20 +165,29 @@ def _remaining(job: _Job) -> int:
 
 def score_chunks(
     reranker: Reranker, chunks: Sequence[tuple[str, Sequence[str]]]
-) -> list[list[float]]:
-    """Score (query, passages) pairs in the calling thread, as one model batch."""
-    out = reranker.score_batch(chunks)
-    for (_, passages), scores in zip(chunks, out, strict=True):
-        if len(scores) != len(passages):
-            raise RuntimeError(
-                f"reranker returned {len(scores)} scores for {len(passages)} passages"
-            )
-    return [[float(s) for s in scores] for scores in out]
+) -> list[list[Part]]:
+    """The parts of (query, passages) chunks (`Reranker.score_parts`), scored in the calling
+    thread as one model batch."""
+    out = reranker.score_parts(chunks)
+    for (_, passages), parts in zip(chunks, out, strict=True):
+        if len(parts) != len(passages):
+            raise RuntimeError(f"reranker returned {len(parts)} parts for {len(passages)} passages")
+    return [list(parts) for parts in out]
+
+
+def combined(
+    reranker: Reranker, query: str, passages: Sequence[str], parts: Sequence[Part]
+) -> list[float]:
+    """One whole request's final scores from its parts (`Reranker.combine`), as floats."""
+    scores = reranker.combine(query, passages, parts)
+    if len(scores) != len(passages):
+        raise RuntimeError(f"reranker combined {len(scores)} scores for {len(passages)} passages")
+    return [float(s) for s in scores]
 
 
 def score_isolated(
     reranker: Reranker, chunks: Sequence[tuple[str, Sequence[str]]], name: str = ""
-) -> list[list[float] | Exception]:
+) -> list[list[Part] | Exception]:
     """`score_chunks`, but a failure of the shared batch is retried chunk by chunk, so that each
     chunk gets its scores or its own error (runs in the model thread, like `score_chunks`)."""
     try:
@@ -191,7 +203,7 @@ def score_isolated(
             type(exc).__name__,
             exc,
         )
-    out: list[list[float] | Exception] = []
+    out: list[list[Part] | Exception] = []
     for chunk in chunks:
         try:
             out.append(score_chunks(reranker, [chunk])[0])
@@ -378,6 +390,21 @@ class BatchScorer:
             job.future.set_result(result or [])
         self._release(job)
 
+    def _combine(self, job: _Job) -> None:
+        """Answer a job whose every passage has its part: the whole request combined once."""
+        try:
+            scores = combined(self.reranker, job.query, job.passages, job.parts)
+        except Exception as exc:  # answered as the model's failure on this request
+            log.warning(
+                "reranker %s failed to combine a request: %s: %s",
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
+            self._finish(job, None, ScoringFailed(exc))
+            return
+        self._finish(job, scores, None)
+
     def _take_waiting(self) -> None:
         assert self._queue is not None
         while not self._queue.empty():
@@ -469,20 +496,20 @@ class BatchScorer:
                     time.perf_counter() - started,
                 )
             scored_at = loop.time()
-            for (job, a, b), scores in zip(plan, results, strict=True):
-                if isinstance(scores, Exception):
-                    self._finish(job, None, ScoringFailed(scores))
+            for (job, a, b), parts in zip(plan, results, strict=True):
+                if isinstance(parts, Exception):
+                    self._finish(job, None, ScoringFailed(parts))
                     continue
                 if job.cancelled:
                     continue
                 done = sum(job.tokens[a:b])
                 job.cost_left -= done
                 self._inflight_cost -= done
-                job.scores.extend(scores)
+                job.parts.extend(parts)
                 job.next = b
                 job.waiting_since = scored_at
                 if job.remaining == 0:
-                    self._finish(job, job.scores, None)
+                    self._combine(job)
             self._active = [
                 j
                 for j in self._active

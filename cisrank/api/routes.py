@@ -12,7 +12,10 @@ queue is full or a request timed out.
 The shapes clients bring: `POST /v1/rerank` (also `/v2/rerank`, `/rerank`) is Cohere's and Jina's
 rerank; `POST /rerank` with `texts` instead of `documents` is Hugging Face TEI's, answered as
 TEI's list of `{index, score, text?}`; `POST /v1/embeddings` is OpenAI's (infinity and TEI serve
-it too), for a served dense reranker's bi-encoder.
+it too), for a served dense reranker's bi-encoder; `GET /health` and `GET /info` are TEI's probe
+and endpoint info. A request's `model` is a reranker's name or its model's id
+(`Serving.resolve_reranker`). Every route is in `/openapi.json`; `/docs` and `/redoc` render it
+from installed files (`cisrank.api.docs`).
 
 Every route's JSON body is read by `cisrank.api.body.read_json_body` (through `JsonBodyRoute`)
 before FastAPI validates it against the schema, so parse errors and invalid text are answered the
@@ -53,6 +56,9 @@ from cisrank.api.schemas import (
     RerankResponse,
     SearchRequest,
     SearchResponse,
+    TeiError,
+    TeiInfo,
+    TeiRank,
     TeiRerankRequest,
 )
 from cisrank.api.service import RankingService
@@ -235,6 +241,38 @@ async def readyz(request: Request) -> Response:
     )
 
 
+@router.get(
+    "/health",
+    tags=["ops"],
+    response_class=Response,
+    responses={
+        200: {"description": "Every configured model and index is loaded (empty body)."},
+        503: {"model": TeiError, "description": "Loading, or loading failed."},
+    },
+)
+async def health(request: Request) -> Response:
+    """Hugging Face TEI's health check: 200 with an empty body once the models are loaded, 503
+    with TEI's `{error, error_type}` while they load (with Retry-After) or when loading failed."""
+    serving = _serving(request)
+    if serving.ready:
+        return Response(status_code=200)
+    if serving.error:
+        return JSONResponse(TeiError(error=serving.error).model_dump(), status_code=503)
+    return JSONResponse(
+        TeiError(error="models are still loading: retry shortly").model_dump(),
+        status_code=503,
+        headers={"Retry-After": str(serving.config.batching.retry_after_s)},
+    )
+
+
+@router.get("/info", response_model=TeiInfo, dependencies=protected, tags=["meta"])
+async def info(request: Request) -> TeiInfo:
+    """Hugging Face TEI's endpoint info, for the default reranker (every reranker served is in
+    `GET /v1/models`)."""
+    with _answering(request):
+        return _ranking(request).info()
+
+
 @router.get("/v1/models", response_model=ModelList, dependencies=protected, tags=["meta"])
 async def models(request: Request) -> ModelList:
     """The rerankers (by the name a request's `model` takes) and indexes served here."""
@@ -264,10 +302,49 @@ _rerank_kwargs: dict[str, Any] = {
     "tags": ["rerank"],
 }
 router.post("/v1/rerank", **_rerank_kwargs)(rerank)
-router.post("/v2/rerank", include_in_schema=False, **_rerank_kwargs)(rerank)
+router.post("/v2/rerank", **_rerank_kwargs)(rerank)
+
+# `/rerank` reads its body itself (its shape decides which model validates it), so its schema
+# is declared here: Cohere's request or TEI's, Cohere's answer or TEI's list.
+_ANY_SHAPE_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/RerankRequest"},
+                        TeiRerankRequest.model_json_schema(),
+                    ]
+                }
+            }
+        },
+    }
+}
 
 
-@router.post("/rerank", include_in_schema=False, dependencies=protected, tags=["rerank"])
+@router.post(
+    "/rerank",
+    dependencies=protected,
+    tags=["rerank"],
+    response_class=JSONResponse,
+    openapi_extra=_ANY_SHAPE_OPENAPI,
+    responses={
+        200: {
+            "description": "Cohere's answer (RerankResponse), or TEI's list for a TEI body.",
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            {"$ref": "#/components/schemas/RerankResponse"},
+                            {"type": "array", "items": TeiRank.model_json_schema()},
+                        ]
+                    }
+                }
+            },
+        }
+    },
+)
 async def rerank_any_shape(
     request: Request,
     body: dict[str, Any] = Body(...),

@@ -530,3 +530,59 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: str
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class TeiLabels(BaseModel):
+    """TEI's classifier labels of a reranker model (cisrank's rerankers give one score per
+    pair and name no labels: both maps are empty)."""
+
+    id2label: dict[str, str] = Field(default_factory=dict)
+    label2id: dict[str, int] = Field(default_factory=dict)
+
+
+class TeiInfo(BaseModel):
+    """Hugging Face text-embeddings-inference's `GET /info`, filled with what cisrank knows of
+    its default reranker (the one a request without `model` gets); every reranker served is in
+    `GET /v1/models`."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_id: str = Field(description="The default reranker's model (a local folder by name).")
+    model_sha: str | None = Field(
+        default=None, description="TEI: the model revision asked for; cisrank takes none (null)."
+    )
+    model_dtype: str | None = Field(
+        description="The number format the model computes in (float32, bfloat16, int8...)."
+    )
+    served_model_name: str = Field(description="The name responses carry in `model`.")
+    model_type: dict[Literal["reranker"], TeiLabels] = Field(
+        description="TEI's model type: always a reranker here."
+    )
+    max_concurrent_requests: int = Field(
+        description="Requests waiting per reranker before 503 (`batching.max_queue`)."
+    )
+    max_input_length: int | None = Field(
+        description="Tokens of a (query, passage) pair the model reads; null where the model "
+        "takes no pair limit (CIS cuts the passage at `max_doc_tokens`)."
+    )
+    max_batch_tokens: int = Field(description="Estimated tokens per model call.")
+    max_batch_requests: int | None = Field(
+        default=None, description="Requests per model call: not bounded (null)."
+    )
+    max_client_batch_size: int = Field(description="Documents per request (`limits`).")
+    auto_truncate: bool = Field(
+        default=True, description="A pair is always cut at the model's length."
+    )
+    tokenization_workers: int = Field(
+        description="Processes that tokenize: one per worker of the default reranker."
+    )
+    version: str = Field(description="cisrank's version.")
+    sha: str | None = None
+    docker_label: str | None = None
+
+
+class TeiError(BaseModel):
+    """TEI's error body (`GET /health` when the server cannot serve)."""
+
+    error: str
+    error_type: Literal["Unhealthy"] = "Unhealthy"

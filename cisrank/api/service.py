@@ -41,14 +41,17 @@ from cisrank.api.schemas import (
     SearchRequest,
     SearchResponse,
     SearchResult,
+    TeiInfo,
+    TeiLabels,
     TeiRank,
     TeiRerankRequest,
     Usage,
 )
 from cisrank.api.service_errors import BackendFailed, InvalidField
-from cisrank.api.serving import Serving, public_model_id, text_embedder
+from cisrank.api.serving import Serving, processes, public_model_id, text_embedder
 from cisrank.api.truncate import truncate_texts
 from cisrank.data.types import rank_order
+from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +131,7 @@ class RankingService:
         config = serving.config
         cards = []
         for name, spec in config.rerankers.items():
-            loaded = serving.rerankers.get(name)
-            model_id = spec.model or (loaded.model_name if loaded is not None else None)
+            model_id = serving.served_model(name)
             cards.append(
                 ModelCard(
                     id=name,
@@ -144,6 +146,27 @@ class RankingService:
             retriever = serving.retrievers.get(n)
             indexes.append(IndexCard(id=n, kind=retriever.name if retriever is not None else None))
         return ModelList(data=cards, indexes=indexes, default=config.default_reranker_name)
+
+    def info(self) -> TeiInfo:
+        """TEI's `GET /info` for the default reranker, from what is loaded and configured (no
+        value cisrank does not know: `model_sha` and the build's `sha` are null)."""
+        serving = self.serving
+        serving.check_ready()
+        config = serving.config
+        name = config.default_reranker_name
+        reranker = serving.rerankers[name]
+        return TeiInfo(
+            model_id=public_model_id(serving.served_model(name)) or name,
+            model_dtype=reranker.compute_type,
+            served_model_name=name,
+            model_type={"reranker": TeiLabels()},
+            max_concurrent_requests=config.batching.max_queue,
+            max_input_length=reranker.pair_token_limit,
+            max_batch_tokens=config.batching.max_batch_tokens,
+            max_client_batch_size=config.limits.max_documents,
+            tokenization_workers=processes(reranker),
+            version=__version__,
+        )
 
     # ---- scoring
 
@@ -273,8 +296,13 @@ class RankingService:
         if requested is None:
             default = serving.config.default_reranker_name
             name = default if default in able or not able else able[0]
-        else:
-            name = serving.resolve_reranker(requested)
+        elif requested in serving.config.rerankers:
+            name = requested
+        else:  # a model id: the reranker that embeds with it, before any other that serves it
+            try:
+                name = serving.resolve_reranker(requested, among=able)
+            except InvalidField:
+                name = serving.resolve_reranker(requested)
         if name not in able:
             raise InvalidField(
                 "model",

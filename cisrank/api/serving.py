@@ -97,6 +97,13 @@ def text_embedder(reranker: Reranker) -> Callable[[Sequence[str]], np.ndarray] |
     return embed
 
 
+def processes(reranker: Reranker) -> int:
+    """The processes a reranker's model work runs on: its workers in a pool, else this one."""
+    from cisrank.rerank.pooled import PooledReranker
+
+    return reranker.workers.count if isinstance(reranker, PooledReranker) else 1
+
+
 def public_model_id(model: str | None) -> str | None:
     """The model id as `/v1/models` shows it: a Hugging Face id as is, a local folder by its
     name only (a server path is nobody's business outside it)."""
@@ -105,6 +112,30 @@ def public_model_id(model: str | None) -> str | None:
     if os.path.isabs(model) or model.startswith(("~", "./", "../")):
         return os.path.basename(os.path.normpath(os.path.expanduser(model))) or model
     return model
+
+
+def model_ids(model: str | None) -> set[str]:
+    """The names clients send for `model`, casefolded: as configured, its public id (a local
+    folder by its name), a hub id without its owner (OpenAI and TEI clients send
+    `all-MiniLM-L6-v2` for `sentence-transformers/all-MiniLM-L6-v2`), and a catalogue model's
+    upstream id and catalogue name for each other."""
+    if not model:
+        return set()
+    from cisrank.models.catalogue import for_source_model, lookup
+    from cisrank.models.resolve import MINILM_ID
+
+    forms = {model, public_model_id(model) or model}
+    if model.casefold() in {MINILM_ID.casefold(), MINILM_ID.rsplit("/", 1)[1].casefold()}:
+        forms.add(MINILM_ID)
+    if (entry := lookup(model)) is not None:
+        forms |= {entry.name, entry.source_model}
+    if (entry := for_source_model(model)) is not None:
+        forms.add(entry.name)
+    for form in list(forms):
+        owner, slash, name = form.partition("/")
+        if slash and owner and name and "/" not in name and not os.path.exists(form):
+            forms.add(name)  # a hub id's own name, without its owner
+    return {f.casefold() for f in forms}
 
 
 # ------------------------------------------------------------------------------- serving
@@ -225,16 +256,31 @@ class Serving:
             self.scorer(name), self.config.batching.request_timeout_s, self.redact, cancel
         )
 
-    def resolve_reranker(self, requested: str | None, field: str = "model") -> str:
-        """A configured reranker name from a request's `model` (its name or its model id)."""
+    def served_model(self, name: str) -> str | None:
+        """The model reranker `name` serves: as configured, else (the kind's default) the loaded
+        reranker's, else None while it loads."""
+        spec = self.config.rerankers[name]
+        loaded = self.rerankers.get(name)
+        return spec.model or (loaded.model_name if loaded is not None else None)
+
+    def resolve_reranker(
+        self, requested: str | None, field: str = "model", among: Sequence[str] | None = None
+    ) -> str:
+        """A configured reranker name from a request's `model`: a reranker's name, else the id
+        of the model it serves in any of the forms clients send (`model_ids`), the first such
+        reranker of `among` (default: all) in config order."""
         if requested is None:
             return self.config.default_reranker_name
         if requested in self.config.rerankers:
             return requested
-        for name, spec in self.config.rerankers.items():
-            if spec.model is not None and requested in (spec.model, public_model_id(spec.model)):
+        wanted = requested.casefold()
+        for name in among if among is not None else self.config.rerankers:
+            if wanted in model_ids(self.served_model(name)):
                 return name
-        choices = ", ".join(self.config.rerankers)
+        choices = ", ".join(
+            f"{n} ({public_model_id(m)})" if (m := self.served_model(n)) else n
+            for n in self.config.rerankers
+        )
         raise InvalidField(
             field, f"'{requested[:100]}' is not served here: choose one of {choices}"
         )

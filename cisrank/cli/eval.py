@@ -90,8 +90,21 @@ def _evaluate(
         from cisrank.indexes.first_stage import with_first_stage
 
         dataset = with_first_stage(dataset, run.first_stage, run.depth)
+    # workers only once they pay for their start on the whole evaluation's pairs
+    expected = sum(
+        len(dataset.topics[qid]) + len(h.text)
+        for qid in dataset.qids
+        for h in dataset.candidates[qid][: run.depth]
+    )
     model_obj = load_on_workers(
-        run.reranker, run.model, pool, batch_size=run.batch_size, device=run.device, **options
+        run.reranker,
+        run.model,
+        pool,
+        when_it_pays=True,
+        expected_chars=expected,
+        batch_size=run.batch_size,
+        device=run.device,
+        **options,
     )
     output = run.output or Path("out") / f"eval-{name}-{run.reranker}"
     try:

@@ -67,8 +67,16 @@ def rerank(
     if not query.strip():
         raise CisrankError("--query is empty")
     texts, ids = _read_passages(passages)
+    # workers only once they pay for their start: three passages are scored here
     model_obj = load_on_workers(
-        reranker, model, pool, batch_size=batch_size, device=device, **options
+        reranker,
+        model,
+        pool,
+        when_it_pays=True,
+        expected_chars=sum(len(query) + len(t) for t in texts),
+        batch_size=batch_size,
+        device=device,
+        **options,
     )
     try:
         ranked = model_obj.rerank(query, texts, top_n=top_n)

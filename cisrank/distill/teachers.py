@@ -83,7 +83,9 @@ class RerankerTeacher:
 
     @property
     def passage_major(self) -> bool:
-        return self.reranker.passage_major
+        # Passage shards cut a query's passages apart: only for scores that are the passage's
+        # own, never for a reranker that combines the whole request (the hybrid's fusion).
+        return self.reranker.passage_major and not self.reranker.combines_request
 
     def score(
         self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]

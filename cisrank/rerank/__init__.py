@@ -1,12 +1,13 @@
 """Rerankers: one interface (`Reranker`), built by name through `load_reranker`."""
 
 from cisrank.data.types import RankedPassage, rank_order
-from cisrank.rerank.base import BaseReranker, IdentityReranker, Reranker
+from cisrank.rerank.base import BaseReranker, CombiningReranker, IdentityReranker, Reranker
 from cisrank.rerank.registry import available, load_reranker
 
 __all__ = [
     "BaseReranker",
     "CISReranker",
+    "CombiningReranker",
     "IdentityReranker",
     "RankedPassage",
     "Reranker",

@@ -7,6 +7,20 @@ distillation) gets that without asking whether the reranker can. `score` and `re
 it. Ranking is derived from scores in one place (`rank_order`) so that every caller breaks ties
 the same deterministic way.
 
+Parts and combine. Callers split requests: the API batcher scores a large request in slices, a
+worker pool deals a request's passages to several processes. That is sound only for what a
+passage's score owes to the passage alone. Some final scores depend on the whole candidate list:
+the hybrid normalizes each component's scores over the request's passages (min-max, z-score or
+ranks) and scores the first stage by position (n - i of n), as does the identity reranker. So the
+contract has two steps: `score_parts(requests)` gives, per passage, what does not depend on the
+other passages or requests (a model's score), and `combine(query, passages, parts)` turns the
+parts of one whole request into its final scores. `score_batch` is `combine` of `score_parts` for
+every request. A caller that splits a request scores parts piece by piece, in any grouping, and
+combines each whole request exactly once: it then gets what `score_batch` of the whole request
+gives. Most rerankers need nothing of this (a passage's part is its score, `combine` the identity:
+`BaseReranker`'s defaults); one whose scores depend on the list derives from `CombiningReranker`
+and says so with `combines_request`.
+
 Besides scores, a reranker declares its capabilities: what a caller may use of it, typed, `None`
 where it has none (`BaseReranker` gives those empty defaults, each reranker sets its own):
 
@@ -15,7 +29,9 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
 - `pair_token_limit`: the most tokens its model reads of one (query, passage) pair (the API caps
   a pair's estimated cost at it);
 - `causal_lm`: its causal-LM engine (RAG context assembly and generation run on it);
-- `prior_store`: where it keeps log p(K) (the API reports its hit rate).
+- `prior_store`: where it keeps log p(K) (the API reports its hit rate);
+- `compute_type`: the number format its model computes in (`float32`, `bfloat16`, `int8`...,
+  as the runtime names it: the API's TEI-shaped `/info` reports it as `model_dtype`).
 
 Callers read these; they never probe a reranker for attributes. This module stays light (no torch
 or transformers at import): the types are imported for type checkers only.
@@ -36,6 +52,11 @@ if TYPE_CHECKING:
     from cisrank.rerank.prior_table import Priors
 
 Request = tuple[str, Sequence[str]]
+
+Part = Any
+"""What `score_parts` gives for one passage: its score for most rerankers, a tuple of its
+components' parts for the hybrid, None for the identity (which needs only positions). It must
+pickle: parts come back from worker processes."""
 
 
 def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
@@ -76,15 +97,42 @@ class Reranker(Protocol):
         ...
 
     @property
+    def compute_type(self) -> str | None:
+        """The number format its model computes in, as its runtime names it."""
+        ...
+
+    @property
     def passage_major(self) -> bool:
         """Whether scoring a passage's queries together saves work (a bi-encoder embeds the
         passage once; the reverse CIS estimator runs its context once): jobs that score a pool
         then group pairs by passage."""
         ...
 
+    @property
+    def combines_request(self) -> bool:
+        """Whether a passage's final score depends on the other passages of its request (the
+        hybrid's per-query normalization, the identity's positions): a caller that splits a
+        request must then go through `score_parts` and `combine`, and a job that cuts a
+        query's passages apart (passage-major shards) must not use `score_batch` on the
+        pieces."""
+        ...
+
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         """One list of floats per (query, passages) request, in input order, one float per
-        passage in input order. A passage's score must not depend on the other requests."""
+        passage in input order: `combine` of `score_parts` for each request. A passage's score
+        must not depend on the other requests."""
+        ...
+
+    def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
+        """One part per passage, in input order: what a passage's score owes to (query,
+        passage) alone. It must not depend on the other passages or requests of the call, so
+        a request may be scored in any slices, on any process, and its parts joined."""
+        ...
+
+    def combine(self, query: str, passages: Sequence[str], parts: Sequence[Part]) -> list[float]:
+        """The final scores of one whole request from the parts of all its passages, in input
+        order. No model work (it runs where a request's parts are gathered: the API's event
+        loop, the process that dealt a batch to workers)."""
         ...
 
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
@@ -121,10 +169,19 @@ class BaseReranker(ABC):
     pair_token_limit: int | None = None
     causal_lm: CausalLMEngine | None = None
     prior_store: Priors | None = None
+    compute_type: str | None = None
     passage_major: bool = False
+    combines_request: bool = False
 
     @abstractmethod
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]: ...
+
+    def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
+        """A reranker whose scores depend on nothing but (query, passage): its scores."""
+        return self.score_batch(requests)
+
+    def combine(self, query: str, passages: Sequence[str], parts: Sequence[Part]) -> list[float]:
+        return [float(p) for p in parts]
 
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
         return self.score_batch([(query, passages)])[0]
@@ -153,15 +210,43 @@ class BaseReranker(ABC):
         return f"{type(self).__name__}(model={self.model_name!r})"
 
 
-class IdentityReranker(BaseReranker):
+class CombiningReranker(BaseReranker):
+    """A reranker whose final scores depend on the whole candidate list: it says what a passage
+    owes to itself (`score_parts`) and how one request's parts become its scores (`combine`);
+    `score_batch` is the one derived from them, so every caller that splits requests gets the
+    scores of the whole."""
+
+    combines_request = True
+
+    @abstractmethod
+    def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]: ...
+
+    @abstractmethod
+    def combine(
+        self, query: str, passages: Sequence[str], parts: Sequence[Part]
+    ) -> list[float]: ...
+
+    def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
+        lists = [(q, list(ps)) for q, ps in requests]
+        parts = self.score_parts(lists)
+        return [
+            self.combine(q, ps, p) if ps else [] for (q, ps), p in zip(lists, parts, strict=True)
+        ]
+
+
+class IdentityReranker(CombiningReranker):
     """No reranking (`--reranker none`): keeps the input order.
 
     Scores fall strictly with input position (n - i for n passages), so ranking by them gives the
-    input order back; `keeps_order` tells callers that they may skip it altogether."""
+    input order back; `keeps_order` tells callers that they may skip it altogether. A position is
+    the request's, not a slice's: the parts are empty and `combine` numbers the whole list."""
 
     name = "none"
     model_name = ""
     keeps_order = True
 
-    def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
-        return [[float(len(p) - i) for i in range(len(p))] for _, p in requests]
+    def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
+        return [[None] * len(p) for _, p in requests]
+
+    def combine(self, query: str, passages: Sequence[str], parts: Sequence[Part]) -> list[float]:
+        return [float(len(parts) - i) for i in range(len(parts))]

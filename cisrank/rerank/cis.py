@@ -100,6 +100,7 @@ class CISReranker(BaseReranker):
         self.passage_major = self.config.estimator == "reverse"
         self.causal_lm = self.engine
         self.fast_tokenizer = fast_only(self.engine.tokenizer)
+        self.compute_type = self.engine.compute_type
         if store_obj is not None:
             self.prior_store: Priors | None = store_obj
         elif self.config.prior_store:

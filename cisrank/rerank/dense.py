@@ -36,6 +36,10 @@ class DenseReranker(BaseReranker):
         self.fast_tokenizer = fast_only(self.encoder.tokenizer)
         limit = self.encoder.max_seq_length
         self.pair_token_limit = limit if isinstance(limit, int) and limit > 0 else None
+        weights = next(self.encoder.parameters(), None)
+        self.compute_type = (
+            str(weights.dtype).removeprefix("torch.") if weights is not None else None
+        )
 
     def embed(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
         """L2-normalized float32 embeddings; sentence-transformers sorts by length internally."""

@@ -10,6 +10,12 @@ others where they err. The fusion itself (per-query normalized interpolation or 
 The first stage enters by its order only: a reranker receives passages, not first-stage scores,
 so component `first-stage` scores passage i of n as n - i (the input order, which is the BM25
 order in `cisrank eval` and whatever order a `/v1/rerank` client sends).
+
+Both the normalization and the positions are the whole request's: a hybrid is a
+`CombiningReranker`. Its parts are its components' parts, a passage's alone; the fusion is its
+`combine`, once per whole request. Scoring a request in slices (the API's batcher) or dealing its
+passages to worker processes fused each piece on its own before: min-max over one passage is 0,
+so a served hybrid answered other scores and another order than `load_reranker("hybrid").rank`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Protocol
 
 from cisrank.data.fusion import fuse, parse_weights
 from cisrank.errors import CisrankError
-from cisrank.rerank.base import BaseReranker, IdentityReranker, Request, Reranker
+from cisrank.rerank.base import CombiningReranker, IdentityReranker, Part, Request, Reranker
 from cisrank.rerank.configs import HybridRerankerConfig
 
 FIRST_STAGE = "first-stage"
@@ -37,7 +43,7 @@ class Parts(Protocol):
     def load(self, kind: str, model: str | None, options: Mapping[str, Any]) -> Reranker: ...
 
 
-class HybridReranker(BaseReranker):
+class HybridReranker(CombiningReranker):
     """Scores each request with every component, then fuses per request (= per query).
 
     Example:
@@ -107,24 +113,37 @@ class HybridReranker(BaseReranker):
             for kind, r in self.components.items()
         )
         # Capabilities: none of its own. Its components read with several tokenizers and limits,
-        # and a fused score is not one LM's: the `BaseReranker` defaults (None) stand.
+        # and a fused score is not one LM's: the `BaseReranker` defaults (None) stand. Its
+        # compute type is its components', named by kind where they differ.
+        types = {k: t for k, r in self.components.items() if (t := r.compute_type)}
+        if len(set(types.values())) == 1:
+            self.compute_type = next(iter(types.values()))
+        elif types:
+            self.compute_type = "+".join(f"{k}:{t}" for k, t in types.items())
 
-    def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
+    def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
         """Every component scores all requests in one call (keeping its own cross-request
-        batching); fusion is per request, so a passage's fused score depends only on its query's
-        candidates, never on the other requests."""
+        batching); a passage's part is the tuple of its components' parts, in `weights` order."""
         requests = [(q, list(p)) for q, p in requests]
-        per_kind = [r.score_batch(requests) for r in self.components.values()]
-        weights = list(self.weights.values())
+        per_kind = [r.score_parts(requests) for r in self.components.values()]
         return [
-            fuse(
-                [scores[i] for scores in per_kind],
-                weights,
-                self.config.fusion,
-                self.config.fusion_normalize,
-                self.config.rrf_k,
-            )
-            if passages
-            else []
-            for i, (_, passages) in enumerate(requests)
+            list(zip(*(parts[i] for parts in per_kind), strict=True)) for i in range(len(requests))
         ]
+
+    def combine(self, query: str, passages: Sequence[str], parts: Sequence[Part]) -> list[float]:
+        """Fusion per request (= per query): each component's scores of the whole list, then
+        normalized and weighted over that list, so a passage's fused score depends only on its
+        query's candidates, never on how they were sliced or on the other requests."""
+        if not passages:
+            return []
+        components = [
+            r.combine(query, passages, [p[k] for p in parts])
+            for k, r in enumerate(self.components.values())
+        ]
+        return fuse(
+            components,
+            list(self.weights.values()),
+            self.config.fusion,
+            self.config.fusion_normalize,
+            self.config.rrf_k,
+        )

@@ -311,7 +311,7 @@ def test_a_request_past_its_timeout_is_503_with_retry_after(make_client, cis):
 def test_fuzzed_context_requests_never_get_a_5xx(cis, mode):
     """Schemathesis cases for /v1/context alone, scored by the tiny CIS reranker for real."""
     import schemathesis
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, example, given, settings
     from schemathesis.generation import GenerationMode
 
     from cisrank.api.config import Limits
@@ -323,7 +323,14 @@ def test_fuzzed_context_requests_never_get_a_5xx(cis, mode):
     gen = GenerationMode.POSITIVE if mode == "positive" else GenerationMode.NEGATIVE
     seen: dict[int, int] = {}
 
+    # Schema-valid cases may all be refused by the service's own checks (blank text, an unknown
+    # model), and which cases come out moves with every module loaded (Hypothesis mixes in their
+    # string constants): one plain request makes sure the positive run reaches the model.
+    body = {"query": "who wrote hamlet", "documents": ["a b"]}
+    plain = op.Case(body=body, media_type="application/json")
+
     @given(case=op.as_strategy(generation_mode=gen))
+    @example(case=plain)
     @settings(
         max_examples=20,
         deadline=None,

@@ -54,3 +54,32 @@ def test_generate_on_two_workers_writes_the_rows_of_one(sets, tiny_gpt2_dir, tmp
     assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
     for shard in sorted((tmp_path / "one").glob("shard-*.parquet")):
         assert pq.read_table(shard).equals(pq.read_table(tmp_path / "two" / shard.name))
+
+
+def test_small_rerank_and_eval_run_in_process_unless_workers_are_given(
+    sets, tiny_bert_dir, tmp_path, monkeypatch
+):
+    """Three passages, or an evaluation of three queries x five: a worker would cost more to
+    start than it saves, so none starts; `--workers 2` is obeyed all the same."""
+    from builders import InProcessPool
+
+    from cisrank import workers
+
+    built = InProcessPool.installed(monkeypatch)
+    monkeypatch.setattr(workers, "cores", lambda: 2)  # a worker per core would be 2 here
+    passages = tmp_path / "p.txt"
+    passages.write_text("Hamlet is a tragedy.\nParis is the capital of France.\nfleas\n")
+    rerank = ["rerank", "--reranker", "dense", "--model", str(tiny_bert_dir), "--json"]
+    rerank += ["--query", "who wrote hamlet", "--passages", str(passages)]
+    default = runner.invoke(app, rerank)
+    assert default.exit_code == 0, default.output
+    assert built == []
+    evaluate = ["eval", "run", "--data-dir", str(sets / "trec-dl21"), "--reranker", "dense"]
+    evaluate += ["--model", str(tiny_bert_dir), "--quiet", "--output", str(tmp_path / "e")]
+    assert runner.invoke(app, evaluate).exit_code == 0 and built == []
+    given = runner.invoke(app, [*rerank, "--workers", "2"])
+    assert given.exit_code == 0, given.output
+    assert len(built) == 1 and built[0].processes == 1
+    ranked = [json.loads(r.stdout)["results"] for r in (default, given)]
+    assert [r["index"] for r in ranked[0]] == [r["index"] for r in ranked[1]]
+    assert all(abs(a["score"] - b["score"]) <= 1e-6 for a, b in zip(*ranked, strict=True))

@@ -215,3 +215,14 @@ def test_a_cis_teacher_on_auto_records_the_runtime_that_scored(
     res = generate(source, teacher, tmp_path / "rows", shard_pairs=12, progress=False)
     recorded = res.manifest["identity"]["teacher"]
     assert recorded["backend"] == "torch" and recorded["fingerprint"]
+
+
+def test_a_teacher_that_combines_its_query_is_never_cut_by_passage(monkeypatch, tiny_bert_dir):
+    """Passage shards hold part of a query's candidates: a teacher whose scores depend on the
+    whole list (the hybrid's per-query fusion) must score whole queries, whatever else it says."""
+    from cisrank.rerank.hybrid import HybridReranker
+
+    monkeypatch.setattr(HybridReranker, "passage_major", True)  # as a reverse-CIS hybrid may
+    teacher = load_teacher("hybrid", str(tiny_bert_dir), fuse="dense:1,first-stage:1")
+    assert teacher.reranker.passage_major and not teacher.passage_major
+    assert load_teacher("dense", str(tiny_bert_dir)).passage_major

@@ -10,7 +10,7 @@ from cisrank.data.fusion import fuse, fuse_runs, input_order, normalize, parse_w
 from cisrank.errors import CisrankError
 from cisrank.eval.pipeline import RERANKED, first_stage_run, run_eval
 from cisrank.rerank import load_reranker
-from cisrank.rerank.base import BaseReranker
+from cisrank.rerank.base import BaseReranker, IdentityReranker
 from cisrank.rerank.hybrid import HybridReranker
 
 
@@ -97,6 +97,40 @@ def test_first_stage_component_is_the_input_order():
     r, _ = _hybrid(fuse="dense:1,first-stage:1", fusion="rrf", rrf_k=0)
     # dense ranks [1, 4, 2, 3]; input order ranks [1, 2, 3, 4]
     assert r.score("q", P) == pytest.approx([2.0, 1 / 4 + 1 / 2, 1 / 2 + 1 / 3, 1 / 3 + 1 / 4])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"fuse": "cis:0.4,first-stage:0.1,dense:0.5"},
+        {"fuse": "cis:1,first-stage:1", "fusion_normalize": "zscore"},
+        {"fuse": "dense:1,first-stage:1", "fusion": "rrf", "rrf_k": 0},
+    ],
+)
+def test_a_request_scored_in_slices_and_combined_whole_gets_the_scores_of_the_whole(options):
+    """What the API's batcher and a worker pool do: parts of slices (in any grouping, here
+    across two calls and beside another query), then one `combine` over the whole request."""
+    r, _ = _hybrid(**options)
+    assert r.combines_request
+    whole = r.score_batch([("q", P)])[0]
+    first = r.score_parts([("q", P[:1]), ("other", ["p2", "p4"])])[0]
+    rest = r.score_parts([("q", P[1:3])])[0] + r.score_parts([("q", P[3:])])[0]
+    assert r.combine("q", P, first + rest) == whole
+    # fusing each slice on its own (what was served before) is another ranking: min-max over
+    # one passage is 0, and the first stage restarts at every slice
+    sliced = [s for a, b in ((0, 1), (1, 3), (3, 4)) for s in r.score("q", P[a:b])]
+    assert sliced != pytest.approx(whole)
+
+
+def test_the_identity_numbers_the_whole_request_not_a_slice():
+    r = IdentityReranker()
+    parts = r.score_parts([("q", ["a", "b"]), ("q", ["c"])])
+    assert r.combines_request and r.combine("q", ["a", "b", "c"], parts[0] + parts[1]) == [
+        3.0,
+        2.0,
+        1.0,
+    ]
+    assert r.score("q", ["a", "b", "c"]) == [3.0, 2.0, 1.0]
 
 
 def test_options_reach_the_component_that_takes_them(tiny_bert_dir, tiny_gpt2_dir):

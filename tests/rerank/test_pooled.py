@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import InProcessPool
 
 from cisrank.errors import CisrankError
 from cisrank.rerank.pooled import PooledReranker
@@ -65,3 +66,57 @@ def test_shares_are_balanced_and_deterministic():
     assert abs(loads[0] - loads[1]) <= 1 and shares == balanced_split(costs, 2)
     with pytest.raises(CisrankError, match="--workers must be >= 1"):
         WorkerOptions(workers=0)
+
+
+@pytest.fixture
+def in_process_pool(monkeypatch):
+    return InProcessPool.installed(monkeypatch)
+
+
+def test_a_pool_pays_once_its_saving_exceeds_its_start():
+    from cisrank.rerank.pooled import PoolCost
+
+    cost = PoolCost(start_s=10.0)
+    # two workers run 1.78x one: they save 1 - 1/1.78 of the work, so 10 s of start pays
+    # from 10 / (1 - 1/1.78) = 22.82 s of work on
+    assert cost.speedup(2) == pytest.approx(1.78) and cost.speedup(3) == pytest.approx(2.56)
+    assert cost.pays(2, 22.9) and not cost.pays(2, 22.7)
+    assert cost.pays(3, 16.5) and not cost.pays(3, 16.3)  # 10 / (1 - 1/2.56) = 16.41
+    assert not cost.pays(1, 1e9)
+
+
+def test_small_work_stays_here_and_large_work_starts_the_workers(tiny_bert_dir, in_process_pool):
+    reference = load_reranker("dense", str(tiny_bert_dir))
+    requests = _requests()
+    expected = reference.score_batch(requests)
+
+    small = PooledReranker("dense", str(tiny_bert_dir), WorkerOptions(2), when_it_pays=True)
+    assert small.pool is None and small.deciding
+    assert np.allclose(small.score_batch(requests[:1])[0], expected[0], atol=1e-6, rtol=0)
+    assert small.pool is None and in_process_pool == []  # three passages: no worker started
+
+    chars = 1e12  # the work a whole evaluation announces: it pays at the first batch
+    large = PooledReranker(
+        "dense", str(tiny_bert_dir), WorkerOptions(2), when_it_pays=True, expected_chars=chars
+    )
+    got = large.score_batch(requests)
+    assert large.pool is not None and not large.deciding and len(in_process_pool) == 1
+    assert in_process_pool[0].items == 1  # the rest of the batch went to the worker
+    for g, e in zip(got, expected, strict=True):
+        assert np.allclose(g, e, atol=1e-6, rtol=0)
+    again = large.score_batch(requests)  # and so do the batches after it
+    assert in_process_pool[0].items == 2 and all(
+        np.allclose(a, e, atol=1e-6, rtol=0) for a, e in zip(again, expected, strict=True)
+    )
+
+
+def test_an_explicit_worker_count_is_obeyed(tiny_bert_dir, in_process_pool):
+    from cisrank.rerank.pooled import load_on_workers
+
+    given = load_on_workers("dense", str(tiny_bert_dir), WorkerOptions(2), when_it_pays=True)
+    assert isinstance(given, PooledReranker) and given.pool is not None
+    assert len(in_process_pool) == 1
+    chosen = load_on_workers("dense", str(tiny_bert_dir), WorkerOptions(), when_it_pays=True)
+    assert not isinstance(chosen, PooledReranker) or chosen.deciding  # one core: no pool at all
+    server = load_on_workers("dense", str(tiny_bert_dir), WorkerOptions())  # a server's: eager
+    assert not isinstance(server, PooledReranker) or server.pool is not None
