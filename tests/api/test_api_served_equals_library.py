@@ -81,6 +81,8 @@ VARIANTS: dict[str, Callable[[TinyModels], list[Variant]]] = {
     ],
     "cross-encoder": lambda m: [_variant("cross-encoder", m.cross_encoder)],
     "dense": lambda m: [_variant("dense", m.bert)],
+    # the student shipped with cisrank (22M parameters: real, and small enough to serve here)
+    "student": lambda m: [Variant("student", None)],
     "hybrid": lambda m: [
         _variant(
             "hybrid",
