@@ -34,7 +34,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +45,10 @@ from cisrank.fileio import atomic_write_text
 from cisrank.models.integrity import (
     DIGEST_FIELD,
     check_files,
+    hash_files,
     provenance_digest,
     recorded_files,
     seal,
-    sha256_file,
     write_stamps,
 )
 
@@ -124,30 +124,11 @@ def check(
     return CacheCheck(record, None)
 
 
-def _hash(folder: Path, names: Iterable[str]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    files: dict[str, Any] = {}
-    stamps: dict[str, list[Any]] = {}
-    for rel in names:
-        path = folder / rel
-        before = path.stat()
-        digest = sha256_file(path)
-        files[rel] = {"size": before.st_size, "sha256": digest}
-        stamps[rel] = [
-            before.st_size,
-            before.st_mtime_ns,
-            before.st_ctime_ns,
-            before.st_ino,
-            before.st_dev,
-            digest,
-        ]
-    return files, stamps
-
-
 def write_record(folder: Path, record_name: str, info: Mapping[str, Any]) -> dict[str, list[Any]]:
     """Record every file of a conversion just written into `folder` (before it is renamed into
     place): `info` with `files` and the seal, written atomically; returns the files' stamps, for
     `write_stamps` once the folder is at its final path (a rename keeps them)."""
-    files, stamps = _hash(folder, _files(folder, record_name))
+    files, stamps = hash_files(folder, _files(folder, record_name))
     record = seal(
         {
             **{k: v for k, v in info.items() if k not in (FILES_FIELD, DIGEST_FIELD)},
@@ -161,7 +142,7 @@ def write_record(folder: Path, record_name: str, info: Mapping[str, Any]) -> dic
 def add_files(folder: Path, record_name: str, names: Collection[str]) -> None:
     """Add files just made in a recorded folder to its record (under `lock`)."""
     record = read_record(folder, record_name)
-    files, stamps = _hash(folder, names)
+    files, stamps = hash_files(folder, names)
     record = seal(
         {
             **{k: v for k, v in record.items() if k != DIGEST_FIELD},
@@ -196,7 +177,7 @@ def _unwritable(folder: Path, problem: str, exc: OSError) -> CisrankError:
     why = f"must be made again ({problem})" if problem else "must be made"
     return CisrankError(
         f"the conversion cache {folder} {why} but cannot be written ({reason}): make "
-        f"{folder.parent} writable, or point the cache elsewhere"
+        f"{folder.parent} writable, or set XDG_CACHE_HOME to a writable folder"
     )
 
 
@@ -266,9 +247,10 @@ def derived_file(
 ) -> None:
     """`folder/name` made once from an intact conversion by `make()` (which writes it, renamed
     into place) and added to the record; made again when it is missing, unrecorded or damaged."""
-    if check(folder, record_name, (name,)).intact:
+    checked = check(folder, record_name, (name,))
+    if checked.intact:
         return
-    with lock(folder):
+    with _writing(folder, checked.problem or ""), lock(folder):
         checked = check(folder, record_name, (name,))
         if checked.intact:
             return

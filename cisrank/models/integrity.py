@@ -42,6 +42,7 @@ import logging
 import os
 import stat as stat_module
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,17 @@ def seal(provenance: dict[str, Any]) -> dict[str, Any]:
 
 def record_files(folder: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[Any]]]:
     """Hash every file of a folder being pulled: ({file: {size, sha256}}, stamps of them)."""
+    return hash_files(folder, folder_files(folder))
+
+
+def hash_files(
+    folder: Path, names: Iterable[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[Any]]]:
+    """Hash the files `names` of `folder`, just written: ({file: {size, sha256}}, their stamps,
+    for `write_stamps`)."""
     files: dict[str, dict[str, Any]] = {}
     stamps: dict[str, list[Any]] = {}
-    for rel in folder_files(folder):
+    for rel in names:
         path = folder / rel
         before = path.stat()
         digest = sha256_file(path)

@@ -149,6 +149,24 @@ def test_an_unchanged_export_is_not_read_an_older_or_added_to_one_is_made_again(
     (folder / "extra.onnx").write_bytes(b"\0" * 16)  # a file the export did not write: damage
     load_engine(str(tiny_llama_dir), backend="onnx", dtype="float32")
     assert calls["export"] == 3 and not (folder / "extra.onnx").exists()
+    # damaged where it cannot be made again (a read-only cache): one line, not a traceback
+    import errno
+
+    from cisrank.errors import CisrankError
+    from cisrank.lm import checked_cache
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(checked_cache.tempfile, "mkdtemp", read_only)
+    _zero(folder / "head.npy", 128, 64)
+    with pytest.raises(CisrankError) as caught:
+        load_engine(str(tiny_llama_dir), backend="onnx", dtype="float32")
+    assert str(caught.value) == (
+        f"the conversion cache {folder} must be made again (head.npy: its sha256 differs from "
+        f"the one recorded) but cannot be written (Read-only file system): make {cache} "
+        "writable, or set XDG_CACHE_HOME to a writable folder"
+    )
 
 
 def test_a_damaged_ctranslate2_conversion_is_made_again(tiny_llama_dir, tmp_path, monkeypatch):
