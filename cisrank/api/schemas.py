@@ -192,7 +192,8 @@ class TeiRerankRequest(_Request):
     texts: list[str] = Field(min_length=1, description="The passages to rank.")
     raw_scores: bool = Field(
         default=False,
-        description="TEI: raw scores; false (its default) puts them through a sigmoid.",
+        description="TEI: raw scores; false (its default) puts a classifier's logit through a "
+        "sigmoid, as TEI does (a dense reranker's cosine is not a logit and is returned as is).",
     )
     return_text: bool = Field(default=False, description="TEI: echo each text.")
     truncate: bool | None = Field(

@@ -259,18 +259,27 @@ class RankingService:
     async def rerank_tei(self, body: TeiRerankRequest) -> list[TeiRank]:
         """Hugging Face TEI's `POST /rerank`: the same ranking as `rerank` (same limits, cost
         and batching), answered as TEI's list of `{index, score, text?}`, most relevant first;
-        errors name `texts` where `rerank` names `documents`."""
+        errors name `texts` where `rerank` names `documents`.
+
+        `raw_scores: false` is TEI's activation of a classifier's logit: a sigmoid for one
+        label (`predict` in TEI's core/src/infer.rs; its /rerank serves classifiers only). A
+        dense reranker's score is a cosine, not a logit: a sigmoid would put every positive
+        cosine above 0.5, so it is answered as is, in [-1, 1], its order and scale those of
+        `/v1/rerank` (TEI itself has no rule for it; any map to [0, 1] would be invented)."""
         if body.truncation_direction in ("left", "Left"):
             raise InvalidField(
                 "truncation_direction",
                 "only 'right' is served: a pair is cut at the end of the text, at the model's "
                 "length",
             )
+        name = self.serving.resolve_reranker(body.model)
+        self.serving.check_ready()
+        cosine = text_embedder(self.serving.rerankers[name]) is not None
         request = RerankRequest(
             query=body.query,
             documents=list(body.texts),
             model=body.model,
-            normalize="none" if body.raw_scores else "sigmoid",
+            normalize="none" if body.raw_scores or cosine else "sigmoid",
         )
         try:
             answer = await self.rerank(request)

@@ -22,6 +22,7 @@ from cisrank.cli.options import (
     FirstStageOpt,
     FlagGroup,
     JsonOpt,
+    MissingOpt,
     ModelOpt,
     OutputOpt,
     QuietOpt,
@@ -60,6 +61,7 @@ class _Evaluation:
     quiet: QuietOpt = False
     as_json: JsonOpt = False
     first_stage: FirstStageOpt = None
+    missing: MissingOpt = "refuse"
 
 
 EVAL_FLAGS = FlagGroup(_Evaluation)
@@ -76,12 +78,14 @@ def _evaluate(
     from rich.console import Console
 
     from cisrank.data import datasets
+    from cisrank.eval.coverage import check_missing, describe, judged_to_evaluate
     from cisrank.eval.pipeline import RERANKED, run_eval
     from cisrank.eval.report import metrics_table
     from cisrank.rerank.pooled import load_on_workers
     from cisrank.rerank.registry import check_name
 
     check_name(run.reranker)
+    check_missing(run.missing)
     if files is not None:
         dataset = datasets.load_local(name, **files)
     else:
@@ -90,6 +94,7 @@ def _evaluate(
         from cisrank.indexes.first_stage import with_first_stage
 
         dataset = with_first_stage(dataset, run.first_stage, run.depth)
+    _, coverage = judged_to_evaluate(dataset, run.missing)  # refused before any model loads
     # workers only once they pay for their start on the whole evaluation's pairs
     expected = sum(
         len(dataset.topics[qid]) + len(h.text)
@@ -109,7 +114,12 @@ def _evaluate(
     output = run.output or Path("out") / f"eval-{name}-{run.reranker}"
     try:
         result = run_eval(
-            dataset, model_obj, depth=run.depth, output=output, progress=not run.quiet
+            dataset,
+            model_obj,
+            depth=run.depth,
+            output=output,
+            progress=not run.quiet,
+            missing=run.missing,
         )
     finally:
         model_obj.close()
@@ -117,7 +127,10 @@ def _evaluate(
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     console = Console()
-    title = f"{name}: {len(dataset.qids)} queries, {sum(len(h) for h in dataset.candidates.values())} candidates"
+    candidates = sum(len(h) for h in dataset.candidates.values())
+    title = f"{name}: {len(dataset.qids)} queries, {candidates} candidates"
+    if note := describe(coverage):
+        title += f" ({note})"
     console.print(metrics_table(result.metrics, title=title))
     if result.significance:
         s = result.significance
@@ -216,6 +229,7 @@ def eval_fuse(
     ] = None,
     data_dir: DataDirOpt = None,
     as_json: JsonOpt = False,
+    missing: MissingOpt = "refuse",
 ) -> None:
     """Fuse saved runs exactly as `--reranker hybrid --fuse ... --fusion ...` would, in seconds,
     and print the first stage, every run and the fusion side by side."""
@@ -225,14 +239,17 @@ def eval_fuse(
     from cisrank.data.fusion import fuse_runs, input_order, parse_weights
     from cisrank.data.runs import Run
     from cisrank.eval import metrics as M
+    from cisrank.eval.coverage import check_missing, describe, judged_to_evaluate
     from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
     from cisrank.eval.report import metrics_table, write_metrics_json
 
+    check_missing(missing)
     folder = Path(dataset)
     if data_dir is None and folder.is_dir():
         ds = datasets.load_named(folder.name, folder)
     else:
         ds = datasets.load_named(dataset, data_dir)
+    qrels, coverage = judged_to_evaluate(ds, missing)
     runs = {FIRST_STAGE: first_stage_run(ds)}
     for spec in run:
         name, sep, path = spec.partition("=")
@@ -254,8 +271,12 @@ def eval_fuse(
     except ValueError as exc:
         raise CisrankError(str(exc)) from None
     runs["hybrid"] = fused
-    figures = {name: M.evaluate(r, ds.qrels) for name, r in runs.items()}
-    report = {"dataset": ds.name, "fuse": fuse, "fusion": fusion, "runs": figures}
+    figures = {name: M.evaluate(r, qrels) for name, r in runs.items()}
+    report: dict[str, Any] = {"dataset": ds.name, "fuse": fuse, "fusion": fusion, "runs": figures}
+    if "missing" in coverage:
+        report["judged_not_run"] = {
+            k: coverage[k] for k in ("missing", "no_topic", "no_candidates")
+        }
     if output is not None:
         output.mkdir(parents=True, exist_ok=True)
         fused.write_trec(output / "run.trec", tag="cisrank-hybrid")
@@ -263,4 +284,6 @@ def eval_fuse(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    Console().print(metrics_table(figures, title=f"{ds.name}: {fuse} ({fusion})"))
+    note = describe(coverage)
+    title = f"{ds.name}: {fuse} ({fusion})" + (f"; {note}" if note else "")
+    Console().print(metrics_table(figures, title=title))

@@ -29,7 +29,6 @@ HomeOpt = Annotated[
 
 _STATE_NOTE = {
     "intact": "",
-    "unrecorded": " (no checksums recorded: `cisrank models pull {0}` records them)",
     "damaged": " DAMAGED{1}: `cisrank models pull {0}` repairs it",
 }
 
@@ -195,7 +194,7 @@ def verify_models(
         bool,
         typer.Option(
             "--repair",
-            help="Pull again every model found damaged or without recorded checksums.",
+            help="Pull again every model found damaged (a record without checksums included).",
         ),
     ] = False,
     find_links: FindLinksOpt = None,
@@ -203,9 +202,9 @@ def verify_models(
     """Hash every file of pulled models (and of the models shipped with cisrank) against the
     sha256 recorded when they were pulled (or shipped).
 
-    One line per model. Exit code 0: intact; 1: pulled before checksums were recorded (nothing to
-    check against; `--repair` or `cisrank models pull NAME` re-pulls it to record them); 2: a
-    file is damaged, missing or was added. Reads every byte (about 1.3 GB/s per core).
+    One line per model. Exit code 0: intact; 2: a file is damaged, missing or was added, or the
+    provenance records no checksums (`--repair` or `cisrank models pull NAME` pulls it again).
+    Reads every byte (about 1.3 GB/s per core).
     """
     from cisrank.errors import CisrankError, DamagedFileError
     from cisrank.models.catalogue import load_catalogue, lookup, model_home
@@ -242,7 +241,7 @@ def verify_models(
             _pull(name, home, find_links)
             continue
         typer.echo(line, err=check.status != "intact")
-        code = max(code, {"intact": 0, "unrecorded": 1}.get(check.status, 2))
+        code = max(code, 0 if check.status == "intact" else 2)
     if code:
         raise typer.Exit(code)
 
@@ -252,11 +251,6 @@ def _verify_line(name: str, check: ModelCheck, hint: str) -> str:
         return (
             f"{name}: intact ({check.files} files, {_size(check.bytes)} hashed in "
             f"{check.seconds:.1f} s)"
-        )
-    if check.status == "unrecorded":
-        return (
-            f"{name}: no checksums recorded (pulled before cisrank recorded them), so its files "
-            f"cannot be checked: {hint.replace('to repair it', 'to re-pull it and record them')}"
         )
     if check.status == "not-pulled":
         return f"{name}: not pulled (no pull in {check.folder})"

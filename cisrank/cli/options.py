@@ -166,6 +166,14 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar."
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")
 ]
+MissingOpt = Annotated[
+    str,
+    typer.Option(
+        "--missing",
+        help="Judged queries without a topic or candidates: refuse (the default: exit 2 naming "
+        "them), zero (count them 0, as trec_eval -c does) or skip (leave them out).",
+    ),
+]
 FirstStageOpt = Annotated[
     list[Path] | None,
     typer.Option(

@@ -12,6 +12,8 @@ import gzip
 import importlib.util
 import json
 import logging
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from cisrank import env
@@ -40,38 +42,98 @@ def open_text(path: Path, newline: str | None = None):
     return path.open("r", encoding="utf-8", newline=newline)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+UNREADABLE = (UnicodeDecodeError, OSError, EOFError, zlib.error)
+"""What reading a text file can raise for its bytes: not UTF-8, not gzip (`gzip.BadGzipFile`
+is an OSError), a gzip stream cut short (EOFError) or damaged inside (zlib.error)."""
+
+
+def unreadable(path: Path, what: str, exc: BaseException) -> DataError:
+    """The one-line error for a file whose bytes are not the text it should hold."""
+    if isinstance(exc, UnicodeDecodeError):
+        try:
+            with path.open("rb") as f:
+                gzipped = f.read(2) == GZIP_MAGIC
+        except OSError:
+            gzipped = False
+        hint = (
+            "it is gzip-compressed: name it .gz or gunzip it"
+            if gzipped
+            else "give a UTF-8 text file (is it binary, or in another encoding?)"
+        )
+        return DataError(f"{path}: not a UTF-8 {what} file ({exc.reason}): {hint}")
+    if isinstance(exc, FileNotFoundError):
+        return DataError(f"{what} file '{path}' does not exist")
+    if isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile)):
+        detail = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return DataError(
+            f"{path}: not a readable gzip file ({detail}): restore it, or name a plain "
+            "text file without .gz"
+        )
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return DataError(f"{path}: cannot read the {what} file ({reason})")
+
+
+def text_lines(path: Path, what: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file (`.gz` gunzipped), any unreadable byte a one-line
+    DataError naming the file instead of a traceback."""
+    try:
+        with open_text(path) as f:
+            yield from enumerate(f, 1)
+    except UNREADABLE as exc:
+        raise unreadable(path, what, exc) from None
+
+
 def read_topics(path: Path) -> dict[str, str]:
+    """Queries by qid; one qid given two different texts is refused naming both lines."""
     topics: dict[str, str] = {}
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            qid, sep, text = line.partition("\t")
-            if not sep or not qid.strip() or not text.strip():
-                raise DataError(f"{path}:{lineno}: expected 'qid<TAB>query', got {line[:80]!r}")
-            topics[qid.strip()] = text.strip()
+    first_line: dict[str, int] = {}
+    for lineno, line in text_lines(path, "topics"):
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        qid, sep, text = line.partition("\t")
+        qid, text = qid.strip(), text.strip()
+        if not sep or not qid or not text:
+            raise DataError(f"{path}:{lineno}: expected 'qid<TAB>query', got {line[:80]!r}")
+        if topics.get(qid, text) != text:
+            raise DataError(
+                f"{path}:{lineno}: query {qid} is {text[:60]!r} here and {topics[qid][:60]!r} "
+                f"on line {first_line[qid]}: keep one text per qid"
+            )
+        topics[qid] = text
+        first_line.setdefault(qid, lineno)
     if not topics:
         raise DataError(f"{path}: no topics in file")
     return topics
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """Graded judgments. A passage judged twice with two grades is refused naming both lines
+    (which one is true cannot be told, and "the last wins" changed the figures silently); the
+    same line repeated is harmless and read once."""
     qrels: dict[str, dict[str, int]] = {}
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) != 4:
-                raise DataError(
-                    f"{path}:{lineno}: expected 'qid Q0 docid grade', got {line[:80]!r}"
-                )
-            qid, _, docid, grade = parts
-            try:
-                qrels.setdefault(qid, {})[docid] = int(grade)
-            except ValueError:
-                raise DataError(f"{path}:{lineno}: grade {grade!r} is not an integer") from None
+    first_line: dict[tuple[str, str], int] = {}
+    for lineno, line in text_lines(path, "qrels"):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 4:
+            raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid grade', got {line[:80]!r}")
+        qid, _, docid, grade_text = parts
+        try:
+            grade = int(grade_text)
+        except ValueError:
+            raise DataError(f"{path}:{lineno}: grade {grade_text!r} is not an integer") from None
+        judged = qrels.setdefault(qid, {})
+        if docid in judged and judged[docid] != grade:
+            raise DataError(
+                f"{path}:{lineno}: query {qid} passage {docid} graded {grade} here and "
+                f"{judged[docid]} on line {first_line[qid, docid]}: keep one judgment per passage"
+            )
+        judged[docid] = grade
+        first_line.setdefault((qid, docid), lineno)
     if not qrels:
         raise DataError(f"{path}: no judgments in file")
     return qrels
@@ -82,7 +144,7 @@ def load_candidates_json(path: Path) -> list:
     try:
         with open_text(path) as f:
             data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as exc:
+    except (json.JSONDecodeError, *UNREADABLE) as exc:
         raise DataError(f"{path}: not a readable candidates JSON file ({exc})") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON array of {{query, hits}} objects")

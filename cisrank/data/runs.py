@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cisrank.data.datasets import text_lines
 from cisrank.data.types import rank_order
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
@@ -75,19 +76,18 @@ class Run:
         path = Path(path)
         scores: dict[str, list[tuple[str, float]]] = {}
         seen: dict[str, set[str]] = {}
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                parts = line.split()
-                if not parts:
-                    continue
-                if len(parts) != 6:
-                    raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag'")
-                qid, _, docid, _, score, _ = parts
-                if docid in seen.setdefault(qid, set()):
-                    raise DataError(f"{path}:{lineno}: duplicate docid '{docid}' for query {qid}")
-                seen[qid].add(docid)
-                try:
-                    scores.setdefault(qid, []).append((docid, float(score)))
-                except ValueError:
-                    raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from None
+        for lineno, line in text_lines(path, "run"):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6:
+                raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag'")
+            qid, _, docid, _, score, _ = parts
+            if docid in seen.setdefault(qid, set()):
+                raise DataError(f"{path}:{lineno}: duplicate docid '{docid}' for query {qid}")
+            seen[qid].add(docid)
+            try:
+                scores.setdefault(qid, []).append((docid, float(score)))
+            except ValueError:
+                raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from None
         return cls.from_scores(name or path.stem, scores)

@@ -137,7 +137,15 @@ def pack(
     return load(out)
 
 
+REPACK = "pack it again with `cisrank distill pack`"
+
+
 def load(path: str | Path) -> TeacherSet:
+    """A packed set, every part checked before anything trains on it: its provenance is a JSON
+    object, its ids are strings or integers, its ranks integers, each component a column of
+    finite numbers, no cell empty, no (qid, docid) pair twice and at least one pair (issue 48:
+    each of these was a traceback or trained silently)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -150,15 +158,60 @@ def load(path: str | Path) -> TeacherSet:
     meta = table.schema.metadata or {}
     if METADATA_KEY not in meta:
         raise DataError(f"'{path}' is not a cisrank teacher set (no provenance)")
-    provenance = json.loads(meta[METADATA_KEY])
+    try:
+        provenance = json.loads(meta[METADATA_KEY])
+    except (UnicodeDecodeError, ValueError):
+        raise DataError(
+            f"teacher set '{path}': its provenance (Parquet metadata 'cisrank') is not JSON: "
+            f"{REPACK}"
+        ) from None
+    if not isinstance(provenance, dict):
+        raise DataError(
+            f"teacher set '{path}': its provenance (Parquet metadata 'cisrank') is a JSON "
+            f"{type(provenance).__name__}, not an object: {REPACK}"
+        )
     missing = [c for c in KEY_COLUMNS if c not in table.column_names]
     if missing:
         raise DataError(f"teacher set '{path}' lacks column(s) {', '.join(missing)}")
+    components = [c for c in table.column_names if c not in KEY_COLUMNS]
+    if not components:
+        raise DataError(f"teacher set '{path}' has no score column (a teacher component)")
+    for name in table.column_names:
+        column = table.column(name)
+        kind = column.type
+        if name in ("qid", "docid"):
+            fits = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            fits = fits or pa.types.is_integer(kind)
+            want = "ids (strings or integers)"
+        elif name == "rank":
+            fits, want = pa.types.is_integer(kind), "integer first-stage ranks"
+        else:
+            fits = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            want = "numbers (a teacher component's scores)"
+        if not fits:
+            raise DataError(f"teacher set '{path}': column '{name}' holds {kind}, not {want}")
+        if column.null_count:
+            raise DataError(
+                f"teacher set '{path}': column '{name}' has {column.null_count} empty cell(s)"
+            )
+    if table.num_rows == 0:
+        raise DataError(f"teacher set '{path}' holds no pairs: nothing to train on")
     data = table.to_pydict()
-    scores = {
-        c: np.asarray(data[c], dtype=np.float64) for c in table.column_names if c not in KEY_COLUMNS
-    }
-    return TeacherSet(data["qid"], data["docid"], data["rank"], scores, provenance)
+    qids = [str(q) for q in data["qid"]]
+    docids = [str(d) for d in data["docid"]]
+    first: dict[tuple[str, str], int] = {}
+    for row, key in enumerate(zip(qids, docids, strict=True)):
+        if key in first:
+            raise DataError(
+                f"teacher set '{path}': query {key[0]} passage {key[1]} is in rows "
+                f"{first[key]} and {row}: each pair once ({REPACK})"
+            )
+        first[key] = row
+    scores = {c: np.asarray(data[c], dtype=np.float64) for c in components}
+    for name, values in scores.items():
+        if not np.all(np.isfinite(values)):
+            raise DataError(f"teacher set '{path}': component '{name}' holds a non-finite score")
+    return TeacherSet(qids, docids, [int(r) for r in data["rank"]], scores, provenance)
 
 
 @dataclass(frozen=True)
@@ -175,6 +228,11 @@ def texts_of(teacher_set: TeacherSet, pool: str | Path | None = None) -> Texts:
     from cisrank.data.datasets import load_named, read_topics
 
     where = teacher_set.provenance.get("texts", {})
+    if not isinstance(where, dict):
+        raise DataError(
+            f"the teacher set's provenance names its texts as {where!r:.60}, not an object "
+            f'such as {{"pool": FOLDER}} or {{"dataset": NAME}}: {REPACK}'
+        )
     if "dataset" in where:
         ds = load_named(where["dataset"], require_qrels=False)
         passages = {h.docid: h.text for hits in ds.candidates.values() for h in hits}

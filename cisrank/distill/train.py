@@ -74,7 +74,11 @@ def load_teacher_rows(folders: Sequence[str | Path]) -> list[dict[str, Any]]:
             q["passages"].append(passage)
             q["ranks"].append(int(rank))
             q["scores"].append(float(score))
-    return [_by_rank(q) for q in queries.values()]
+    out = [_by_rank(q) for q in queries.values()]
+    for n, folder in enumerate(folders):
+        mine = [q for key, q in zip(queries, out, strict=True) if key.startswith(f"{n}:")]
+        refuse_degenerate(f"teacher rows '{folder}'", {"score": [q["scores"] for q in mine]})
+    return out
 
 
 def load_teacher_sets(
@@ -99,7 +103,12 @@ def load_teacher_sets(
                 f"teacher set '{path}' has no component {', '.join(unknown)} "
                 f"(it has {', '.join(ts.components)})"
             )
-        for q in TS.attach_text(ts, TS.texts_of(ts, pool), list(weights)):
+        attached = TS.attach_text(ts, TS.texts_of(ts, pool), list(weights))
+        refuse_degenerate(
+            f"teacher set '{path}'",
+            {name: [q["components"][name] for q in attached] for name in weights},
+        )
+        for q in attached:
             parts = [q["components"][name] for name in weights]
             labels = (
                 parts[0]
@@ -115,6 +124,33 @@ def load_teacher_sets(
                 }
             )
     return queries
+
+
+def refuse_degenerate(where: str, per_query: dict[str, list[list[float]]]) -> None:
+    """Refuse, in one line, teacher scores a student cannot learn a ranking from (issue 48: each
+    trained silently): no pair at all, no query with two passages or more (a single pair
+    included), or a component that scores the passages of every query alike (all its scores
+    equal included). `per_query`: each component's scores, one list per query."""
+    lists = next(iter(per_query.values()), [])
+    pairs = sum(len(scores) for scores in lists)
+    if not pairs:
+        raise DataError(f"{where} holds no pairs: nothing to train on")
+    if all(len(scores) < 2 for scores in lists):
+        raise DataError(
+            f"{where}: every query has fewer than two passages ({pairs} pair(s) over "
+            f"{len(lists)} queries): a student learns which passage of a query comes first, "
+            "and there is no order to learn"
+        )
+    for name, scores_of in per_query.items():
+        if any(np.ptp(scores) > 0 for scores in scores_of if len(scores) > 1):
+            continue
+        values = np.concatenate([np.asarray(s, dtype=np.float64) for s in scores_of])
+        how = (
+            f"all its {values.size} scores are {values[0]:g}"
+            if np.ptp(values) == 0
+            else "it scores the passages of each query alike"
+        )
+        raise DataError(f"{where}: component '{name}' is constant ({how}): nothing to learn")
 
 
 def _by_rank(q: dict[str, Any]) -> dict[str, Any]:
@@ -335,6 +371,9 @@ def train(
     if teacher_sets:
         queries += load_teacher_sets(teacher_sets, config.teacher_fuse, config.teacher_fusion, pool)
     queries = cut_depth(queries, config.list_depth)
+    if config.list_depth is not None:
+        depth = f"the training lists cut to --list-depth {config.list_depth}"
+        refuse_degenerate(depth, {"label": [q["scores"] for q in queries]})
     examples = build_examples(
         queries,
         config.loss,
@@ -343,6 +382,8 @@ def train(
         config.seed,
         config.temperature,
     )
+    if not len(examples):  # transformers would fail on max_steps 0 with a traceback
+        raise DataError(f"no training examples from {len(queries)} queries ({config.loss})")
     log.info("%d queries, %d training examples (%s)", len(queries), len(examples), config.loss)
 
     path = resolve_model(config.base_model)

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from cisrank.data.runs import Run
 from cisrank.data.types import Dataset
 from cisrank.eval import metrics as M
+from cisrank.eval.coverage import judged_to_evaluate
 from cisrank.eval.report import plot_deltas, write_metrics_json, write_per_query_tsv
 from cisrank.rerank.base import Reranker
 from cisrank.version import __version__
@@ -116,29 +117,38 @@ def run_eval(
     measures: tuple[str, ...] = M.DEFAULT_MEASURES,
     progress: bool = True,
     queries_per_call: int = QUERIES_PER_CALL,
+    missing: str = "refuse",
 ) -> EvalResult:
     """Evaluate the first stage and, unless the reranker keeps the input order (`none`), the
     reranked run against it; a reranker that keeps the order would only restate the first stage,
-    so the first-stage run with its own scores is the result."""
+    so the first-stage run with its own scores is the result.
+
+    Judged queries that cannot be run (no topic or no candidates) refuse the evaluation before
+    any reranking unless `missing` says to count them 0 (`zero`) or leave them out (`skip`):
+    `cisrank.eval.coverage`."""
     if depth < 1:
         raise ValueError("depth must be >= 1")
+    qrels, coverage = judged_to_evaluate(dataset, missing)
     runs = {FIRST_STAGE: first_stage_run(dataset)}
     reranks = not reranker.keeps_order
     info: dict[str, Any] = {
         "cisrank_version": __version__,
         "source": dataset.source,
-        "queries_judged": sum(1 for q in dataset.qrels.values() if q),
+        "queries_judged": coverage["judged"],
         "queries_run": len(dataset.qids),
+        "queries_evaluated": len(qrels),
         "depth": depth,
         "reranker": {"name": reranker.name, "model": reranker.model_name} if reranks else None,
     }
+    if "missing" in coverage:
+        info["judged_not_run"] = {k: coverage[k] for k in ("missing", "no_topic", "no_candidates")}
     if dataset.notes:
         info["notes"] = dataset.notes
     if reranks:
         runs[RERANKED], info["timing"] = rerank_run(
             dataset, reranker, depth, progress, queries_per_call
         )
-    per_query = {name: M.per_query(run, dataset.qrels, measures) for name, run in runs.items()}
+    per_query = {name: M.per_query(run, qrels, measures) for name, run in runs.items()}
     result = EvalResult(
         dataset.name,
         runs,

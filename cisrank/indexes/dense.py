@@ -100,12 +100,13 @@ def build_dense(
     engine resumes on the other.
     """
     from cisrank.devices import resolve_device, resolve_dtype
-    from cisrank.models.encoders import dtype_name, load_sentence_transformer
+    from cisrank.models.encoders import dtype_name, load_sentence_transformer, refuse_causal_lm
 
     engine = check_engine(engine)
     corpus = reader.load()
     faiss = import_faiss()
     model_path = resolve_model(config.model)
+    refuse_causal_lm(config.model, model_path)  # before any shard is encoded
     fingerprint = model_fingerprint(model_path)
     with ExitStack() as stack:  # a Ray cluster started for the build stops after it
         if engine == "ray":

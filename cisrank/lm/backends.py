@@ -95,7 +95,7 @@ def resolve_backend(
     if dtype not in (None, "auto") or _on_gpu(device) or cpu_has_native_bf16():
         return "torch", _torch_default_dtype(device, dtype)
     if not _onnxruntime_installed():
-        log.info("onnxruntime is not installed (extra 'onnx'): the causal LM runs on torch float32")
+        log.info("the onnx extra is not installed: the causal LM runs on torch float32")
         return "torch", dtype
     return "onnx", "int8"
 
@@ -115,7 +115,9 @@ def onnx_int8_fits(device: str | None, dtype: str | None) -> bool:
 
 
 def _onnxruntime_installed() -> bool:
-    return importlib.util.find_spec("onnxruntime") is not None
+    """The `onnx` extra as `auto` needs it: ONNX Runtime to run the export, and `onnx` to make
+    it (a model not exported yet failed with torch's bare `OnnxExporterError` without it)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnx"))
 
 
 def load_engine(

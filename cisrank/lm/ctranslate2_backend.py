@@ -14,16 +14,14 @@ batch. It does not decode.
 Conversion runs once per model folder (`TransformersConverter`, float32 weights; the compute type
 is chosen when loading) into a cache folder keyed by the source folder's files, written to a temp
 folder and renamed into place, with the source model's torch fingerprint recorded so that prior
-stores know which model and runtime computed a prior.
+stores know which model and runtime computed a prior, and the size and sha256 of every file,
+checked before every load (`cisrank.lm.checked_cache`: a damaged conversion is made again).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import numpy as np
 
 from cisrank import env
 from cisrank.errors import CisrankError, MissingExtraError
+from cisrank.lm import checked_cache
 from cisrank.lm.backend import ConvertedBackend, folder_key, local_source
 
 log = logging.getLogger(__name__)
@@ -55,27 +54,24 @@ def converted_folder(source: str | Path, cache: str | Path | None = None) -> Pat
     source = Path(source)
     root = Path(cache) if cache is not None else env.user_cache_dir() / "cisrank" / "ctranslate2"
     final = root / f"{source.name}-{folder_key(source)}"
-    if (final / PROVENANCE).is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=root))
-    try:
+
+    def convert(out: Path) -> dict[str, Any]:
         from cisrank.lm.engine import CausalLMEngine
 
         fingerprint = CausalLMEngine(str(source), device="cpu", dtype="float32").fingerprint()
-        out = work / "model"
         log.info("converting %s to CTranslate2 (once) into %s", source, final)
+        # the converter makes `out` itself and refuses one that exists
+        out.rmdir()
         ct2.converters.TransformersConverter(str(source)).convert(str(out), quantization=None)
-        (out / PROVENANCE).write_text(
-            json.dumps({"source": str(source), "source_fingerprint": fingerprint}, indent=2)
-        )
-        try:
-            os.replace(out, final)
-        except OSError:  # another process converted it first: theirs is as good
-            if not (final / PROVENANCE).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return {"source": str(source), "source_fingerprint": fingerprint}
+
+    checked_cache.cached_conversion(
+        final,
+        PROVENANCE,
+        convert,
+        required=("model.bin", "config.json"),
+        what="CTranslate2 conversion",
+    )
     return final
 
 
@@ -102,8 +98,9 @@ class CTranslate2Backend(ConvertedBackend):
             str(self.folder), device="cpu", compute_type=compute_type, intra_threads=threads
         )
         config = json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
-        self._provenance = (self.folder / PROVENANCE).read_bytes()
-        source = json.loads(self._provenance)["source"]
+        record = checked_cache.read_record(self.folder, PROVENANCE)
+        self._provenance = checked_cache.identity(record)
+        source = record["source"]
         hf = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
         self.max_positions: int | None = hf.get("max_position_embeddings")
         self.num_layers = int(hf.get("num_hidden_layers", config.get("num_layers", 0)))

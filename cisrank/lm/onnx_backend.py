@@ -20,7 +20,7 @@ without it; measured when this backend was written).
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,17 @@ from cisrank.errors import CisrankError
 from cisrank.lm.backend import ConvertedBackend, local_source
 from cisrank.lm.batching import pad_batch
 from cisrank.lm.onnx_export import (
-    PROVENANCE,
     cached_export,
+    discard,
     export_module,
+    identity,
     import_onnxruntime,
+    make_derived,
     quantize_dynamic_int8,
+    record,
 )
+
+log = logging.getLogger(__name__)
 
 COMPUTE_TYPES = ("float32", "int8")
 BODY = {"float32": "body.onnx", "int8": "body-int8.onnx"}
@@ -104,10 +109,16 @@ def exported_folder(
 ) -> Path:
     """The ONNX export of the Hugging Face folder `source` (made once, kept under `cache`,
     default `<user cache>/cisrank/onnx`: `cisrank.lm.onnx_export`), with its int8 body when
-    asked."""
-    final = cached_export(Path(source), _export, required=(BODY["float32"], HEAD), cache=cache)
-    if compute_type == "int8" and not (final / BODY["int8"]).is_file():
-        _quantize(final)
+    asked; every file checked against the export's record first, a damaged one made again."""
+    final = cached_export(
+        Path(source),
+        _export,
+        required=(BODY["float32"], HEAD),
+        derived=(BODY["int8"],),
+        cache=cache,
+    )
+    if compute_type == "int8":
+        make_derived(final, BODY["int8"], lambda: _quantize(final))
     return final
 
 
@@ -135,8 +146,8 @@ class OnnxBackend(ConvertedBackend):
         self.session = ort.InferenceSession(
             str(self.folder / BODY[compute_type]), options, providers=["CPUExecutionProvider"]
         )
-        self._provenance = (self.folder / PROVENANCE).read_bytes()
-        info = json.loads(self._provenance)
+        info = record(self.folder)
+        self._provenance = identity(self.folder)
         self.max_positions: int | None = info["max_positions"]
         self.num_layers = int(info["num_layers"])
         self._logit_scale = info.get("logit_scale")
@@ -198,8 +209,24 @@ def load_onnx(
     `compute_type`."""
     from transformers import AutoTokenizer
 
+    import_onnxruntime()  # before an export that ONNX Runtime could not run
     source = local_source(model, "onnx")
-    folder = exported_folder(source, compute_type, cache)
+    for attempt in (1, 2):
+        folder = exported_folder(source, compute_type, cache)
+        try:
+            backend = OnnxBackend(
+                folder, compute_type=compute_type, threads=threads, model_name=model
+            )
+            break
+        except CisrankError:
+            raise
+        except Exception as exc:  # an intact export that ONNX Runtime cannot load
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if attempt == 2:
+                raise CisrankError(
+                    f"cannot load the ONNX export of '{model}' ({folder}): {first}"
+                ) from exc
+            log.warning("the ONNX export %s does not load (%s): making it again", folder, first)
+            discard(folder)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
-    backend = OnnxBackend(folder, compute_type=compute_type, threads=threads, model_name=model)
     return backend, tokenizer

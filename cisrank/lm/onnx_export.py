@@ -11,8 +11,11 @@ Shared by the causal-LM backend (`cisrank.lm.onnx_backend`) and the cross-encode
   final folder is `<cache>/<folder name>[-<kind>]-<key>`, the key hashing the source folder's
   resolved path and its files' names, sizes and modification times, so editing or replacing
   the model makes a new export (the cache defaults to `<user cache>/cisrank/onnx`);
-- an export missing its provenance record or one of its files is removed and made again;
-  a file that is present but does not load is for the caller to report (`discard` it and
+- every file of an export is checksummed in its record and checked before every load, like a
+  pulled model (`cisrank.lm.checked_cache`): an export with a missing, changed or added file, or
+  a record without checksums (an older cisrank's) is removed and made again, one warning naming
+  the file; the int8 graph quantized later is added to the record the same way (`make_derived`);
+  an intact export that still does not load is for the caller to report (`discard` it and
   export again, as the cross-encoder does);
 - int8 by `onnxruntime.quantization.quantize_dynamic`: weights per output channel, activations
   per tensor at run time, on the reduced 7-bit range, because this project's CPU is AVX2
@@ -21,25 +24,26 @@ Shared by the causal-LM backend (`cisrank.lm.onnx_backend`) and the cross-encode
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cisrank import env
-from cisrank.errors import MissingExtraError
+from cisrank.errors import CisrankError, MissingExtraError, require
+from cisrank.lm import checked_cache
 from cisrank.lm.backend import folder_key
 
 log = logging.getLogger(__name__)
 
 OPSET = 17
 PROVENANCE = "cisrank-onnx.json"
-"""The record written last into every export: what was exported, from where, by what."""
+"""The record written last into every export: what was exported, from where, by what, and the
+size and sha256 of every file (`cisrank.lm.checked_cache`)."""
+EXPORTING = "exporting a model to ONNX (--backend onnx)"
 
 
 def import_onnxruntime(feature: str = "--backend onnx") -> Any:
@@ -61,10 +65,6 @@ def export_path(source: Path, kind: str = "", cache: str | Path | None = None) -
     return cache_root(cache) / f"{source.name}{tag}-{folder_key(source)}"
 
 
-def is_complete(folder: Path, required: Collection[str] = ()) -> bool:
-    return (folder / PROVENANCE).is_file() and all((folder / f).is_file() for f in required)
-
-
 def discard(folder: Path) -> None:
     """Remove an export (a damaged one, to make it again); processes that have it open keep
     reading their files."""
@@ -77,32 +77,39 @@ def cached_export(
     *,
     kind: str = "",
     required: Collection[str] = (),
+    derived: Collection[str] = (),
     cache: str | Path | None = None,
 ) -> Path:
     """The export folder of `source`, made once by `export(source, out)` (which writes its files
-    into `out` and returns the provenance to record) unless complete already."""
+    into `out` and returns the provenance to record) unless intact already: every file checked
+    against the record (a `stat` each while unchanged), a damaged export made again. `derived`:
+    the files made from it later (`make_derived`), checked (and made again) when used."""
     final = export_path(source, kind, cache)
-    if is_complete(final, required):
-        return final
-    if final.exists():
-        log.warning("the ONNX export %s is incomplete: making it again", final)
-        discard(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
-    try:
-        out = work / "model"
-        out.mkdir()
+
+    def convert(out: Path) -> Mapping[str, Any]:
         log.info("exporting %s to ONNX (once) into %s", source, final)
-        info = export(source, out)
-        (out / PROVENANCE).write_text(json.dumps(dict(info), indent=2))
-        try:
-            os.replace(out, final)
-        except OSError:  # another process exported it first
-            if not is_complete(final, required):
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return export(source, out)
+
+    checked_cache.cached_conversion(
+        final, PROVENANCE, convert, required=required, derived=derived, what="ONNX export"
+    )
     return final
+
+
+def make_derived(folder: Path, name: str, make: Callable[[], None]) -> None:
+    """`folder/name`, a file made from an intact export by `make()` (the int8 graph), made once,
+    recorded and checked with the export's own files, made again when damaged."""
+    checked_cache.derived_file(folder, PROVENANCE, name, make, what="ONNX export")
+
+
+def record(folder: Path) -> dict[str, Any]:
+    """An export's record (read after the export was checked)."""
+    return checked_cache.read_record(folder, PROVENANCE)
+
+
+def identity(folder: Path) -> bytes:
+    """What an export is, for fingerprints: its record without the checksums."""
+    return checked_cache.identity(record(folder))
 
 
 def export_module(
@@ -114,23 +121,32 @@ def export_module(
     output_names: Sequence[str],
     dynamic_axes: Mapping[str, Mapping[int, str]],
 ) -> None:
-    """`torch.onnx.export` of `module` (in eval mode) traced on `args`, as described above."""
+    """`torch.onnx.export` of `module` (in eval mode) traced on `args`, as described above. The
+    exporter needs the `onnx` package (torch raised its bare `OnnxExporterError` without it);
+    a model it cannot export is one line saying so."""
+    require("onnx", "onnx", EXPORTING)
     import torch
 
     with torch.inference_mode(), warnings.catch_warnings():
         # the tracer warns about every shape-dependent branch of the mask code; each export is
         # checked against its torch model on other shapes and padding by its tests
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module.eval(),
-            args,
-            str(path),
-            input_names=list(input_names),
-            output_names=list(output_names),
-            dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
-            opset_version=OPSET,
-            dynamo=False,
-        )
+        try:
+            torch.onnx.export(
+                module.eval(),
+                args,
+                str(path),
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        except torch.onnx.OnnxExporterError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "exporter error"
+            raise CisrankError(
+                f"torch cannot export this model to ONNX ({first}): use --backend torch"
+            ) from exc
 
 
 class _OnnxRuntimeAdvice(logging.Filter):
@@ -152,6 +168,7 @@ def quantize_dynamic_int8(
     beside `dst` and renamed into place. `op_types`: the node types quantized (onnxruntime's
     default set when None); `const_weights_only`: only products with a weight matrix, never
     two activations (attention scores stay float32)."""
+    require("onnx", "onnx", EXPORTING)
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

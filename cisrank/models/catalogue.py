@@ -533,8 +533,6 @@ def _needs_pull(final: Path, entry: CatalogueEntry) -> tuple[str | None, ModelCh
 def _reason(check: ModelCheck) -> str | None:
     if check.status == "intact":
         return None
-    if check.status == "unrecorded":
-        return "pulled before cisrank recorded the checksums of its files"
     first = check.problems[0]
     more = len(check.problems) - 1
     return f"{first.file}: {first.detail}" + (f" (and {more} more file(s))" if more else "")

@@ -8,6 +8,9 @@ CPU) unless the caller names one; dense indexes record it in their manifest.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from cisrank.devices import resolve_device, resolve_dtype
@@ -28,6 +31,7 @@ def load_sentence_transformer(
     from sentence_transformers import SentenceTransformer
 
     path = resolve_model(model)
+    refuse_causal_lm(model, path)
     dev = resolve_device(device)
     precision = resolve_dtype(dtype, dev)
     try:
@@ -43,6 +47,47 @@ def load_sentence_transformer(
     if max_seq_length is not None:
         encoder.max_seq_length = max_seq_length
     return encoder.to(dtype=precision)
+
+
+_CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")
+"""How transformers names the classes of next-token models (`LlamaForCausalLM`,
+`GPT2LMHeadModel`, `BertLMHeadModel` built as a decoder)."""
+
+
+def causal_lm_architecture(folder: Path) -> str | None:
+    """The causal-LM class a plain Hugging Face folder declares (its `config.json`), None for
+    anything else, and for sentence-transformers folders (`modules.json`): those say how to pool
+    themselves, LLM-based embedders (a `Qwen2ForCausalLM` with last-token pooling) included."""
+    if (folder / "modules.json").is_file():
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # no readable config: the loader names what is wrong with the folder
+    if not isinstance(config, dict):
+        return None
+    names = config.get("architectures") or []
+    for name in names if isinstance(names, list) else []:
+        if isinstance(name, str) and name.endswith(_CAUSAL_HEADS):
+            return name
+    return str(config.get("model_type", "a decoder")) if config.get("is_decoder") else None
+
+
+def refuse_causal_lm(model: str, path: str) -> None:
+    """Refuse a causal LM's folder as a bi-encoder. sentence-transformers would load it anyway,
+    mean-pooling hidden states nobody trained to be pooled, and the dense reranker would rank
+    with them: plausible-looking cosines that mean nothing (issue 48). A hub id that is not on
+    this machine is checked by sentence-transformers' own loading, not here."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return
+    architecture = causal_lm_architecture(folder)
+    if architecture is not None:
+        raise ModelNotFoundError(
+            f"'{model}' is a causal language model ({architecture}), not a bi-encoder: the "
+            "dense reranker needs a sentence-transformers model or an encoder such as "
+            "all-MiniLM-L6-v2 (rank with a causal LM as the cis reranker)"
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -24,10 +24,14 @@ verify`, `cisrank models pull` (before calling a folder "already pulled") and th
 use it. The fast path sees every change made through the file system (a write moves mtime and
 ctime, a copy moves the inode); only the full check sees bytes that rot on the medium itself.
 
-Folders pulled before the record existed: a `zip` entry's provenance already lists every file's
-sha256 (`extract`, from the catalogue), which serves as the record; a converted (`gguf`) folder
-has none, loads with one warning, and `cisrank models pull NAME` re-pulls it to record one
-(nothing is vouched for without having been checked against its source).
+A provenance without its checksums (`files` or `provenance_sha256` missing) is damage like any
+other edit of it: every pull writes both, and one that lacks them cannot be told apart from a
+record someone stripped before damaging the weights (issue 48), so nothing in the folder is
+vouched for; `cisrank models pull NAME` pulls it again and records them. Folders pulled before
+cisrank recorded checksums are such folders, and are re-pulled the same way.
+
+`check_files` is the check itself, for any folder whose record lists its files: the conversion
+caches of `cisrank.lm` (ONNX exports, CTranslate2 conversions) are checked with it too.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import logging
 import os
 import stat as stat_module
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,9 +89,9 @@ class FileProblem:
 class ModelCheck:
     """The result of checking one model folder.
 
-    `status`: "intact" (every file matches the record), "damaged" (`problems` says which), or
-    "unrecorded" (a folder pulled before file checksums were recorded: nothing to check it
-    against), or "not-pulled" (no provenance: not a folder `cisrank models pull` wrote).
+    `status`: "intact" (every file matches the record), "damaged" (`problems` says which, the
+    provenance itself when it records no checksums), or "not-pulled" (no provenance: not a
+    folder `cisrank models pull` wrote).
     """
 
     folder: Path
@@ -177,9 +182,17 @@ def seal(provenance: dict[str, Any]) -> dict[str, Any]:
 
 def record_files(folder: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[Any]]]:
     """Hash every file of a folder being pulled: ({file: {size, sha256}}, stamps of them)."""
+    return hash_files(folder, folder_files(folder))
+
+
+def hash_files(
+    folder: Path, names: Iterable[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[Any]]]:
+    """Hash the files `names` of `folder`, just written: ({file: {size, sha256}}, their stamps,
+    for `write_stamps`)."""
     files: dict[str, dict[str, Any]] = {}
     stamps: dict[str, list[Any]] = {}
-    for rel in folder_files(folder):
+    for rel in names:
         path = folder / rel
         before = path.stat()
         digest = sha256_file(path)
@@ -269,34 +282,37 @@ def read_provenance(folder: Path) -> dict[str, Any] | None:
     return data
 
 
-def _expected(provenance: dict[str, Any]) -> dict[str, tuple[int | None, str]] | None:
-    """{file: (size or None, sha256)} to check against; None when nothing was recorded."""
-    files = provenance.get("files")
-    if isinstance(files, dict):
-        return {rel: (int(v["size"]), str(v["sha256"])) for rel, v in files.items()}
-    extract = provenance.get("extract")
-    if provenance.get("format") == "zip" and isinstance(extract, dict) and extract:
-        return {rel: (None, str(sha)) for rel, sha in extract.items()}
-    return None
+UNSEALED = (
+    "it records no checksums (`files`, `provenance_sha256`): every pull writes them, so it was "
+    "edited or predates them, and nothing in the folder can be vouched for"
+)
 
 
-def verify_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
-    """Check a model folder against the record its pull wrote; never raises for damage (the
-    report says it), only for a provenance that cannot be read (`DamagedModelError`).
+def recorded_files(record: dict[str, Any]) -> dict[str, tuple[int | None, str]] | None:
+    """{file: (size, sha256)} of a sealed record (a pull's provenance, a conversion's record);
+    None when it has no checksums or no seal, or they are not what a record holds."""
+    files = record.get("files")
+    if DIGEST_FIELD not in record or not isinstance(files, dict):
+        return None
+    try:
+        return {str(rel): (int(v["size"]), str(v["sha256"])) for rel, v in files.items()}
+    except (TypeError, KeyError, ValueError):
+        return None
 
-    `full=False` trusts files whose stamp matches (see the module doc); `full=True` hashes
-    every byte (about 1.3 GB/s per core; 0.2 s for SmolLM2-135M, 1 s for Qwen2.5-0.5B in bf16).
-    """
-    folder = Path(folder)
-    started = time.perf_counter()
-    provenance = read_provenance(folder)
-    if provenance is None:
-        return ModelCheck(folder, "not-pulled")
-    name = str(provenance.get("name", ""))
-    shipped = provenance.get("format") == SHIPPED_FORMAT
-    expected = _expected(provenance)
-    if expected is None:
-        return ModelCheck(folder, "unrecorded", name, shipped=shipped)
+
+@dataclass(frozen=True)
+class FilesCheck:
+    problems: tuple[FileProblem, ...]
+    bytes: int
+    hashed_bytes: int
+
+
+def check_files(
+    folder: Path, expected: dict[str, tuple[int | None, str]], *, full: bool = False
+) -> FilesCheck:
+    """Each recorded file of `folder` against its size and sha256 (see the module doc: by stamp
+    where it is unchanged since it last hashed right, unless `full`), stamps refreshed for files
+    hashed right. Files present but not recorded are the caller's question."""
     stamps = {} if full else _read_stamps(folder)
     fresh: dict[str, list[Any]] = {}
     problems: list[FileProblem] = []
@@ -316,7 +332,7 @@ def verify_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
             continue
         total += st.st_size
         if size is not None and st.st_size != size:
-            problems.append(FileProblem(rel, f"{st.st_size} bytes, {size} when it was pulled"))
+            problems.append(FileProblem(rel, f"{st.st_size} bytes, {size} when it was recorded"))
             continue
         stamp = _stamp(st)
         if stamps.get(rel) == [*stamp, sha]:
@@ -328,37 +344,72 @@ def verify_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
             continue
         hashed += st.st_size
         if digest != sha:
-            problems.append(FileProblem(rel, "its sha256 differs from the one recorded at pull"))
+            problems.append(FileProblem(rel, "its sha256 differs from the one recorded"))
             continue
         after = path.stat()
         changed = max(after.st_mtime_ns, after.st_ctime_ns) / 1e9
         if _stamp(after) == stamp and time.time() - changed >= RACY_SECONDS:
             fresh[rel] = [*stamp, sha]
-    for rel in folder_files(folder):
-        if rel not in expected:
-            problems.append(FileProblem(rel, "not written by the pull"))
-    if fresh and not problems:
+    if fresh:
         write_stamps(folder, fresh)
+    return FilesCheck(tuple(problems), total, hashed)
+
+
+def verify_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
+    """Check a model folder against the record its pull wrote; never raises for damage (the
+    report says it), only for a provenance that cannot be read (`DamagedModelError`).
+
+    `full=False` trusts files whose stamp matches (see the module doc); `full=True` hashes
+    every byte (about 1.3 GB/s per core; 0.2 s for SmolLM2-135M, 1 s for Qwen2.5-0.5B in bf16).
+    """
+    folder = Path(folder)
+    started = time.perf_counter()
+    provenance = read_provenance(folder)
+    if provenance is None:
+        return ModelCheck(folder, "not-pulled")
+    name = str(provenance.get("name", ""))
+    shipped = provenance.get("format") == SHIPPED_FORMAT
+    expected = recorded_files(provenance)
+    if expected is None:
+        return ModelCheck(
+            folder,
+            "damaged",
+            name,
+            problems=(FileProblem(PROVENANCE_FILE, UNSEALED),),
+            shipped=shipped,
+        )
+    checked = check_files(folder, expected, full=full)
+    problems = [
+        *(
+            FileProblem(p.file, p.detail.replace("recorded", "recorded at pull"))
+            for p in checked.problems
+        ),
+        *(
+            FileProblem(rel, "not written by the pull")
+            for rel in folder_files(folder)
+            if rel not in expected
+        ),
+    ]
     status = "damaged" if problems else "intact"
     seconds = time.perf_counter() - started
     return ModelCheck(
-        folder, status, name, len(expected), total, hashed, seconds, tuple(problems), shipped
+        folder,
+        status,
+        name,
+        len(expected),
+        checked.bytes,
+        checked.hashed_bytes,
+        seconds,
+        tuple(problems),
+        shipped,
     )
 
 
 def require_intact_model(folder: str | Path, *, full: bool = False) -> ModelCheck:
     """`verify_model`, raising `DamagedModelError` (one line naming the file and the command that
-    repairs it) for a damaged folder, and warning once per process for a folder pulled before
-    checksums were recorded. What every load of a pulled folder and the server's start call."""
+    repairs it) for a damaged folder, a provenance without checksums included. What every load
+    of a pulled folder and the server's start call."""
     check = verify_model(folder, full=full)
     if check.status == "damaged":
         raise check.error()
-    if check.status == "unrecorded" and str(check.folder) not in _WARNED:
-        _WARNED.add(str(check.folder))
-        log.warning(
-            "%s was pulled before cisrank recorded the checksums of its files, so they cannot be "
-            "checked: `cisrank models pull %s` re-pulls it and records them",
-            check.folder,
-            check.name or check.folder.name,
-        )
     return check

@@ -72,6 +72,7 @@ from cisrank.lm.onnx_export import (
     discard,
     export_module,
     import_onnxruntime,
+    make_derived,
     quantize_dynamic_int8,
 )
 from cisrank.models.resolve import resolve_model
@@ -406,7 +407,11 @@ class OnnxCrossEncoder:
             )
         for attempt in (1, 2):
             folder = cached_export(
-                source, _export_onnx, kind=ONNX_KIND, required=(ONNX_MODEL["float32"],)
+                source,
+                _export_onnx,
+                kind=ONNX_KIND,
+                required=(ONNX_MODEL["float32"],),
+                derived=(ONNX_MODEL["int8"],),
             )
             try:
                 self._open(ort, folder, compute_type, threads)
@@ -437,9 +442,13 @@ class OnnxCrossEncoder:
                 f"{folder} is an export of format {self.info.get('format', 1)}, not "
                 f"{EXPORT_FORMAT} (an older cisrank made it)"
             )
-        if compute_type == "int8" and not (folder / ONNX_MODEL["int8"]).is_file():
-            log.info("quantizing %s to int8 (once)", folder)
-            _quantize_onnx(folder)
+        if compute_type == "int8":  # made once, recorded and checked with the export
+
+            def quantize() -> None:
+                log.info("quantizing %s to int8 (once)", folder)
+                _quantize_onnx(folder)
+
+            make_derived(folder, ONNX_MODEL["int8"], quantize)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder / ONNX_TOKENIZER))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads

@@ -351,6 +351,14 @@ def open_prior_store(spec: str | Path) -> PriorStore | PriorTable | TieredPriors
             f"--prior-store names {len(stores)} SQLite stores ({', '.join(map(str, stores))}): "
             "give at most one, after the Parquet tables"
         )
+    for store in stores:
+        # the SQLite store is a cache created on first use, but only in a folder that exists:
+        # a mistyped path must not leave a tree of empty folders behind (issue 48)
+        if not store.exists() and not store.parent.is_dir():
+            raise CisrankError(
+                f"prior store '{store}': its folder {store.parent} does not exist: fix the path, "
+                "or create the folder for a new store"
+            )
     if not tables:
         return PriorStore(stores[0])
     cache = PriorStore(stores[0]) if stores else None

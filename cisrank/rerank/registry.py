@@ -9,6 +9,7 @@ optional backend fails with the extra to install, not at import time.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -213,6 +214,18 @@ def load_reranker(name: str, model: str | None = None, **options: Any) -> Rerank
     """Build the named reranker; `none` gives the `IdentityReranker` (keep the input order),
     which takes no model and ignores the options the CLI passes to every reranker. Options that
     are None mean "the config's default" and are dropped, as the CLI passes every flag."""
+    if not isinstance(name, str):  # a list or None would be a TypeError deep in a dict lookup
+        raise UnknownRerankerError(
+            f"load_reranker: the kind is one name, a string ({', '.join(available())}), "
+            f"not {type(name).__name__} {name!r:.60}"
+        )
+    if model is not None and not isinstance(model, str):
+        if not isinstance(model, os.PathLike):
+            raise CisrankError(
+                f"load_reranker: model is a name or a folder (a string or a path), not "
+                f"{type(model).__name__} {model!r:.60}"
+            )
+        model = os.fspath(model)
     check_name(name)
     if name == NO_RERANKER:
         return IdentityReranker()

@@ -112,3 +112,25 @@ def test_embeddings_as_raw_json_and_their_bounds(served, tiny_dense):
         assert r.json()["fields"][0]["field"].startswith(field), (change, r.text)
         assert message in r.text, (change, r.text)
     assert httpx.post(url, json={"input": "x", "dimensions": dim}, timeout=30).status_code == 200
+
+
+def test_tei_scores_of_a_dense_reranker_are_its_cosines_not_their_sigmoid(make_client, tiny_dense):
+    """Issue 48, finding 9: TEI's `raw_scores: false` (its default) is the sigmoid of a
+    classifier's logit; on a dense reranker it put every positive cosine above 0.5. A cosine is
+    not a logit: it is answered as is, with or without `raw_scores`, and equals `/v1/rerank`."""
+    client = make_client({"dense": tiny_dense, "ov": OverlapReranker()})
+    cosines = tiny_dense.score(QUERY, TEXTS)
+    order = sorted(range(len(TEXTS)), key=lambda i: -cosines[i])
+    for extra in ({}, {"raw_scores": False}, {"raw_scores": True}):
+        r = client.post("/rerank", json={"query": QUERY, "texts": TEXTS, "model": "dense", **extra})
+        assert r.status_code == 200, r.text
+        assert [x["index"] for x in r.json()] == order
+        assert [x["score"] for x in r.json()] == pytest.approx(
+            [cosines[i] for i in order], abs=1e-6
+        )
+    # a logit still gets TEI's sigmoid
+    raw = [overlap(QUERY, t) for t in TEXTS]
+    ov = client.post("/rerank", json={"query": QUERY, "texts": TEXTS, "model": "ov"}).json()
+    assert sorted(x["score"] for x in ov) == pytest.approx(
+        sorted(1 / (1 + math.exp(-s)) for s in raw)
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import traceback
+from dataclasses import dataclass
 
 from typer.testing import CliRunner
 
@@ -26,3 +28,34 @@ def help_text(*verb: str) -> str:
     res = CliRunner().invoke(app, [*verb, "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     return res.output
+
+
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def last_line(self) -> str:
+        lines = self.err.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def main_in_process(monkeypatch, capsys, *args: str) -> Ran:
+    """`cisrank ARGS` through the real entry point (`cisrank.cli.main`), in this process: the
+    exit code and output a user sees, without a subprocess's start-up. An exception escaping
+    `main` comes back as exit code 99 with its traceback: the bug to catch."""
+    from cisrank.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["cisrank", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        out = capsys.readouterr()
+        return Ran(99, out.out, out.err + traceback.format_exc())
+    out = capsys.readouterr()
+    return Ran(code, out.out, out.err)

@@ -130,3 +130,107 @@ def test_a_listwise_student_learns_the_fused_teacher(packed, data_sets, tiny_ber
         pred = student.predict([(got["query"], p) for p in top])
         rhos.append(spearmanr(pred, got["scores"][:4])[0])
     assert np.mean(rhos) > 0.6, rhos
+
+
+def _rewrite(path, out, *, rows=None, metadata=None, change=None):
+    """A copy of a packed set with its table or its provenance changed as a user's tools might."""
+    import pyarrow as pa
+
+    table = pq.read_table(path)
+    if rows is not None:
+        table = rows(table)
+    if change is not None:
+        table = change(table)
+    meta = dict(table.schema.metadata or pq.read_table(path).schema.metadata)
+    if metadata is not None:
+        meta[TS.METADATA_KEY] = metadata
+    pq.write_table(table.replace_schema_metadata(meta), out)
+    assert isinstance(table, pa.Table)
+    return out
+
+
+def _cases(ts, source):
+    """label -> (how to rewrite the packed set, what the one line says)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(ts)
+    first = ts.by_query()[source.queries[0].qid]
+    queries = len(source.queries)
+
+    def column(name, values):
+        return lambda t: t.set_column(t.column_names.index(name), name, values)
+
+    return {
+        "no rows": (dict(rows=lambda t: t.slice(0, 0)), "holds no pairs: nothing to train on"),
+        "not json": (
+            dict(metadata=b"{not json"),
+            "its provenance (Parquet metadata 'cisrank') is not JSON: pack it again with "
+            "`cisrank distill pack`",
+        ),
+        "a json list": (
+            dict(metadata=b"[1, 2]"),
+            "its provenance (Parquet metadata 'cisrank') is a JSON list, not an object",
+        ),
+        "string scores": (
+            dict(change=lambda t: column("cis", pc.cast(t["cis"], pa.string()))(t)),
+            "column 'cis' holds string, not numbers",
+        ),
+        "all equal": (
+            dict(change=column("cis", pa.array([1.5] * n, pa.float32()))),
+            f"component 'cis' is constant (all its {n} scores are 1.5): nothing to learn",
+        ),
+        "equal within each query": (
+            dict(change=column("cis", pa.array([float(q[-1]) for q in ts.qid], pa.float32()))),
+            "component 'cis' is constant (it scores the passages of each query alike)",
+        ),
+        "a duplicated row": (
+            dict(rows=lambda t: pa.concat_tables([t, t.slice(first[1], 1)])),
+            f"passage {ts.docid[first[1]]} is in rows {first[1]} and {n}: each pair once",
+        ),
+        "a single pair": (
+            dict(rows=lambda t: t.slice(first[0], 1)),
+            "every query has fewer than two passages (1 pair(s) over 1 queries)",
+        ),
+        "one passage a query": (
+            dict(rows=lambda t: t.filter(pc.equal(t["rank"], 1))),
+            f"every query has fewer than two passages ({queries} pair(s) over {queries} queries)",
+        ),
+    }
+
+
+CASES = [
+    "no rows",
+    "not json",
+    "a json list",
+    "string scores",
+    "all equal",
+    "equal within each query",
+    "a duplicated row",
+    "a single pair",
+    "one passage a query",
+]
+
+
+@pytest.mark.parametrize("label", CASES)
+def test_a_broken_or_degenerate_teacher_set_is_refused_in_one_line_before_training(
+    label, packed, tiny_bert_dir, tmp_path, monkeypatch, capsys
+):
+    """Issue 48, finding 8: `distill train --teacher-set` with 0 rows was transformers'
+    `max_steps` ValueError, metadata that is not JSON or a JSON list a traceback, a string score
+    column a ValueError; constant scores, duplicated rows and a single pair trained silently.
+    Each is one line and exit 2 now, before a model loads or anything is written."""
+    from cli.helpers import main_in_process
+
+    source, ts, path = packed
+    how, message = _cases(ts, source)[label]
+    bad = _rewrite(path, tmp_path / "bad.parquet", **how)
+    out = tmp_path / "student"
+    args = ["distill", "train", "--teacher-set", str(bad), "--out", str(out)]
+    run = main_in_process(
+        monkeypatch, capsys, *args, "--base-model", str(tiny_bert_dir), "--dev-dataset", "none"
+    )
+    assert run.code == 2 and "Traceback" not in run.err, run.err
+    assert run.last_line.startswith(f"error: teacher set '{bad}'"), run.last_line
+    assert message in run.last_line, run.last_line
+    assert not out.exists()

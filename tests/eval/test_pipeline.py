@@ -29,7 +29,10 @@ def folder(tmp_path):
 
 def test_outputs_and_run_invariants(folder, tmp_path):
     out = tmp_path / "out"
-    result = run_eval(load_folder(folder), LengthReranker(), output=out, progress=False)
+    # q3 is judged but has no candidates: counted 0, as asked (the default refuses)
+    result = run_eval(
+        load_folder(folder), LengthReranker(), output=out, progress=False, missing="zero"
+    )
     assert result.runs["reranked"].rankings["q1"][0][0] == "d"
     assert [d for d, _ in result.runs["reranked"].rankings["q1"]] == ["d", "b", "c", "a"]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -53,14 +56,20 @@ def test_outputs_and_run_invariants(folder, tmp_path):
 
 
 def test_depth_reranks_only_the_head(folder):
-    result = run_eval(load_folder(folder), LengthReranker(), depth=2, progress=False)
+    result = run_eval(
+        load_folder(folder), LengthReranker(), depth=2, progress=False, missing="zero"
+    )
     # Head a, b reranked by length (b first); c, d keep first-stage order below.
     assert [d for d, _ in result.runs["reranked"].rankings["q1"]] == ["b", "a", "c", "d"]
 
 
 def test_no_reranker_only_first_stage(folder, tmp_path):
     result = run_eval(
-        load_folder(folder), IdentityReranker(), output=tmp_path / "o", progress=False
+        load_folder(folder),
+        IdentityReranker(),
+        output=tmp_path / "o",
+        progress=False,
+        missing="zero",
     )
     assert set(result.runs) == {"first-stage"} and result.significance is None
     assert (tmp_path / "o" / "run.trec").is_file()
@@ -98,7 +107,7 @@ def test_queries_go_to_score_batch_in_chunks_with_identical_results(tmp_path):
 
 def test_identity_reranker_gives_the_first_stage_run(folder, tmp_path):
     dataset = load_folder(folder)
-    run_eval(dataset, IdentityReranker(), output=tmp_path / "o", progress=False)
+    run_eval(dataset, IdentityReranker(), output=tmp_path / "o", progress=False, missing="zero")
     first_stage_run(dataset).write_trec(tmp_path / "want.trec", tag="cisrank-first-stage")
     assert (tmp_path / "o" / "run.trec").read_text() == (tmp_path / "want.trec").read_text()
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())

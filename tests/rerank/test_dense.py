@@ -99,3 +99,20 @@ def test_score_batch_equals_per_query_scores(tiny_bert_dir):
     assert many[2] == []
     for (q, p), got in zip(requests[:2], many[:2], strict=True):
         assert got == pytest.approx(manual_scores(tiny_bert_dir, q, p), abs=1e-5)
+
+
+def test_a_causal_lm_folder_is_refused_as_a_bi_encoder(tiny_gpt2_dir, tiny_llama_dir, tmp_path):
+    """Issue 48, finding 9: sentence-transformers loads a causal LM's folder with mean pooling,
+    and the dense reranker ranked with it (exit 0, cosines of nothing). A plain GPT-2 or Llama
+    folder is now refused by name; a sentence-transformers folder built on a causal LM (an
+    LLM-based embedder, which says how to pool itself in modules.json) still loads."""
+    for folder, architecture in ((tiny_gpt2_dir, "GPT2LMHeadModel"), (tiny_llama_dir, "Llama")):
+        with pytest.raises(ModelNotFoundError, match=f"a causal language model \\({architecture}"):
+            load_reranker("dense", model=str(folder))
+    from sentence_transformers import SentenceTransformer
+
+    embedder = tmp_path / "llm-embedder"  # saved with its modules.json: a pooling it declares
+    SentenceTransformer(str(tiny_llama_dir)).save(str(embedder))
+    r = load_reranker("dense", model=str(embedder))
+    scores = r.score(QUERY, PASSAGES[:3])
+    assert len(scores) == 3 and all(-1.0 - 1e-6 <= s <= 1.0 + 1e-6 for s in scores)

@@ -66,3 +66,21 @@ def test_open_prior_store_forms(table_path, tmp_path):
         open_prior_store(f"{tmp_path / 'a.sqlite'},{tmp_path / 'b.sqlite'}")
     with pytest.raises(CisrankError, match="does not exist"):
         open_prior_store(tmp_path / "missing.parquet")
+
+
+def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_nothing_created(
+    tmp_path, tiny_gpt2_dir
+):
+    """Issue 48, finding 9: `load_reranker("cis", prior_store="/missing/x")` created the folder
+    path of the mistyped store. Now one line naming the folder, and nothing is made; a new store
+    in a folder that exists is still created on first use."""
+    missing = tmp_path / "missing" / "deeper"
+    for spec in (missing / "x", f"{missing / 'priors.sqlite'}"):
+        with pytest.raises(CisrankError, match=f"its folder {missing} does not exist"):
+            open_prior_store(spec)
+    from cisrank.rerank.registry import load_reranker
+
+    with pytest.raises(CisrankError, match="does not exist: fix the path"):
+        load_reranker("cis", model=str(tiny_gpt2_dir), prior_store=str(missing / "x"))
+    assert not (tmp_path / "missing").exists()
+    assert isinstance(open_prior_store(tmp_path / "x"), PriorStore) and (tmp_path / "x").is_file()

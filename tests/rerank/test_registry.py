@@ -60,3 +60,17 @@ def test_a_hybrid_without_parts_builds_nothing():
         HybridReranker(fuse="first-stage:1", estimator="reverse")
     r = HybridReranker(fuse="first-stage:1")
     assert [p.index for p in r.rerank("q", ["a", "b", "c"])] == [0, 1, 2]
+
+
+def test_load_reranker_refuses_a_kind_that_is_not_a_string_in_one_line(tiny_bert_dir):
+    """Issue 48, finding 9: `load_reranker(["dense"])` was a TypeError (unhashable list) from a
+    dict lookup; now a CisrankError naming the kinds. A path object is a model folder."""
+    from cisrank.rerank.registry import load_reranker
+
+    for kind in (["dense"], None, 3):
+        with pytest.raises(UnknownRerankerError, match=r"the kind is one name, a string \(none, "):
+            load_reranker(kind)  # type: ignore[arg-type]
+    with pytest.raises(CisrankError, match="model is a name or a folder"):
+        load_reranker("dense", model=["all-MiniLM-L6-v2"])  # type: ignore[arg-type]
+    r = load_reranker("dense", model=Path(tiny_bert_dir))  # type: ignore[arg-type]
+    assert r.model_name == str(tiny_bert_dir)
