@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 
 from cisrank.api.app import create_app
 from cisrank.api.config import BatchingConfig, RerankerSpec, ServerConfig
-from cisrank.api.serving import build_reranker
+from cisrank.api.serving import build_reranker, text_embedder
 from cisrank.rerank.base import Reranker
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.rerank.registry import KINDS, load_reranker
@@ -111,7 +111,9 @@ def _served(reranker: Reranker, variant: Variant, passages: int | None) -> Itera
         yield client
 
 
-def _answers(client: TestClient, documents: list[str], top_n: int | None) -> dict[str, list]:
+def _answers(
+    client: TestClient, documents: list[str], top_n: int | None, logits: bool
+) -> dict[str, list]:
     """(index, score) pairs, best first, of every rerank route and shape."""
     body: dict[str, Any] = {"query": QUERY, "documents": documents, "model": "served"}
     if top_n is not None:
@@ -126,10 +128,11 @@ def _answers(client: TestClient, documents: list[str], top_n: int | None) -> dic
         response = client.post("/rerank", json=tei)
         assert response.status_code == 200, response.text
         got = [(r["index"], r["score"]) for r in response.json()]
-        # TEI's default is a sigmoid of the raw score: undo it to compare with the library's
-        # (the order is the raw one either way); a TEI answer is never cut at top_n
+        # TEI's default is a sigmoid of a logit: undo it to compare with the library's (the
+        # order is the raw one either way); a bi-encoder's cosine is answered as is; a TEI
+        # answer is never cut at top_n
         out[f"/rerank TEI raw_scores={raw}"] = [
-            (i, s if raw else math.log(s / (1.0 - s))) for i, s in got
+            (i, s if raw or not logits else math.log(s / (1.0 - s))) for i, s in got
         ][:top_n]
     return out
 
@@ -138,7 +141,8 @@ def _check(client: TestClient, library: Reranker, where: str) -> None:
     for order, top_n in CASES:
         documents = [DOCUMENTS[i] for i in order]
         want = [(r.index, r.score) for r in library.rank(QUERY, documents, top_n=top_n)]
-        for route, got in _answers(client, documents, top_n).items():
+        logits = text_embedder(library) is None
+        for route, got in _answers(client, documents, top_n, logits).items():
             what = f"{where}, {route}, order {order}, top_n {top_n}"
             assert [i for i, _ in got] == [i for i, _ in want], f"{what}: order"
             for (_, g), (_, w) in zip(got, want, strict=True):
