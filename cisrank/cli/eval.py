@@ -355,15 +355,12 @@ def eval_rag(
     from cisrank.eval.rag.run import RagEvalConfig, run_rag_eval
     from cisrank.rerank.spec import RerankerSpec, parse_specs, read_specs
 
-    specs = read_specs(rerankers) if rerankers is not None else {}
-    if only is not None:
-        wanted = [n.strip() for n in only.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in specs and n != "first-stage"]
-        if unknown:
-            raise CisrankError(
-                f"--only {', '.join(unknown)}: not in --rerankers ({', '.join(specs) or 'none'})"
-            )
-        specs = {n: s for n, s in specs.items() if n in wanted}
+    # first-stage is always measured: naming it in --only asks for nothing more
+    wanted = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
+    wanted = None if wanted is None else [n for n in wanted if n != "first-stage"]
+    if wanted is not None and rerankers is None:
+        raise CisrankError("--only selects rerankers of --rerankers FILE: give the file")
+    specs = read_specs(rerankers, wanted) if rerankers is not None else {}
     for kind in reranker or []:
         if kind in specs:
             raise CisrankError(f"--reranker {kind}: the name is taken by --rerankers")

@@ -11,7 +11,7 @@ model loads; `load` builds it (a registry kind, on worker processes where asked,
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,11 +102,21 @@ class RerankerSpec(ComponentConfig):
         return built
 
 
-def parse_specs(data: Any, source: str) -> dict[str, RerankerSpec]:
-    """`{name: {kind, model?, options?, ...}}` as specs, each checked (`RerankerSpec.check`);
-    errors are one line naming `source` and the entry."""
+def parse_specs(
+    data: Any, source: str, only: Sequence[str] | None = None
+) -> dict[str, RerankerSpec]:
+    """`{name: {kind, model?, options?, ...}}` as specs, each checked (`RerankerSpec.check`),
+    or only the entries named in `only` (the others are not read); errors are one line naming
+    `source` and the entry."""
     if not isinstance(data, Mapping) or not data:
         raise CisrankError(f"{source}: expected an object {{name: {{kind, model, options}}}}")
+    if only is not None:
+        missing = [name for name in only if name not in data]
+        if missing:
+            raise CisrankError(
+                f"{source} has no reranker {', '.join(missing)}: it names {', '.join(data)}"
+            )
+        data = {name: entry for name, entry in data.items() if name in only}
     out: dict[str, RerankerSpec] = {}
     for name, entry in data.items():
         try:
@@ -121,11 +131,12 @@ def parse_specs(data: Any, source: str) -> dict[str, RerankerSpec]:
     return out
 
 
-def read_specs(path: str | Path) -> dict[str, RerankerSpec]:
+def read_specs(path: str | Path, only: Sequence[str] | None = None) -> dict[str, RerankerSpec]:
     """The rerankers of a JSON or YAML file in the shape of a server config's `rerankers`
-    (`{name: {kind, model, options}}`); a server config itself (with a `rerankers` key) is
-    read too, so one file can describe what is served and what is evaluated."""
+    (`{name: {kind, model, options}}`), or those of them named in `only`; a server config
+    itself (with a `rerankers` key) is read too, so one file can describe what is served and
+    what is evaluated."""
     data = read_config_file(path, "rerankers file")
     if isinstance(data, Mapping) and isinstance(data.get("rerankers"), Mapping):
         data = data["rerankers"]
-    return parse_specs(data, str(path))
+    return parse_specs(data, str(path), only)

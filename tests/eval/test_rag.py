@@ -374,7 +374,7 @@ def test_the_command(hand_file, tmp_path, monkeypatch, capsys, titles):
     for extra, needle in (
         ([], "holds an earlier run"),
         (["--resume", "--top-k", "1,9"], "top_k [9] must be between 1 and the 3 candidates"),
-        (["--resume", "--only", "nope"], "--only nope: not in --rerankers"),
+        (["--resume", "--only", "nope"], "has no reranker nope: it names words"),
         (["--resume", "--distractors", "near"], "distractors"),
     ):
         monkeypatch.setattr("sys.argv", [*args, *extra])

@@ -66,3 +66,14 @@ def test_files_that_are_not_rerankers(tmp_path):
         read_specs(broken)
     with pytest.raises(CisrankError, match=r"expected an object \{name"):
         parse_specs(["dense"], "cli")
+
+
+def test_only_the_entries_asked_for_are_read(tmp_path):
+    """An entry of a kind not (yet) registered does not stop a run of the others."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"later": {"kind": "not-yet"}, **GOOD}))
+    assert list(read_specs(path, ["mini", "custom"])) == ["mini", "custom"]
+    with pytest.raises(CisrankError, match="unknown reranker 'not-yet'"):
+        read_specs(path)
+    with pytest.raises(CisrankError, match=r"has no reranker nope, gone: it names later, "):
+        read_specs(path, ["mini", "nope", "gone"])

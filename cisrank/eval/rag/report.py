@@ -168,32 +168,28 @@ def _p(p: float) -> str:
 
 
 def figures_table(metrics: Mapping[str, Any], title: str = "") -> Any:
-    """A rich table: one row per reranker (and baseline), MRR and per k the gold recall and,
-    where answered, accuracy, EM and F1."""
+    """A rich table, one row per reranker and k: MRR (on its first row), gold recall@k and,
+    where answered, accuracy, EM and F1; the baselines last."""
     from rich.table import Table
 
     ks = [str(k) for k in metrics["top_k"]]
     answered = any("accuracy" in row[k] for row in metrics["rerankers"].values() for k in ks)
     table = Table(title=title or None)
-    table.add_column("reranker")
-    table.add_column("MRR", justify="right")
-    for k in ks:
-        table.add_column(f"R@{k}", justify="right")
-        if answered:
-            for m in ("acc", "EM", "F1"):
-                table.add_column(f"{m}@{k}", justify="right")
+    for column in ("reranker", "MRR", "k", "gold recall@k"):
+        table.add_column(column, justify="left" if column == "reranker" else "right")
+    if answered:
+        for column in ("accuracy", "EM", "F1"):
+            table.add_column(column, justify="right")
     for name, row in metrics["rerankers"].items():
-        cells = [name, f"{row['mrr']:.4f}"]
-        for k in ks:
+        for i, k in enumerate(ks):
+            cells = [name if i == 0 else "", f"{row['mrr']:.4f}" if i == 0 else "", k]
             cells.append(f"{row[k]['gold_recall']:.4f}")
             if answered:
                 cells += [f"{row[k][m]:.4f}" if m in row[k] else "" for m in ANSWER_MEASURES]
-        table.add_row(*cells)
+            table.add_row(*cells, end_section=i == len(ks) - 1)
     for base, row in metrics.get("baselines", {}).items():
-        cells = [base, ""]
-        for _ in ks:
-            cells += ["", *(f"{row[m]:.4f}" for m in ANSWER_MEASURES)]
-        table.add_row(*cells)
+        k = "0" if base == CLOSED_BOOK else "gold"
+        table.add_row(base, "", k, "", *(f"{row[m]:.4f}" for m in ANSWER_MEASURES))
     return table
 
 
