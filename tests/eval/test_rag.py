@@ -382,3 +382,86 @@ def test_the_command(hand_file, tmp_path, monkeypatch, capsys, titles):
             main()
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and needle in err and err.count("\n") == 1, err
+
+
+def test_the_experiments_rerankers_file():
+    """bench/rag_rerankers.json, the issue's rerankers, reads as specs (the student once its
+    kind is registered)."""
+    from cisrank.rerank.registry import KINDS
+    from cisrank.rerank.spec import read_specs
+
+    path = Path(__file__).parents[2] / "bench" / "rag_rerankers.json"
+    names = list(json.loads(path.read_text()))
+    assert names == [
+        "first-stage", "minilm", "mpnet", "cis", "cis-no-prior", "cis-reverse", "student", "hybrid"
+    ]  # fmt: skip
+    specs = read_specs(path, None if "student" in KINDS else [n for n in names if n != "student"])
+    assert specs["cis-no-prior"].options == {**specs["cis"].options, "prior": False}
+    assert specs["hybrid"].options["fuse"] == "cis:0.3,dense:0.7"
+
+
+def _pulled(name: str) -> Path | None:
+    from cisrank.models.catalogue import lookup, pulled_path
+
+    entry = lookup(name)
+    return pulled_path(entry) if entry is not None else None
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_real_questions_with_smollm2(data_root, tmp_path):
+    """Two NQ-Open questions, K = 4 related distractors, CIS (SmolLM2, forward, qa) against
+    the first stage, answered by SmolLM2: the candidates hold the gold once and no other
+    answer, CIS's scores are the reranker's own on the passages' title and text, and every
+    figure is a mean of the records."""
+    import torch
+
+    from cisrank.eval.rag import Pool, build_candidates, load_questions
+    from cisrank.rerank.registry import load_reranker
+
+    path = data_root / "nq-open-lim" / "nq-open-oracle.first2000.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"no NQ-Open file at {path} (CISRANK_DATA_DIR)")
+    if _pulled("smollm2-135m-instruct") is None:
+        pytest.skip(
+            "smollm2-135m-instruct is not pulled (cisrank models pull smollm2-135m-instruct)"
+        )
+    options = {"estimator": "forward", "template": "qa"}
+    specs = {"cis": RerankerSpec(kind="cis", model="smollm2-135m-instruct", options=options)}
+    config = RagEvalConfig(
+        questions=path,
+        limit=2,
+        candidates=4,
+        top_k=(1,),
+        generator="smollm2-135m-instruct",
+        max_new_tokens=8,
+        baselines=False,
+    )
+    result = run_rag_eval(config, specs, tmp_path / "out", workers=ONE)
+    questions = load_questions(path)
+    pool = Pool(questions)
+    cis = load_reranker("cis", "smollm2-135m-instruct", **options)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the run scores (two threads on a busy host: minutes)
+    try:
+        chosen = questions[:2]
+        sets = [build_candidates(pool, q, 4, "related", 0) for q in chosen]
+        wants = [
+            cis.score(q.question, [p.contents for p in c[0]])
+            for q, c in zip(chosen, sets, strict=True)
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    for rec, q, (passages, _, gold), want in zip(result.records, chosen, sets, wants, strict=True):
+        assert rec["candidates"][gold] == q.gold.text and rec["gold"] == gold
+        others = [p for i, p in enumerate(passages) if i != gold]
+        assert not any(has_answer(p.contents, q.answers) for p in others)
+        assert rec["scores"]["cis"] == pytest.approx(want, abs=1e-3)
+        assert set(rec["generated"]["cis"]) == {"1"} and "baselines" not in rec
+    m = result.metrics
+    for name in ("first-stage", "cis"):
+        ranks = [r["order"][name].index(r["gold"]) + 1 for r in result.records]
+        assert m["rerankers"][name]["mrr"] == pytest.approx(sum(1 / x for x in ranks) / 2)
+        hits = [float(r["verdicts"][name]["1"]["accuracy"]) for r in result.records]
+        assert m["rerankers"][name]["1"]["accuracy"] == pytest.approx(sum(hits) / 2)
+    assert m["cost"]["rerankers"]["cis"]["seconds_per_question"] > 0
