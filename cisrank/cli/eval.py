@@ -271,12 +271,12 @@ def eval_rag(
     candidates: Annotated[int | None, _rag_flag("candidates", "--candidates", min=1)] = None,
     distractors: Annotated[str | None, _rag_flag("distractors", "--distractors")] = None,
     rerankers: Annotated[
-        Path | None,
+        list[Path] | None,
         typer.Option(
             "--rerankers",
             help="JSON or YAML {name: {kind, model, options}}, the schema of a server config's "
-            "'rerankers' (a server config itself is read too); first-stage (the candidates' own "
-            "order) is always measured.",
+            "'rerankers' (a server config itself is read too; repeat for several files); "
+            "first-stage (the candidates' own order) is always measured.",
         ),
     ] = None,
     reranker: Annotated[
@@ -358,9 +358,9 @@ def eval_rag(
     # first-stage is always measured: naming it in --only asks for nothing more
     wanted = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     wanted = None if wanted is None else [n for n in wanted if n != "first-stage"]
-    if wanted is not None and rerankers is None:
+    if wanted is not None and not rerankers:
         raise CisrankError("--only selects rerankers of --rerankers FILE: give the file")
-    specs = read_specs(rerankers, wanted) if rerankers is not None else {}
+    specs = read_specs(rerankers, wanted) if rerankers else {}
     for kind in reranker or []:
         if kind in specs:
             raise CisrankError(f"--reranker {kind}: the name is taken by --rerankers")

@@ -131,12 +131,23 @@ def parse_specs(
     return out
 
 
-def read_specs(path: str | Path, only: Sequence[str] | None = None) -> dict[str, RerankerSpec]:
-    """The rerankers of a JSON or YAML file in the shape of a server config's `rerankers`
-    (`{name: {kind, model, options}}`), or those of them named in `only`; a server config
-    itself (with a `rerankers` key) is read too, so one file can describe what is served and
-    what is evaluated."""
-    data = read_config_file(path, "rerankers file")
-    if isinstance(data, Mapping) and isinstance(data.get("rerankers"), Mapping):
-        data = data["rerankers"]
-    return parse_specs(data, str(path), only)
+def read_specs(
+    paths: str | Path | Sequence[str | Path], only: Sequence[str] | None = None
+) -> dict[str, RerankerSpec]:
+    """The rerankers of one or more JSON or YAML files in the shape of a server config's
+    `rerankers` (`{name: {kind, model, options}}`), or those of them named in `only`; a server
+    config itself (with a `rerankers` key) is read too, so one file can describe what is served
+    and what is evaluated. A name in several files must name the same reranker."""
+    files = [paths] if isinstance(paths, str | Path) else list(paths)
+    merged: dict[str, Any] = {}
+    for path in files:
+        data = read_config_file(path, "rerankers file")
+        if isinstance(data, Mapping) and isinstance(data.get("rerankers"), Mapping):
+            data = data["rerankers"]
+        if not isinstance(data, Mapping) or not data:
+            raise CisrankError(f"{path}: expected an object {{name: {{kind, model, options}}}}")
+        for name, entry in data.items():
+            if name in merged and merged[name] != entry:
+                raise CisrankError(f"{path}: {name} is another reranker in an earlier file")
+            merged[name] = entry
+    return parse_specs(merged, ", ".join(str(p) for p in files), only)

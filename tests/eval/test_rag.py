@@ -398,6 +398,10 @@ def test_the_experiments_rerankers_file():
     specs = read_specs(path, None if "student" in KINDS else [n for n in names if n != "student"])
     assert specs["cis-no-prior"].options == {**specs["cis"].options, "prior": False}
     assert specs["hybrid"].options["fuse"] == "cis:0.3,dense:0.7"
+    # item 3's grid names the experiment's CIS settings alike (their stored scores are shared)
+    grid = path.parent / "rag_cis_grid.json"
+    both = read_specs([path, grid], ["mpnet", "cis", "cis-reverse", "cis-both"])
+    assert list(both) == ["mpnet", "cis", "cis-reverse", "cis-both"]
 
 
 def _pulled(name: str) -> Path | None:

@@ -77,3 +77,14 @@ def test_only_the_entries_asked_for_are_read(tmp_path):
         read_specs(path)
     with pytest.raises(CisrankError, match=r"has no reranker nope, gone: it names later, "):
         read_specs(path, ["mini", "nope", "gone"])
+
+
+def test_several_files_merge_and_a_name_means_one_reranker(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"mini": GOOD["mini"], "first-stage": GOOD["first-stage"]}))
+    b.write_text(json.dumps({"mini": GOOD["mini"], "hybrid": GOOD["hybrid"]}))
+    assert list(read_specs([a, b])) == ["mini", "first-stage", "hybrid"]
+    assert list(read_specs([a, b], ["hybrid"])) == ["hybrid"]
+    b.write_text(json.dumps({"mini": {"kind": "dense", "model": "other"}}))
+    with pytest.raises(CisrankError, match=r"b.json: mini is another reranker in an earlier file"):
+        read_specs([a, b])

@@ -33,7 +33,7 @@ from cisrank.eval.rag.questions import CandidateSet, Distractors, candidate_sets
 from cisrank.eval.rag.report import CLOSED_BOOK, GOLD_ONLY, summarize, write_outputs
 from cisrank.rerank.spec import RerankerSpec
 from cisrank.version import __version__
-from cisrank.workers import WorkerOptions
+from cisrank.workers import WorkerOptions, for_device
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,8 @@ def rank(
     progress: bool = False,
 ) -> list[Scored]:
     """Every question's candidate scores under `spec`: from the cache where stored, else scored
-    in chunks of `QUESTIONS_PER_CALL` questions on `workers`, each chunk stored as it ends."""
+    in chunks of `QUESTIONS_PER_CALL` questions on `workers` (one process on a GPU, which one
+    process fills), each chunk stored as it ends."""
     from cisrank.rerank.registry import KINDS
 
     if spec.kind == "none":
@@ -194,7 +195,8 @@ def rank(
                 got[i] = Scored(values, seconds / len(chunks[j]))
             bar.update(len(chunks[j]))
 
-        run_items(RankJob(spec, workers.threads_per_worker), items, workers, done)
+        pool = for_device(workers, spec.options.get("device")) if items else workers
+        run_items(RankJob(spec, pool.threads_per_worker), items, pool, done)
     out = [g for g in got if g is not None]
     assert len(out) == len(sets)
     return out
@@ -256,7 +258,8 @@ def answer(
             out[todo[j]] = result
             bar.update(1)
 
-        run_items(AnswerJob(setting), [prompts[k] for k in todo], workers, done)
+        pool = for_device(workers, setting.device) if todo else workers
+        run_items(AnswerJob(setting), [prompts[k] for k in todo], pool, done)
     return out
 
 
