@@ -112,8 +112,8 @@ student: install  ## train the kept student from the committed teacher rows into
 # candidate set is the gold and K - 1 distractors without an answer. Every run stores its
 # rankings and answers in RAG_CACHE by content and resumes there: rerun `make rag` after a stop,
 # and K = 10 related reads its pair scores from K = 20 related (its top). The rerankers are
-# bench/rag_rerankers.json (the student entry needs the registry's `student` kind). About 17 h of
-# both cores in all on the AVX-512 dev host (RESULTS: the estimate from the smoke runs).
+# bench/rag_rerankers.json (the student entry needs the registry's `student` kind). About 14 h of
+# both cores on the dev host (bench/RESULTS.md: the estimate from smoke runs, run by run).
 RAG_QUESTIONS ?= $(DATA_DIR)/nq-open-lim/nq-open-oracle.first2000.jsonl.gz
 RAG_OUT ?= out/rag
 RAG_CACHE ?= $(RAG_OUT)/cache
