@@ -6,31 +6,17 @@ from __future__ import annotations
 
 import pytest
 from api_fakes import OverlapReranker, overlap
+from test_api_context import _docs, _passages
 
-from cisrank import testing
 from cisrank.api.config import Limits
 from cisrank.context import ContextAssembler, EnsembleDecoder
-from cisrank.data.types import Passage
 
 QUESTION = "when was the author of hamlet born ?"
-TITLES = ["Hamlet", "Shakespeare", "Denmark", "The author", "Question", "Paris"]
 
 
-@pytest.fixture(scope="module")
-def cis(tiny_gpt2_dir):
-    from cisrank.rerank.cis import CISReranker
-
-    return CISReranker(model=str(tiny_gpt2_dir), template="qa")
-
-
-def _docs(k: int) -> list[dict]:
-    return [
-        {"text": testing.SAMPLE_SENTENCES[i], "title": TITLES[i], "id": f"d{i}"} for i in range(k)
-    ]
-
-
-def _passages(docs: list[dict]) -> list[Passage]:
-    return [Passage(d["id"], d["text"], d["title"]) for d in docs]
+@pytest.fixture
+def cis(tiny_cis):
+    return tiny_cis
 
 
 def _best(docs: list[dict], k: int) -> tuple[list[int], list[float]]:
@@ -43,7 +29,7 @@ def _best(docs: list[dict], k: int) -> tuple[list[int], list[float]]:
 def test_context_arranges_the_rerankers_top_k(make_client, cis):
     words = OverlapReranker()
     client = make_client({"cis": cis, "overlap": words})
-    docs = _docs(6)
+    docs = _docs(5)
     body = {
         "query": QUESTION,
         "documents": docs,
@@ -70,7 +56,7 @@ def test_context_arranges_the_rerankers_top_k(make_client, cis):
     assert out["usage"]["documents"] == 3
     # a top_k over the documents takes them all; without rerank nothing changes
     r = client.post("/v1/context", json={**body, "rerank": {"reranker": "overlap", "top_k": 60}})
-    assert r.status_code == 200 and sorted(r.json()["rerank"]["indexes"]) == list(range(6))
+    assert r.status_code == 200 and sorted(r.json()["rerank"]["indexes"]) == list(range(5))
     plain = {k: v for k, v in body.items() if k != "rerank"}
     r = client.post("/v1/context", json=plain)
     assert r.status_code == 200 and r.json()["rerank"] is None
@@ -79,7 +65,7 @@ def test_context_arranges_the_rerankers_top_k(make_client, cis):
 def test_generate_answers_over_the_top_k_weighted_by_the_reranker(make_client, cis):
     """replug without client scores takes the reranker's as its weights."""
     client = make_client({"cis": cis, "overlap": OverlapReranker()})
-    docs = _docs(6)
+    docs = _docs(5)
     body = {
         "query": QUESTION,
         "documents": docs,
@@ -108,7 +94,7 @@ def test_rerank_errors_name_the_field(make_client, cis, route):
     client = make_client(
         {"cis": cis, "overlap": OverlapReranker()}, limits=Limits(max_generate_documents=4)
     )
-    base = {"query": QUESTION, "documents": _docs(6)}
+    base = {"query": QUESTION, "documents": _docs(5)}
     for rerank, field in (
         ({"reranker": "nope", "top_k": 2}, "rerank.reranker"),
         ({"reranker": "overlap", "top_k": 0}, "rerank.top_k"),
@@ -125,7 +111,7 @@ def test_rerank_errors_name_the_field(make_client, cis, route):
         assert r.status_code == 200, r.text
         r = client.post(route, json={**base, "rerank": {"reranker": "overlap", "top_k": 5}})
         assert r.status_code == 422 and r.json()["fields"][0]["field"] == "rerank.top_k"
-        r = client.post(route, json={"query": QUESTION, "documents": _docs(6)})
+        r = client.post(route, json={"query": QUESTION, "documents": _docs(5)})
         assert r.status_code == 422 and r.json()["fields"][0]["field"] == "documents"
 
 
@@ -136,7 +122,7 @@ def test_the_rerank_cost_counts_in_the_budget_before_any_work(make_client, cis, 
     words = OverlapReranker()
     engine_calls = []
     monkeypatch.setattr(cis.engine, "encode", lambda *a, **kw: engine_calls.append(a) or [])
-    docs = _docs(2) + [{"text": "filler words " * 200, "title": "Long", "id": "long"}] * 4
+    docs = _docs(2) + [{"text": "filler words " * 200, "title": "Long", "id": "long"}] * 3
     body = {"query": QUESTION, "documents": docs, "rerank": {"reranker": "overlap", "top_k": 1}}
     if route == "/v1/generate":
         body["max_new_tokens"] = 1

@@ -4,12 +4,12 @@ models (workers included)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
 import rag_fakes
+from builders import NQ_ROWS, write_nq
 
 from cisrank.errors import CisrankError
 from cisrank.eval.rag import (
@@ -25,7 +25,6 @@ from cisrank.eval.rag import (
 from cisrank.eval.rag.jobs import AnswerJob
 from cisrank.eval.rag.report import find_test
 from cisrank.rerank.spec import RerankerSpec
-from cisrank.testing import SAMPLE_SENTENCES
 from cisrank.workers import WorkerOptions
 
 ONE = WorkerOptions(workers=1)
@@ -77,22 +76,9 @@ HAND = [
 ]
 
 
-def write_questions(path: Path, rows=HAND, gz: bool = True) -> Path:
-    lines = []
-    for question, answers, ctxs, gold in rows:
-        docs = [
-            {"title": t, "text": x, "hasanswer": i == gold, "isgold": i == gold}
-            for i, (t, x) in enumerate(ctxs)
-        ]
-        lines.append(json.dumps({"question": question, "answers": answers, "ctxs": docs}) + "\n")
-    data = "".join(lines).encode()
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
-
-
 @pytest.fixture
 def hand_file(tmp_path) -> Path:
-    return write_questions(tmp_path / "hand.jsonl.gz")
+    return write_nq(tmp_path / "hand.jsonl.gz", HAND)
 
 
 @pytest.fixture
@@ -232,22 +218,11 @@ def test_retrieval_alone_and_bad_settings(hand_file, tmp_path):
 
 # ------------------------------------------------------------------ tiny real models
 
-SHORT = [
-    ("who wrote hamlet ?", ["Shakespeare"], ("Hamlet", SAMPLE_SENTENCES[0])),
-    ("when was shakespeare born ?", ["1564"], ("Shakespeare", SAMPLE_SENTENCES[1])),
-    ("where is hamlet set ?", ["Denmark"], ("Denmark", SAMPLE_SENTENCES[2])),
-    ("what is the capital of france ?", ["Paris"], ("Paris", SAMPLE_SENTENCES[5])),
-    ("how long can fleas live ?", ["a year"], ("Fleas", SAMPLE_SENTENCES[6])),
-    ("what grows to the size of their tank ?", ["Goldfish"], ("Goldfish", SAMPLE_SENTENCES[7])),
-    ("what are wireless technologies ?", ["Bluetooth"], ("Bluetooth", SAMPLE_SENTENCES[8])),
-    ("when did the united states enter world war i ?", ["1917"], ("War", SAMPLE_SENTENCES[9])),
-]
-
 
 @pytest.fixture
 def nq_file(tmp_path) -> Path:
-    rows = [(q, a, [ctx], 0) for q, a, ctx in SHORT]
-    return write_questions(tmp_path / "nq.jsonl", rows, gz=False)
+    rows = [(q, a, [ctx], 0) for q, a, ctx in NQ_ROWS]
+    return write_nq(tmp_path / "nq.jsonl", rows, gz=False)
 
 
 def test_tiny_models_end_to_end(nq_file, tiny_gpt2_dir, tiny_bert_dir, tmp_path):
