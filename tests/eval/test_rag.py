@@ -444,3 +444,12 @@ def test_real_questions_with_smollm2(data_root, tmp_path):
         hits = [float(r["verdicts"][name]["1"]["accuracy"]) for r in result.records]
         assert m["rerankers"][name]["1"]["accuracy"] == pytest.approx(sum(hits) / 2)
     assert m["cost"]["rerankers"]["cis"]["seconds_per_question"] > 0
+
+
+def test_the_commands_help_names_its_flags_and_defaults():
+    from cli.helpers import help_text
+
+    text = help_text("eval", "rag")
+    for needle in ("--questions", "--rerankers", "--only", "--top-k", "--generator", "--resume"):
+        assert needle in text
+    assert "(default related)" in text and "(default 20)" in text and "(default qa)" in text
