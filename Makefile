@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 VENV_MIN := .venv-min
 
-.PHONY: install test test-fast test-min lint format demo demo-cis demo-dense student bench clean
+.PHONY: install test test-fast test-min lint format demo demo-cis demo-dense student rag rag-select bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY_BOOT) -m venv $(VENV)
@@ -106,6 +106,53 @@ student: install  ## train the kept student from the committed teacher rows into
 		--dev-dataset trec-dl21 --dev-depth 30 --seed $(STUDENT_SEED) $(STUDENT_EXTRA) --out out/student
 	$(VENV)/bin/cisrank eval trec-dl19 --reranker cross-encoder --model out/student \
 		--output out/eval-dl19-student
+
+# Issue 46: which reranker's passages answer the question (`cisrank eval rag`, bench/RESULTS.md
+# "Which reranker's passages answer"). The questions are NQ-Open's with their gold passage; each
+# candidate set is the gold and K - 1 distractors without an answer. Every run stores its
+# rankings and answers in RAG_CACHE by content and resumes there: rerun `make rag` after a stop,
+# and K = 10 related reads its pair scores from K = 20 related (its top). The rerankers are
+# bench/rag_rerankers.json (the student entry needs the registry's `student` kind). About 14 h of
+# both cores on the dev host (bench/RESULTS.md: the estimate from smoke runs, run by run).
+RAG_QUESTIONS ?= $(DATA_DIR)/nq-open-lim/nq-open-oracle.first2000.jsonl.gz
+RAG_OUT ?= out/rag
+RAG_CACHE ?= $(RAG_OUT)/cache
+RAG = $(VENV)/bin/cisrank eval rag --questions $(RAG_QUESTIONS) --cache $(RAG_CACHE) --resume
+RAG_ANSWERED ?= first-stage,mpnet,cis,cis-reverse,student,hybrid
+rag: install  ## issue 46's experiment: retrieval figures (500 questions, K 10/20, related/random), answers (300)
+	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
+	$(VENV)/bin/cisrank models pull all-mpnet-base-v2
+	$(VENV)/bin/cisrank models pull qwen2.5-coder-0.5b-instruct
+	$(RAG) --limit 500 --candidates 20 --distractors related --rerankers bench/rag_rerankers.json \
+		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/related-k20
+	$(RAG) --limit 500 --candidates 10 --distractors related --rerankers bench/rag_rerankers.json \
+		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/related-k10
+	$(RAG) --limit 500 --candidates 20 --distractors random --rerankers bench/rag_rerankers.json \
+		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/random-k20
+	$(RAG) --limit 500 --candidates 10 --distractors random --rerankers bench/rag_rerankers.json \
+		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/random-k10
+	$(RAG) --limit 300 --candidates 20 --distractors related --rerankers bench/rag_rerankers.json \
+		--only $(RAG_ANSWERED) --top-k 1,3,5 --generator smollm2-135m-instruct --versus mpnet \
+		--output $(RAG_OUT)/answers-smollm2
+	$(RAG) --limit 300 --candidates 20 --distractors related --rerankers bench/rag_rerankers.json \
+		--only $(RAG_ANSWERED) --top-k 3 --generator qwen2.5-coder-0.5b-instruct --versus mpnet \
+		--output $(RAG_OUT)/answers-qwen
+
+# Issue 46, item 3: the CIS setting that chooses RAG passages best (bench/rag_cis_grid.json:
+# estimator, template, prior, normalization), chosen on questions 0-999 by MRR of the gold at
+# K = 20 related (gold recall@3 breaks ties) and reported once on questions 1000-1999 with
+# RAG_CHOSEN (the grid's name of the choice) beside the first stage, mpnet and the default CIS.
+RAG_CHOSEN ?=
+rag-select: install  ## issue 46 item 3: the CIS grid on questions 0-999 (then RAG_CHOSEN=NAME on 1000-1999)
+	$(RAG) --limit 1000 --candidates 20 --distractors related --rerankers bench/rag_cis_grid.json \
+		--top-k 1,3,5 --versus cis --output $(RAG_OUT)/select-0-999
+	@if [ -n "$(RAG_CHOSEN)" ]; then \
+		$(VENV)/bin/cisrank eval rag --questions $(RAG_QUESTIONS) --cache $(RAG_CACHE) --resume \
+			--first 1000 --limit 1000 --candidates 20 --distractors related \
+			--rerankers bench/rag_rerankers.json --rerankers bench/rag_cis_grid.json \
+			--only mpnet,cis,$(RAG_CHOSEN) --top-k 1,3,5 --versus cis \
+			--output $(RAG_OUT)/select-1000-1999; \
+	else echo "choose from $(RAG_OUT)/select-0-999/metrics.json, then: make rag-select RAG_CHOSEN=NAME"; fi
 
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py

@@ -55,12 +55,9 @@ standard errors and exact binomial and McNemar tests.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
-import re
-import string
 import sys
 import time
 from collections.abc import Sequence
@@ -72,7 +69,11 @@ import numpy as np
 from common import RESULTS_DIR, machine, write_result
 from rag_nq_report import gold_position_loglik
 
-from cisrank.data.types import Passage
+# The questions, the pool of distractors and the contexts are those of `cisrank eval rag` (a
+# context is its candidate set); the tests read them here.
+from cisrank.eval.rag.answers import has_answer, normalize_answer  # noqa: F401
+from cisrank.eval.rag.questions import Pool, load_questions
+from cisrank.eval.rag.questions import build_candidates as build_context
 
 ARRANGED = ("ranked", "reverse", "pmi_rotation", "curvature", "noise")
 DECODED = ("avg_ens", "replug", "leens", "clehe")
@@ -80,117 +81,6 @@ BASELINES = ("closed_book", "gold_only")
 MODES = (*ARRANGED, *DECODED, *BASELINES)
 KINDS = ("random", "related")
 DATA_FILE = "nq-open-lim/nq-open-oracle.first2000.jsonl.gz"
-
-
-# ---------------------------------------------------------------------------- answers
-_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """Lower case, no punctuation, no articles, single spaces (SQuAD's `normalize_answer`, as
-    the lost-in-the-middle and Power-of-Noise code score NQ)."""
-    text = text.lower().translate(_NO_PUNCTUATION)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def has_answer(text: str, answers: Sequence[str], normalized: bool = False) -> bool:
-    """Whether any normalized answer is a substring of the normalized text (`normalized`: the
-    text is normalized already)."""
-    norm = text if normalized else normalize_answer(text)
-    return any((a := normalize_answer(ans)) and a in norm for ans in answers)
-
-
-# ---------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class Question:
-    index: int
-    question: str
-    answers: list[str]
-    gold: Passage
-
-
-def load_questions(path: Path, n: int | None = None) -> list[Question]:
-    """The file's first `n` questions with their gold passage (`isgold`, else the first)."""
-    out: list[Question] = []
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            if n is not None and len(out) >= n:
-                break
-            row = json.loads(line)
-            ctxs = row["ctxs"]
-            gold = next((c for c in ctxs if c.get("isgold")), ctxs[0])
-            i = len(out)
-            out.append(
-                Question(
-                    i,
-                    row["question"],
-                    list(row["answers"]),
-                    Passage(f"q{i}", gold["text"], gold["title"]),
-                )
-            )
-    return out
-
-
-class Pool:
-    """The gold passages of every question in the file, deduplicated by text: the corpus of
-    distractors and noise, with an in-memory BM25 over title + text."""
-
-    def __init__(self, questions: Sequence[Question]) -> None:
-        from cisrank.retrieval.bm25 import MemoryBM25
-
-        seen: dict[str, int] = {}
-        self.passages: list[Passage] = []
-        for q in questions:
-            if q.gold.text not in seen:
-                seen[q.gold.text] = len(self.passages)
-                self.passages.append(q.gold)
-        self.normalized = [normalize_answer(p.contents) for p in self.passages]
-        self.bm25 = MemoryBM25(
-            [p.contents for p in self.passages], [p.docid for p in self.passages]
-        )
-
-    def eligible(self, q: Question, exclude: Sequence[Passage] = ()) -> list[int]:
-        """Pool rows that may accompany `q`: not its gold text, no answer, not excluded."""
-        banned = {q.gold.text, *(p.text for p in exclude)}
-        return [
-            i
-            for i, p in enumerate(self.passages)
-            if p.text not in banned and not has_answer(self.normalized[i], q.answers, True)
-        ]
-
-    def random(self, q: Question, n: int, rng: random.Random, exclude=()) -> list[Passage]:
-        rows = self.eligible(q, exclude)
-        if len(rows) < n:
-            raise SystemExit(f"question {q.index}: only {len(rows)} eligible distractors")
-        return [self.passages[i] for i in rng.sample(rows, n)]
-
-    def related(self, q: Question, n: int) -> list[Passage]:
-        """The top BM25 hits for the question without an answer (ties: lower pool row)."""
-        ok = set(self.eligible(q))
-        scores = self.bm25.scores(q.question)
-        ranked = sorted(ok, key=lambda i: (-float(scores[i]), i))
-        if len(ranked) < n:
-            raise SystemExit(f"question {q.index}: only {len(ranked)} eligible distractors")
-        return [self.passages[i] for i in ranked[:n]]
-
-    def bm25_scores(self, question: str, passages: Sequence[Passage]) -> list[float]:
-        """BM25 scores of `passages` (pool members, by text) for `question`."""
-        scores = self.bm25.scores(question)
-        row = {p.text: i for i, p in enumerate(self.passages)}
-        return [float(scores[row[p.text]]) for p in passages]
-
-
-def build_context(
-    pool: Pool, q: Question, k: int, kind: str, seed: int
-) -> tuple[list[Passage], list[float], int]:
-    """(passages in BM25 order, their BM25 scores, the gold's index): the gold + K-1 distractors."""
-    rng = random.Random(f"{seed}:{q.index}:{k}:{kind}")
-    distractors = pool.random(q, k - 1, rng) if kind == "random" else pool.related(q, k - 1)
-    docs = [q.gold, *distractors]
-    scores = pool.bm25_scores(q.question, docs)
-    order = sorted(range(k), key=lambda i: (-scores[i], i))
-    return [docs[i] for i in order], [scores[i] for i in order], order.index(0)
 
 
 # ---------------------------------------------------------------------------- runs

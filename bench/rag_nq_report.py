@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from cisrank.eval.metrics import discordant as paired
+from cisrank.eval.metrics import mcnemar_exact  # noqa: F401 (the report's test reads it here)
+
 BASELINE_MODES = ("closed_book", "gold_only")
 
 # (mode, the row it is tested against): each arrangement against the one it claims to improve
@@ -61,16 +64,6 @@ def binomial_sf(successes: int, n: int, p: float) -> float:
     return min(
         1.0, sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(successes, n + 1))
     )
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p: of the b + c discordant questions, b went one way; under no
-    difference each is a fair coin, so p = 2 P(X <= min(b, c)), X ~ Binomial(b + c, 1/2)."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def gold_position_loglik(rec: dict[str, Any], k: int) -> np.ndarray:
@@ -150,14 +143,6 @@ def accuracy_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ]
         rows[m].update(vs=ref, **paired(pairs))
     return rows
-
-
-def paired(pairs: Sequence[tuple[bool, bool]]) -> dict[str, Any]:
-    """The discordant counts of (here, there) outcomes on the same questions and their exact
-    McNemar p: wins = right here and wrong there, losses = the reverse."""
-    b = sum(x and not y for x, y in pairs)
-    c = sum(y and not x for x, y in pairs)
-    return {"wins": b, "losses": c, "p": mcnemar_exact(b, c)}
 
 
 def against_stats(

@@ -9,7 +9,9 @@ environment variables are read in `cisrank.env`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -71,3 +73,34 @@ def flag_fields(config: type[BaseModel]) -> dict[str, Flag]:
 def flag_name(field: str) -> str:
     """The command-line flag of a config field: `--max-doc-tokens` for `max_doc_tokens`."""
     return "--" + field.replace("_", "-")
+
+
+def read_config_file(path: str | Path, what: str) -> Any:
+    """The data of a JSON (or, with PyYAML installed, YAML) config file; a missing file or one
+    that does not parse is one line naming the file (`what` says what it should hold)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CisrankError(f"{what} '{path}' does not exist")
+    text = path.read_text(encoding="utf-8")
+    yaml_file = path.suffix.lower() in {".yaml", ".yml"}
+    try:
+        if yaml_file:
+            try:
+                import yaml
+            except ImportError:
+                raise CisrankError(
+                    f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON"
+                ) from None
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except CisrankError:
+        raise
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        raise CisrankError(f"{path}: not valid {'YAML' if yaml_file else 'JSON'}: {exc}") from None
+
+
+def validation_problem(exc: ValidationError) -> str:
+    """The first problem of a pydantic error as `where: what` (the field's dotted path)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    return f"{where}: {first['msg']}"

@@ -114,3 +114,32 @@ class InProcessPool:
         cls.built = []
         monkeypatch.setattr(pooled, "WorkerPool", cls)
         return cls.built
+
+
+# NQ-Open in the lost-in-the-middle oracle shape: question, answers, gold passage (title, text),
+# in the words of the tiny tokenizer
+NQ_ROWS = [
+    ("who wrote hamlet ?", ["Shakespeare"], ("Hamlet", SAMPLE_SENTENCES[0])),
+    ("when was shakespeare born ?", ["1564"], ("Shakespeare", SAMPLE_SENTENCES[1])),
+    ("where is hamlet set ?", ["Denmark"], ("Denmark", SAMPLE_SENTENCES[2])),
+    ("what is the capital of france ?", ["Paris"], ("Paris", SAMPLE_SENTENCES[5])),
+    ("how long can fleas live ?", ["a year"], ("Fleas", SAMPLE_SENTENCES[6])),
+    ("what grows to the size of their tank ?", ["Goldfish"], ("Goldfish", SAMPLE_SENTENCES[7])),
+    ("what are wireless technologies ?", ["Bluetooth"], ("Bluetooth", SAMPLE_SENTENCES[8])),
+    ("when did the united states enter world war i ?", ["1917"], ("War", SAMPLE_SENTENCES[9])),
+]
+
+
+def write_nq(path, rows, gz=True):
+    """An NQ-Open oracle-shaped file of `rows` (question, answers, ctxs as (title, text), the
+    gold's position among them): one JSON line each, gzipped or not."""
+    lines = []
+    for question, answers, ctxs, gold in rows:
+        docs = [
+            {"title": t, "text": x, "hasanswer": i == gold, "isgold": i == gold}
+            for i, (t, x) in enumerate(ctxs)
+        ]
+        lines.append(json.dumps({"question": question, "answers": answers, "ctxs": docs}) + "\n")
+    data = "".join(lines).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path

@@ -32,7 +32,14 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
 - a client that hangs up (the route sets `cancel`) stops the request at its next model step, a
   generation at its next token (`ClientGone`, counted as 499);
 - errors name the field: a prompt longer than the model's context is 422 on `documents`, a
-  template with an unknown `{field}` on `template`, a noise pool too small on `noise.n`.
+  template with an unknown `{field}` on `template`, a noise pool too small on `noise.n`;
+- `rerank` (`{"reranker": NAME, "top_k": k}`): the documents are first ranked by that served
+  reranker, through its batcher as a rerank request is, and its best k go on (the pipeline
+  `cisrank eval rag` measures). The cost check counts the ranking (its pairs, as a rerank
+  request's cost) and the prompts of the k documents whose prompts are longest, so it holds
+  whichever k the ranking picks; a generation may rank up to `limits.max_documents` and
+  answer over at most `limits.max_generate_documents` (`rerank.top_k`). Each phase, the ranking
+  and the assembly, is bounded by `batching.request_timeout_s`.
 """
 
 from __future__ import annotations
@@ -61,10 +68,11 @@ from cisrank.api.schemas import (
     GenerateResponse,
     GenerateUsage,
     NoiseOut,
+    RerankChoice,
 )
 from cisrank.api.service_errors import BackendFailed, InvalidField
 from cisrank.api.serving import Serving
-from cisrank.data.types import Passage
+from cisrank.data.types import Passage, rank_order
 from cisrank.errors import CisrankError, DataError
 
 if TYPE_CHECKING:
@@ -351,6 +359,7 @@ def _generate(
     asm: ContextAssembler,
     body: GenerateRequest,
     passages: list[Passage],
+    scores: list[float] | None,
     deadline: float,
     cancel: threading.Event | None,
 ) -> tuple[Answer, int]:
@@ -375,7 +384,7 @@ def _generate(
         body.query,
         passages,
         ArrangeConfig(arrange=Arrangement(body.arrange)),
-        scores=body.scores,
+        scores=scores,
         deadline=deadline,
         cancel=cancel,
     )
@@ -387,6 +396,34 @@ def _generate(
             len(asm.render(body.query, [p], template=single).ids) for p in answer.passages
         )
     return answer, longest
+
+
+@dataclass(frozen=True)
+class RerankPlan:
+    """A request's `rerank`, before any work: the served reranker, its estimated cost (its
+    pairs, as a rerank request's), how many documents go on, and the `k` documents whose
+    prompts would cost most, which bound the request's cost while the ranking is unknown."""
+
+    name: str
+    cost: int
+    k: int
+    costliest: list[Passage]
+
+
+def costliest(
+    template: ContextTemplate, query: str, passages: Sequence[Passage], k: int, custom: bool
+) -> list[Passage]:
+    """The `k` passages that make the longest prompts (a prompt's size is its template's plus
+    each passage's share, the same whichever others are with it), so that the cost of any `k`
+    of `passages` is at most theirs."""
+    share = [prompt_size(template, query, [p], custom).chars for p in passages]
+    return [passages[i] for i in sorted(range(len(passages)), key=lambda i: -share[i])[:k]]
+
+
+def _json_safe(score: float) -> float:
+    """A score JSON can carry (the float range; NaN ranks last, as the lowest)."""
+    big = 1.7976931348623157e308
+    return -big if score != score else max(-big, min(big, float(score)))
 
 
 class ContextService:
@@ -437,6 +474,32 @@ class ContextService:
             body.documents, "documents", limits.max_document_chars, limits.max_id_chars
         )
         return name, engine, passages, _template(body, limits.max_query_chars)
+
+    def _rerank_plan(
+        self,
+        body: ContextRequest | GenerateRequest,
+        template: ContextTemplate,
+        passages: list[Passage],
+    ) -> RerankPlan | None:
+        """The request's `rerank`, checked and costed before any work (None without one)."""
+        if body.rerank is None:
+            return None
+        name = self.serving.resolve_reranker(body.rerank.reranker, "rerank.reranker")
+        texts = [p.contents for p in passages]
+        cost = self.serving.scorer(name).cost(body.query, texts)
+        k = min(body.rerank.top_k, len(passages))
+        custom = body.document_format is not None
+        return RerankPlan(name, cost, k, costliest(template, body.query, passages, k, custom))
+
+    async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankChoice:
+        """Rank every passage (title and text, as `cisrank eval rag` does) with the planned
+        reranker, through its batcher like a rerank request; its best `k`, best first."""
+        scorer = self.serving.model_thread(plan.name)
+        raw = await scorer.score(query, [p.contents for p in passages], "documents")
+        best = rank_order(raw)[: plan.k]
+        return RerankChoice(
+            reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
+        )
 
     async def _noise(self, body: ContextRequest, passages: list[Passage]) -> list[Passage]:
         from cisrank.context import sample_noise, sample_store_noise
@@ -503,34 +566,41 @@ class ContextService:
             )
         name, engine, passages, template = self._common(body, limits.max_documents)
         noise = await self._noise(body, passages)
-        prompts_n, cost, culprit = request_cost(body, template, passages, noise, engine)
-        if cost > limits.max_request_cost:
+        plan = self._rerank_plan(body, template, passages)
+        arranged = plan.costliest if plan is not None else passages
+        prompts_n, cost, culprit = request_cost(body, template, arranged, noise, engine)
+        ranking = plan.cost if plan is not None else 0
+        if cost + ranking > limits.max_request_cost:
+            reranked = f", and {ranking} to rerank the documents" if plan is not None else ""
             raise InvalidField(
-                culprit,
-                f"estimated cost {cost} (tokens of the {prompts_n} prompts this arrangement "
-                f"scores, tokens ~ characters / 4, most of them from {culprit}) is over the "
-                f"limit of {limits.max_request_cost}: send fewer or shorter documents, or a "
-                "cheaper arrangement",
+                "documents" if ranking > cost else culprit,
+                f"estimated cost {cost + ranking} (tokens of the {prompts_n} prompts this "
+                f"arrangement scores, tokens ~ characters / 4, most of them from {culprit}"
+                f"{reranked}) is over the limit of {limits.max_request_cost}: send fewer or "
+                "shorter documents, or a cheaper arrangement",
             )
+        choice = await self._rerank(plan, body.query, passages) if plan is not None else None
+        index = choice.indexes if choice is not None else list(range(len(passages)))
+        chosen = [passages[i] for i in index]
         model = self.serving.model_thread(name, cancel)
         late = (
             f"not assembled within {config.batching.request_timeout_s:g} s: the server is "
             "overloaded, retry later"
         )
         async with model.admitted(cost, late):
-            asm, prompts = await model.run(_prepare, engine, template, body, passages)
+            asm, prompts = await model.run(_prepare, engine, template, body, chosen)
             for chunk in slices(prompts, config.batching.max_batch_tokens):
                 await model.run(asm.question_logprobs, chunk)
-            result = await model.run(_arrange, asm, body, passages, noise)
+            result = await model.run(_arrange, asm, body, chosen, noise)
         doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
         ids: list[str | int | None] = [p.docid for p in noise]
-        ids += [doc_ids[i] for i in result.order]
+        ids += [doc_ids[index[i]] for i in result.order]
         return ContextResponse(
             id=str(uuid.uuid4()),
             model=name,
             arrange=result.method,
             template=template.name,
-            order=result.order,
+            order=[index[i] for i in result.order],
             ids=ids,
             scores=result.scores,
             candidates=[
@@ -540,8 +610,9 @@ class ContextService:
             noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in noise],
             gauge=ContextGauge(**result.gauge.to_json()),
             prompt=result.prompt.text,
+            rerank=choice,
             usage=ContextUsage(
-                documents=len(passages),
+                documents=len(chosen),
                 noise=len(noise),
                 prompts_scored=asm.scored_prompts,
                 prompt_tokens=len(result.prompt.ids),
@@ -566,8 +637,15 @@ class ContextService:
                 "max_new_tokens",
                 f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
             )
-        name, engine, passages, template = self._common(body, limits.max_generate_documents)
-        if body.decoding == "replug" and body.scores is None:
+        most = limits.max_generate_documents
+        if body.rerank is not None and body.rerank.top_k > most:
+            raise InvalidField("rerank.top_k", f"{body.rerank.top_k} is over the limit of {most}")
+        # with `rerank`, the documents are ranked (as many as a rerank request's) and only its
+        # top_k are generated over
+        name, engine, passages, template = self._common(
+            body, limits.max_documents if body.rerank is not None else most
+        )
+        if body.decoding == "replug" and body.scores is None and body.rerank is None:
             raise InvalidField("scores", "replug needs one score per document")
         if body.scores is not None and len(body.scores) != len(passages):
             raise InvalidField(
@@ -577,42 +655,55 @@ class ContextService:
             )
         if body.layers is not None and len(body.layers) > engine.num_layers + 1:
             raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
-        k = len(passages)
+        plan = self._rerank_plan(body, template, passages)
+        generated = plan.costliest if plan is not None else passages
+        k = len(generated)
         custom = body.document_format is not None
         if body.decoding == "naive":
             rows = 1
             # K rotations (or K - 1 shuffles and the input) for a scored arrangement
             searched = 1 + k if Arrangement(body.arrange).scored else 1
-            sizes = [prompt_size(template, body.query, passages, custom)] * searched
+            sizes = [prompt_size(template, body.query, generated, custom)] * searched
         else:
             rows = k + 1
             single = template.single()
             sizes = [prompt_size(template, body.query, [], custom)]
-            sizes += [prompt_size(single, body.query, [p], custom) for p in passages]
+            sizes += [prompt_size(single, body.query, [p], custom) for p in generated]
         prefill, culprit = _total(sizes, engine)
         cost = prefill + rows * body.max_new_tokens
-        if cost > limits.max_request_cost:
+        ranking = plan.cost if plan is not None else 0
+        if cost + ranking > limits.max_request_cost:
+            reranked = f", and {ranking} to rerank the documents" if plan is not None else ""
             raise InvalidField(
-                culprit,
-                f"estimated cost {cost} (prompt tokens, most of them from {culprit}, and rows x "
-                f"new tokens) is over the limit of {limits.max_request_cost}: send fewer or "
-                "shorter documents, or fewer new tokens",
+                "documents" if ranking > cost else culprit,
+                f"estimated cost {cost + ranking} (prompt tokens, most of them from {culprit}, "
+                f"and rows x new tokens{reranked}) is over the limit of "
+                f"{limits.max_request_cost}: send fewer or shorter documents, or fewer new tokens",
             )
+        choice = await self._rerank(plan, body.query, passages) if plan is not None else None
+        index = choice.indexes if choice is not None else list(range(len(passages)))
+        chosen = [passages[i] for i in index]
+        # the client's scores of the chosen documents, else the reranker's (replug's weights)
+        scores = [body.scores[i] for i in index] if body.scores is not None else None
+        if scores is None and choice is not None:
+            scores = choice.scores
         timeout = config.batching.request_timeout_s
         deadline = time.monotonic() + timeout
         model = self.serving.model_thread(name, cancel)
         late = f"not generated within {timeout:g} s: retry later"
         async with model.admitted(cost, late, late_errors=(DecodingTimeout,)):
-            asm, prompts = await model.run(_prepare, engine, template, body, passages)
+            asm, prompts = await model.run(_prepare, engine, template, body, chosen)
             if body.decoding == "naive":
                 for chunk in slices(prompts, config.batching.max_batch_tokens):
                     await model.run(asm.question_logprobs, chunk)
-            answer, longest = await model.run(_generate, asm, body, passages, deadline, cancel)
+            answer, longest = await model.run(
+                _generate, asm, body, chosen, scores, deadline, cancel
+            )
         doc_ids = [
             d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
             for i, d in enumerate(body.documents)
         ]
-        order, gen = answer.order, answer.generation
+        order, gen = [index[i] for i in answer.order], answer.generation
         ordered_ids = [doc_ids[i] for i in order]
         return GenerateResponse(
             id=str(uuid.uuid4()),
@@ -626,7 +717,8 @@ class ContextService:
             ],
             weights=[s.weights for s in gen.steps],
             layers=[s.layer for s in gen.steps],
+            rerank=choice,
             usage=GenerateUsage(
-                documents=k, prompt_tokens=longest, generated_tokens=len(gen.tokens)
+                documents=len(chosen), prompt_tokens=longest, generated_tokens=len(gen.tokens)
             ),
         )

@@ -29,15 +29,15 @@ bounds one model call so a heavy request is scored in slices interleaved with sm
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from cisrank.config import ComponentConfig
+from cisrank.config import ComponentConfig, read_config_file, validation_problem
 from cisrank.errors import CisrankError
+from cisrank.rerank.spec import RerankerSpec
 
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 
@@ -46,35 +46,6 @@ def _count(default: int | None, description: str) -> Any:
     """A field that counts something (documents, tokens, processes): at least 1; None, where the
     field allows it, for a value chosen at start."""
     return Field(default=default, ge=1, description=description)
-
-
-class RerankerSpec(ComponentConfig):
-    """One served reranker: a registry kind (or `module:factory`), its model and options."""
-
-    kind: str = Field(
-        description="A reranker kind (cis, cross-encoder, dense, hybrid, student: the "
-        "cross-encoder shipped with cisrank), or an import path 'package.module:factory' for a "
-        "custom reranker factory called as factory(model, **options)."
-    )
-    model: str | None = Field(
-        default=None,
-        description="Hugging Face id, local folder or pulled model's name (`cisrank models "
-        "list`); the kind's default model when unset.",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword options passed to the reranker factory."
-    )
-    workers: int | None = _count(
-        None,
-        "Processes this reranker's model work runs on, each with its own copy of "
-        "the model (`cisrank.workers`): one request's passages are shared among them. Default: "
-        "one per CPU core for the causal-LM kinds (cis, hybrid), whose 100-passage requests "
-        "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
-        "(N HTTP processes, each with its own rerankers), set it to cores / N.",
-    )
-    threads_per_worker: int | None = _count(
-        None, "Torch threads of each of those processes (default 1)."
-    )
 
 
 class IndexSpec(ComponentConfig):
@@ -243,29 +214,8 @@ class ServerConfig(ComponentConfig):
     @classmethod
     def load(cls, path: str | Path) -> ServerConfig:
         """Read a JSON (or, with PyYAML installed, YAML) file; errors name the file and field."""
-        path = Path(path)
-        if not path.is_file():
-            raise CisrankError(f"server config '{path}' does not exist")
-        text = path.read_text(encoding="utf-8")
-        try:
-            if path.suffix.lower() in {".yaml", ".yml"}:
-                try:
-                    import yaml
-                except ImportError:
-                    raise CisrankError(
-                        f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON"
-                    ) from None
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-        except CisrankError:
-            raise
-        except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-            kind = "YAML" if path.suffix.lower() in {".yaml", ".yml"} else "JSON"
-            raise CisrankError(f"{path}: not valid {kind}: {exc}") from None
+        data = read_config_file(path, "server config")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-            raise CisrankError(f"{path}: {where}: {first['msg']}") from None
+            raise CisrankError(f"{path}: {validation_problem(exc)}") from None

@@ -292,6 +292,24 @@ class NoiseIn(_Request):
     )
 
 
+class RerankFirst(_Request):
+    """Take the passages from a served reranker first: all `documents` are ranked by it (each
+    document's title and text, as `cisrank eval rag` ranks them) and its best `top_k` go on,
+    best first (the pipeline `cisrank eval rag` measures, in one call)."""
+
+    reranker: str = Field(description="A served reranker (GET /v1/models), by name or model id.")
+    top_k: int = Field(ge=1, description="How many of its best documents go on (all if fewer).")
+
+
+class RerankChoice(BaseModel):
+    """What the reranker of `rerank` chose: the request's documents it kept, best first, and
+    their scores (raw, as /v1/rerank gives them)."""
+
+    reranker: str
+    indexes: list[int] = Field(description="Indexes of the request's documents, best first.")
+    scores: list[float]
+
+
 class ContextRequest(_Request):
     query: str = Field(min_length=1, description="The question (not blank).")
     documents: list[str | ContextDocumentIn] = Field(
@@ -329,6 +347,10 @@ class ContextRequest(_Request):
     pmi: bool = Field(default=False, description="Also gauge PMI against no passages.")
     model: str | None = Field(
         default=None, description="A configured cis reranker (its causal LM); default if unset."
+    )
+    rerank: RerankFirst | None = Field(
+        default=None,
+        description="Rank the documents with a served reranker first and arrange its top_k.",
     )
 
     _query_not_blank = field_validator("query")(_non_blank)
@@ -376,15 +398,19 @@ class ContextResponse(BaseModel):
         "own ids, or null for a document without one)."
     )
     scores: list[float] | None = Field(
-        description="curvature: per request document, l(rotation where it is first) + "
+        description="curvature: per arranged document (the request's, or with `rerank` the "
+        "chosen ones in `rerank.indexes` order), l(rotation where it is first) + "
         "l(rotation where it is last); null for the other arrangements."
     )
     candidates: list[ContextCandidate] = Field(
-        description="The scored rotations or shuffles (orders of the request's documents)."
+        description="The scored rotations or shuffles (orders of the arranged documents)."
     )
     noise: list[NoiseOut] = Field(description="The noise passages, in prompt order.")
     gauge: ContextGauge
     prompt: str = Field(description="The prompt text, ending where the answer begins.")
+    rerank: RerankChoice | None = Field(
+        default=None, description="With `rerank`: the documents its reranker chose."
+    )
     usage: ContextUsage
 
 
@@ -446,6 +472,11 @@ class GenerateRequest(_Request):
         description="Most tokens to generate.",
     )
     model: str | None = Field(default=None, description="A configured cis reranker.")
+    rerank: RerankFirst | None = Field(
+        default=None,
+        description="Rank the documents with a served reranker first and answer over its top_k "
+        "(replug without `scores` weighs them by its scores).",
+    )
 
     _query_not_blank = field_validator("query")(_non_blank)
 
@@ -480,7 +511,10 @@ class GenerateResponse(BaseModel):
     id: str
     model: str
     decoding: str
-    order: list[int] = Field(description="naive: the documents' order in the prompt.")
+    order: list[int] = Field(
+        description="naive: the order in the prompt of the request's documents (with `rerank`, "
+        "of those it chose)."
+    )
     answer: str
     tokens: list[int]
     attribution: list[str | int | None] = Field(
@@ -489,6 +523,9 @@ class GenerateResponse(BaseModel):
     )
     weights: list[list[float]] = Field(description="Per step, the documents' weights.")
     layers: list[int | None] = Field(description="clehe: per step, the contrast layer l*.")
+    rerank: RerankChoice | None = Field(
+        default=None, description="With `rerank`: the documents its reranker chose."
+    )
     usage: GenerateUsage
 
 

@@ -11,7 +11,6 @@ Why apart: the ranking service (`cisrank.api.service`) and the context service
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import threading
@@ -43,27 +42,13 @@ LM_KINDS = ("cis", "hybrid")
 
 def build_reranker(spec: RerankerSpec) -> Reranker:
     """A reranker from its spec: a registry kind, or a `module:factory` import path."""
-    if ":" in spec.kind:
-        module_name, _, attr = spec.kind.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise CisrankError(f"reranker kind '{spec.kind}' cannot be imported: {exc}") from exc
-        built = factory(spec.model, **spec.options)
-        if not isinstance(built, Reranker):  # the services read the contract's capabilities
-            raise CisrankError(
-                f"reranker kind '{spec.kind}' built a {type(built).__name__}, which is not a "
-                "Reranker: subclass cisrank.rerank.base.BaseReranker"
-            )
-        return built
-    from cisrank.rerank.pooled import load_on_workers
     from cisrank.workers import WorkerOptions
 
     workers = spec.workers
     if workers is None and spec.kind not in LM_KINDS:
         workers = 1  # an encoder scores a request in milliseconds: no worker round trip
     pool = WorkerOptions(workers=workers, threads_per_worker=spec.threads_per_worker or 1)
-    reranker = load_on_workers(spec.kind, spec.model, pool, **spec.options)
+    reranker = spec.load(pool)
     if reranker.keeps_order:
         raise CisrankError("reranker kind 'none' cannot be served: pick dense, cis, ...")
     return reranker

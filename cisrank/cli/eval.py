@@ -1,7 +1,8 @@
 """`cisrank eval trec-dl19 | trec-dl21 | run`: a reranker over first-stage candidates, evaluated.
 
 Prints first stage and reranked run side by side with significance tests, and writes the runs,
-metrics and per-query figures to `--output`.
+metrics and per-query figures to `--output`. `cisrank eval rag` measures rerankers by the answers
+their passages give (`cisrank.eval.rag`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from cisrank.workers import WorkerOptions
 
 eval_app = typer.Typer(
     help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
-    "(nDCG@1/5/10, RR(rel=2)@10 (MRR@10), AP(rel=2), R(rel=2)@100 with ir_measures, trec_eval semantics).",
+    "(nDCG@1/5/10, RR(rel=2)@10 (MRR@10), AP(rel=2), R(rel=2)@100 with ir_measures, trec_eval semantics); "
+    "or on RAG answers (eval rag): whose passages answer the question.",
     no_args_is_help=True,
 )
 
@@ -287,3 +289,154 @@ def eval_fuse(
     note = describe(coverage)
     title = f"{ds.name}: {fuse} ({fusion})" + (f"; {note}" if note else "")
     Console().print(metrics_table(figures, title=title))
+
+
+def _rag_flag(field: str, *names: str, **option: Any) -> Any:
+    from cisrank.cli.defaults import config_flag
+    from cisrank.eval.rag.run import RagEvalConfig
+
+    return config_flag(RagEvalConfig, field, *names, **option)
+
+
+@eval_app.command("rag")
+@takes(pool=WORKER_FLAGS)
+def eval_rag(
+    questions: Annotated[Path, _rag_flag("questions", "--questions")],
+    first: Annotated[int | None, _rag_flag("first", "--first", min=0)] = None,
+    limit: Annotated[int | None, _rag_flag("limit", "--limit", min=1)] = None,
+    candidates: Annotated[int | None, _rag_flag("candidates", "--candidates", min=1)] = None,
+    distractors: Annotated[str | None, _rag_flag("distractors", "--distractors")] = None,
+    rerankers: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--rerankers",
+            help="JSON or YAML {name: {kind, model, options}}, the schema of a server config's "
+            "'rerankers' (a server config itself is read too; repeat for several files); "
+            "first-stage (the candidates' own order) is always measured.",
+        ),
+    ] = None,
+    reranker: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--reranker",
+            "-r",
+            help="A reranker kind with its defaults, named by its kind (repeat).",
+        ),
+    ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only", help="Measure only these rerankers of --rerankers (comma-separated)."
+        ),
+    ] = None,
+    top_k: Annotated[
+        str | None,
+        _rag_flag(
+            "top_k",
+            "--top-k",
+            text="k values, e.g. 1,3,5: how many of a reranker's best passages go to the generator.",
+        ),
+    ] = None,
+    generator: Annotated[str | None, _rag_flag("generator", "--generator")] = None,
+    arrange: Annotated[str | None, _rag_flag("arrange", "--arrange")] = None,
+    template: Annotated[str | None, _rag_flag("template", "--template")] = None,
+    chat: Annotated[bool | None, _rag_flag("chat", "--chat/--no-chat")] = None,
+    max_new_tokens: Annotated[
+        int | None, _rag_flag("max_new_tokens", "--max-new-tokens", min=1)
+    ] = None,
+    baselines: Annotated[bool | None, _rag_flag("baselines", "--baselines/--no-baselines")] = None,
+    seed: Annotated[int | None, _rag_flag("seed", "--seed")] = None,
+    device: DeviceOpt = None,
+    dtype: Annotated[str | None, _rag_flag("dtype", "--dtype")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Folder for metrics.json, per_question.jsonl, rag.png and the stored rankings "
+            "and answers (default out/eval-rag).",
+        ),
+    ] = None,
+    cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            help="Where rankings and answers are stored (default OUTPUT/cache): share one "
+            "between runs over the same questions (K = 10 and K = 20, retrieval then answers).",
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Go on with the run in --output: what it stored is reused, only new rerankers, "
+            "k values and questions are computed.",
+        ),
+    ] = False,
+    versus: Annotated[
+        str,
+        typer.Option("--versus", help="The reranker the printed paired tests compare with."),
+    ] = "first-stage",
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    *,
+    pool: WorkerOptions,
+) -> None:
+    """Which reranker's passages answer the question: gold recall@k, MRR, and the generator's
+    accuracy, EM and F1 from each reranker's top k, with paired McNemar tests, on questions
+    with a gold passage (NQ-Open oracle shape)."""
+    from rich.console import Console
+
+    from cisrank.eval.rag.report import figures_table, tests_table
+    from cisrank.eval.rag.run import RagEvalConfig, run_rag_eval
+    from cisrank.rerank.spec import RerankerSpec, parse_specs, read_specs
+
+    # first-stage is always measured: naming it in --only asks for nothing more
+    wanted = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
+    wanted = None if wanted is None else [n for n in wanted if n != "first-stage"]
+    if wanted is not None and not rerankers:
+        raise CisrankError("--only selects rerankers of --rerankers FILE: give the file")
+    specs = read_specs(rerankers, wanted) if rerankers else {}
+    for kind in reranker or []:
+        if kind in specs:
+            raise CisrankError(f"--reranker {kind}: the name is taken by --rerankers")
+        specs.update(parse_specs({kind: RerankerSpec(kind=kind).model_dump()}, "--reranker"))
+    flags = {
+        "first": first,
+        "limit": limit,
+        "candidates": candidates,
+        "distractors": distractors,
+        "top_k": top_k,
+        "generator": generator,
+        "arrange": arrange,
+        "template": template,
+        "chat": chat,
+        "max_new_tokens": max_new_tokens,
+        "baselines": baselines,
+        "seed": seed,
+        "device": device,
+        "dtype": dtype,
+    }
+    config = RagEvalConfig(questions=questions).replace(**flags)
+    folder = output or Path("out") / "eval-rag"
+    result = run_rag_eval(
+        config, specs, folder, cache=cache, workers=pool, resume=resume, progress=not quiet
+    )
+    metrics = result.metrics
+    if as_json:
+        typer.echo(json.dumps(metrics, indent=2))
+        return
+    if versus not in metrics["rerankers"]:
+        raise CisrankError(f"--versus {versus}: not measured ({', '.join(metrics['rerankers'])})")
+    console = Console()
+    title = (
+        f"{questions.name}: {metrics['questions']} questions, {config.candidates} candidates "
+        f"({config.distractors})" + (f", answers by {config.generator}" if config.generator else "")
+    )
+    console.print(figures_table(metrics, title))
+    answered = "baselines" in metrics or any(
+        "accuracy" in row[str(k)] for row in metrics["rerankers"].values() for k in config.top_k
+    )
+    if len(metrics["rerankers"]) > 1 or answered:
+        console.print(tests_table(metrics, versus, "accuracy" if answered else "gold_recall"))
+    console.print(f"outputs in {folder}/ (metrics.json, per_question.jsonl, rag.png)")

@@ -123,7 +123,8 @@ class CISTeacher(RerankerTeacher):
 
     def score_many(self, items: Sequence[QueryItems]) -> list[TeacherScores]:
         requests = [(q.query, list(q.passages)) for q in items]
-        if self.cis.config.estimator != "forward":  # the two log p(K) terms are forward's
+        config = self.cis.config
+        if config.estimator != "forward" or not config.prior:  # the terms of forward CIS only
             return [TeacherScores(s) for s in self.cis.score_batch(requests)]
         # Forward: one query at a time, so that a passage's prior is computed in the same batch
         # whichever shards a run (local, Ray, resumed) has already done: equal bits everywhere.

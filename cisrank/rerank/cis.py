@@ -18,6 +18,10 @@ likelihood after a passage-first template (`reverse`, no prior needed; a query-l
 reranker) ranks by the same CIS as the `forward` estimate. An LM with prompt templates is not a
 consistent joint distribution, so the two differ in practice; `both` averages them. Templates:
 `cisrank.lm.prompts`.
+
+`prior=False` drops log p(K) from the forward estimate and ranks by log p(K|Q) alone: the
+paper's ablation "w/o p(K)" (its Table 4, about 40% of EM/F1 lost), kept as a setting so that the
+claim can be measured (`cisrank eval rag`); no prior is computed or stored then.
 """
 
 from __future__ import annotations
@@ -263,15 +267,22 @@ class CISReranker(BaseReranker):
             k += len(ps)
         return out
 
+    def _forward_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """The forward estimate of each request: CIS, or with `prior` off log p(K|Q) alone (the
+        paper's "w/o p(K)" ablation, Table 4), for which no prior is looked up or computed."""
+        if self.config.prior:
+            return [cis for cis, _, _ in self.components_batch(requests)]
+        return [
+            self.log_conditional(query, passages) if passages else []
+            for query, passages in requests
+        ]
+
     def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """The configured estimate of CIS per passage of each request, input order: forward
-        (log p(K|Q) - log p(K)), reverse (log p(Q|K)) or both (their mean)."""
+        (log p(K|Q) - log p(K); log p(K|Q) alone with `prior` off), reverse (log p(Q|K)) or both
+        (their mean)."""
         estimator = self.config.estimator
-        forward = (
-            [cis for cis, _, _ in self.components_batch(requests)]
-            if estimator != "reverse"
-            else None
-        )
+        forward = self._forward_batch(requests) if estimator != "reverse" else None
         reverse = self.reverse_batch(requests) if estimator != "forward" else None
         if forward is None:
             assert reverse is not None
@@ -287,5 +298,6 @@ class CISReranker(BaseReranker):
         return (
             f"CISReranker(model={self.model_name!r}, estimator={self.config.estimator!r}, "
             f"template={self.config.template!r}, reverse_template={self.config.reverse_template!r}, "
-            f"max_doc_tokens={self.config.max_doc_tokens}, normalize={self.config.normalize!r})"
+            f"max_doc_tokens={self.config.max_doc_tokens}, normalize={self.config.normalize!r}, "
+            f"prior={self.config.prior})"
         )

@@ -197,11 +197,7 @@ def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
         return
     flags = ", ".join(map(flag_name, unknown))
     owner = next(
-        (
-            k.name
-            for k in KINDS.values()
-            if k is not kind and set(unknown) <= k.fields
-        ),
+        (k.name for k in KINDS.values() if k is not kind and set(unknown) <= k.fields),
         None,
     )
     whose = f"option(s) of the {owner} reranker, not of {kind.name}" if owner else "not options"

@@ -22,6 +22,14 @@ def tiny_dense(tiny_bert_dir):
     return load_reranker("dense", str(tiny_bert_dir))
 
 
+@pytest.fixture(scope="module")
+def tiny_cis(tiny_gpt2_dir):
+    """A CIS reranker on the tiny GPT-2 (qa template): the causal LM of context assembly."""
+    from cisrank.rerank.cis import CISReranker
+
+    return CISReranker(model=str(tiny_gpt2_dir), template="qa")
+
+
 @pytest.fixture
 def make_client():
     """`make_client(rerankers, **config)` -> a started TestClient (lifespan on), closed at the end."""

@@ -189,7 +189,10 @@ def test_reranker_options_are_serve_flags(served):
         (["--estimator", "forward"], "--estimator needs --reranker KIND"),
         (["-r", "dense", "--template", "qa"], r"--template: option\(s\) of the cis reranker"),
         (["-r", "cis", "--estimator", "sideways"], "estimator: Input should be"),
-        (["-r", "cis", "--fuse", "cis:1"], r"--fuse: (not options of cis|option\(s\) of the hybrid)"),
+        (
+            ["-r", "cis", "--fuse", "cis:1"],
+            r"--fuse: (not options of cis|option\(s\) of the hybrid)",
+        ),
         (["-r", "hybrid", "--fuse", "cis:x"], "weight 'x' is not a number"),
         (["-r", "hybrid", "--models", "dense"], "give KEY=VALUE pairs"),
         (["--config", "server.json", "--estimator", "reverse"], "either --config or --estimator"),

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
-
-from cisrank.testing import SAMPLE_SENTENCES
-
-# question, answers, gold passage (title, text): the words of the tiny tokenizer
-ROWS = [
-    ("who wrote hamlet ?", ["Shakespeare"], ("Hamlet", SAMPLE_SENTENCES[0])),
-    ("when was shakespeare born ?", ["1564"], ("Shakespeare", SAMPLE_SENTENCES[1])),
-    ("where is hamlet set ?", ["Denmark"], ("Denmark", SAMPLE_SENTENCES[2])),
-    ("what is the capital of france ?", ["Paris"], ("Paris", SAMPLE_SENTENCES[5])),
-    ("how long can fleas live ?", ["a year"], ("Fleas", SAMPLE_SENTENCES[6])),
-    ("what grows to the size of their tank ?", ["Goldfish"], ("Goldfish", SAMPLE_SENTENCES[7])),
-    ("what are wireless technologies ?", ["Bluetooth"], ("Bluetooth", SAMPLE_SENTENCES[8])),
-    ("when did the united states enter world war i ?", ["1917"], ("War", SAMPLE_SENTENCES[9])),
-]
+from builders import NQ_ROWS, write_nq
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +16,7 @@ def rag_nq(bench_script):
 
 @pytest.fixture
 def nq_file(tmp_path) -> Path:
-    path = tmp_path / "nq.jsonl.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as fh:
-        for question, answers, (title, text) in ROWS:
-            ctx = {"title": title, "text": text, "hasanswer": True, "isgold": True}
-            fh.write(json.dumps({"question": question, "answers": answers, "ctxs": [ctx]}) + "\n")
-    return path
+    return write_nq(tmp_path / "nq.jsonl.gz", [(q, a, [ctx], 0) for q, a, ctx in NQ_ROWS])
 
 
 def test_answers_are_normalized_as_the_papers(rag_nq):

@@ -99,6 +99,34 @@ def test_matches_brute_force(refs, arch, template, tmp_path):
     assert store.stats() == {"hits": 2 * len(PASSAGES), "misses": len(PASSAGES)}
 
 
+def test_without_the_prior_it_ranks_by_log_p_k_given_q_alone(refs, tmp_path):
+    """`prior=False` is the paper's "w/o p(K)" ablation (Table 4): log p(K|Q) by brute force,
+    summed or per token, with no prior computed or stored; the reverse estimator has no prior
+    term to drop, so asking for it is a one-line error."""
+    path, ref, tok = refs["llama"]
+    exp = [brute(ref, tok, TEMPLATES["qa"], QUERY, k) for k in PASSAGES]
+    store = PriorStore(tmp_path / "priors.sqlite")
+    r = CISReranker(str(path), template="qa", prior=False, prior_store=store, device="cpu")
+    got = r.score_batch([(QUERY, PASSAGES), (QUERY, [])])
+    assert np.abs(np.array(got[0]) - [e[0] for e in exp]).max() <= TOL and got[1] == []
+    assert store.count() == 0  # no log p(K) was computed for it
+    mean = CISReranker(str(path), template="qa", prior=False, normalize="mean", engine=r.engine)
+    want = [e[0] / e[2] for e in exp]
+    assert np.abs(np.array(mean.score(QUERY, PASSAGES)) - want).max() <= TOL / 10
+    both = CISReranker(str(path), template="qa", estimator="both", prior=False, engine=r.engine)
+    reverse = CISReranker(str(path), estimator="reverse", engine=r.engine).score(QUERY, PASSAGES)
+    halves = (np.array([e[0] for e in exp]) + reverse) / 2
+    assert np.abs(np.array(both.score(QUERY, PASSAGES)) - halves).max() <= TOL
+    with pytest.raises(CisrankError, match="reverse estimator has no prior term"):
+        load_reranker("cis", str(path), estimator="reverse", prior=False)
+    # a distillation teacher without the prior teaches log p(K|Q), not CIS
+    from cisrank.distill.teachers import load_teacher
+
+    teacher = load_teacher("cis", str(path), template="qa", prior=False)
+    taught = teacher.score("q", QUERY, [str(i) for i in range(len(PASSAGES))], PASSAGES)
+    assert np.abs(np.array(taught.score) - [e[0] for e in exp]).max() <= TOL
+
+
 def test_custom_template_and_bpe_boundary(refs):
     """Prefix and passage are tokenized apart: a BPE merge across the boundary cannot change D."""
     path, ref, tok = refs["bpe"]

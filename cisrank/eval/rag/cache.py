@@ -1,0 +1,135 @@
+"""What `cisrank eval rag` computed once and never computes again: rankings and generations,
+stored by what they are of, so that a rerun, an added reranker, an added k or another run over
+the same questions (K = 10 from the K = 20 candidates, the answers after the retrieval figures)
+reuses every score and answer it can.
+
+- Scores: one folder per reranker spec (the hash of its kind, model and options), one file per
+  scored chunk of questions, written atomically: a run killed midway keeps every chunk it
+  finished. An entry is keyed by the query and its candidate texts in order (a reranker may fuse
+  over the whole list); for a pointwise reranker (`pointwise`: each passage's score depends on
+  the query and that passage alone) each (query, passage) score also serves any other list that
+  holds the pair, which is how the K = 10 related set, the top of the K = 20 one, is scored once.
+- Generations: one folder per generator setting (model, template, chat, length, dtype), one file
+  per prompt, keyed by the question, the prompt's passages best first and the arrangement: the
+  exact prompt is a function of these. Two rerankers that choose the same top k, and a reranker
+  whose top 1 is the gold (the gold-only baseline), share one generation.
+
+Each stored item carries the seconds it took to compute, so the cost figures survive a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cisrank.errors import DataError
+from cisrank.fileio import atomic_write_text
+
+
+def digest(value: Any) -> str:
+    """A short stable hash of a JSON-able value (keys sorted)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def _pair(query: str, text: str) -> str:
+    return digest([query, text])
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(
+            f"{path}: a damaged cache file ({exc}): delete it and rerun with --resume"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One query's scores from the cache and the seconds they took (0 where they were put
+    together from pairs scored for another list)."""
+
+    scores: list[float]
+    seconds: float
+
+
+class ScoreCache:
+    """The stored scores of one reranker (`spec`: its kind, model and options) under `root`."""
+
+    def __init__(self, root: Path, spec: Mapping[str, Any], pointwise: bool) -> None:
+        self.folder = Path(root) / "scores" / digest(dict(spec))
+        self.pointwise = pointwise
+        self._lists: dict[str, Scored] = {}
+        self._pairs: dict[str, float] = {}
+        if self.folder.is_dir():
+            for path in sorted(self.folder.glob("*.json")):
+                self._add(_read(path)["entries"])
+
+    def _add(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        for e in entries:
+            self._lists[e["key"]] = Scored(list(e["scores"]), float(e["seconds"]))
+            if self.pointwise:
+                self._pairs.update(zip(e["pairs"], e["scores"], strict=True))
+
+    def get(self, query: str, texts: Sequence[str]) -> Scored | None:
+        """The stored scores of `texts` for `query`, or None."""
+        hit = self._lists.get(digest([query, list(texts)]))
+        if hit is not None or not self.pointwise:
+            return hit
+        pairs = [self._pairs.get(_pair(query, t)) for t in texts]
+        if any(p is None for p in pairs):
+            return None
+        return Scored([float(p) for p in pairs if p is not None], 0.0)
+
+    def put(
+        self,
+        requests: Sequence[tuple[str, Sequence[str]]],
+        scores: Sequence[Sequence[float]],
+        seconds: float,
+    ) -> None:
+        """Store one chunk's scores (`seconds`: the chunk's model time, shared evenly by its
+        queries) as one file, atomically."""
+        each = seconds / max(len(requests), 1)
+        entries = [
+            {
+                "key": digest([query, list(texts)]),
+                "pairs": [_pair(query, t) for t in texts],
+                "scores": [float(s) for s in values],
+                "seconds": each,
+            }
+            for (query, texts), values in zip(requests, scores, strict=True)
+        ]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = digest([e["key"] for e in entries])
+        atomic_write_text(self.folder / f"{name}.json", json.dumps({"entries": entries}))
+        self._add(entries)
+
+
+class GenerationCache:
+    """The stored answers of one generator setting (`setting`) under `root`."""
+
+    def __init__(self, root: Path, setting: Mapping[str, Any]) -> None:
+        self.folder = Path(root) / "generations" / digest(dict(setting))
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        path = self._path(key)
+        return _read(path) if path.is_file() else None
+
+    def put(self, key: str, answer: Mapping[str, Any]) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(dict(answer), ensure_ascii=False))
+
+
+def prompt_key(question: str, passages: Sequence[Any], arrange: str) -> str:
+    """The key of one generation: the question, its passages best first (title and text) and
+    their arrangement, which with the generator setting make the exact prompt."""
+    return digest([question, [[p.title, p.text] for p in passages], arrange])
