@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 VENV_MIN := .venv-min
 
-.PHONY: install test test-fast test-min lint format demo demo-cis demo-dense student rag rag-select bench clean
+.PHONY: install test test-fast test-min lint format demo demo-cis demo-dense student ship-student check-student which-reranker rag rag-select bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY_BOOT) -m venv $(VENV)
@@ -154,6 +154,22 @@ rag-select: install  ## issue 46 item 3: the CIS grid on questions 0-999 (then R
 			--output $(RAG_OUT)/select-1000-1999; \
 	else echo "choose from $(RAG_OUT)/select-0-999/metrics.json, then: make rag-select RAG_CHOSEN=NAME"; fi
 
+# The shipped student (cisrank/models/shipped/cisrank-student, the `student` reranker) is
+# `make student`'s out/student in float16: `ship-student` writes it (deterministic: the same
+# float32 weights give the same sha256), `check-student` shows that the shipped files are made
+# from out/student, file for file (exit 1 where they are not).
+ship-student: install  ## out/student -> the shipped float16 files of the `student` reranker
+	$(VENV)/bin/cisrank distill ship --student out/student
+check-student: install  ## exit 0 iff the shipped student's files are out/student's, sha256 for sha256
+	$(VENV)/bin/cisrank distill ship --student out/student --check
+
+# README's "Which reranker" table: DL19 and DL21 nDCG@10 of every named reranker (evaluations in
+# out/which, reused when there) and their 100-passage /v1/rerank latency, served side by side.
+which-reranker: install  ## the README's which-reranker table (CIS at depth 100: tens of minutes)
+	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
+	$(VENV)/bin/cisrank models pull all-mpnet-base-v2
+	$(PY) bench/which_reranker.py
+
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py
 	$(PY) bench/cis_engine.py
@@ -163,6 +179,7 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/serve_cis.py --model smollm2-135m-instruct
 	$(PY) bench/context_speed.py
 	$(PY) bench/cross_encoder.py
+	$(PY) bench/peers.py
 	$(PY) bench/retrieval.py
 	$(PY) bench/load.py
 	$(PY) bench/body_admission.py
