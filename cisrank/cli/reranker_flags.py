@@ -63,6 +63,18 @@ class RerankerFlag:
                 default=None,
                 annotation=Annotated[str | None, option],
             )
+        if info.annotation is bool:  # --prior / --no-prior; unset keeps the config's default
+            option = typer.Option(
+                f"{self.name}/--no-{self.name.removeprefix('--')}",
+                help=field_help(self.config, self.field),
+                rich_help_panel=self.panel(role),
+            )
+            return inspect.Parameter(
+                self.field,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[bool | None, option],
+            )
         # Field(ge=..., le=...) as typer's min and max: out of range is the usage error it was.
         bounds = {
             flag: next((getattr(m, bound) for m in info.metadata if hasattr(m, bound)), None)
@@ -110,8 +122,8 @@ def _mapping(value: str | None) -> dict[str, str] | None:
 
 def flaggable(info: FieldInfo) -> bool:
     """Whether a config field can be a flag: str, int, float (a Literal of them, optional or
-    not) or a str mapping."""
-    if is_mapping(info):
+    not), bool (`--x/--no-x`) or a str mapping."""
+    if is_mapping(info) or info.annotation is bool:
         return True
     try:
         cli_type(info)

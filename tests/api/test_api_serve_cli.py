@@ -177,6 +177,8 @@ def test_reranker_options_are_serve_flags(served):
         "models": {"dense": "all-mpnet-base-v2"},
         "estimator": "reverse",
     }
+    cfg, _ = served("--reranker", "cis", "--estimator", "forward", "--no-prior")
+    assert cfg.rerankers["cis"].options == {"estimator": "forward", "prior": False}
     cfg, _ = served("--reranker", "dense", "--query-prefix", "query: ", "--batch-size", "4")
     assert cfg.rerankers["dense"].options == {"query_prefix": "query: ", "batch_size": 4}
     cfg, _ = served("--reranker", "student", "--backend", "torch", "--dtype", "float32")
@@ -224,5 +226,5 @@ def test_serve_help_lists_every_kinds_options_by_kind():
         assert any(kind in p for p in panels), (kind, panels)
     for flag in ("--estimator", "--template", "--reverse-template", "--fuse", "--fusion",
                  "--models", "--backend", "--dtype", "--quantize", "--query-prefix",
-                 "--max-doc-tokens", "--prior-store", "--rrf-k"):  # fmt: skip
+                 "--max-doc-tokens", "--prior-store", "--rrf-k", "--no-prior"):  # fmt: skip
         assert flag in text, flag
