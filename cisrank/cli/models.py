@@ -155,10 +155,10 @@ def _pull(name: str, home: Path | None, find_links: Path | None) -> None:
     from cisrank.models.shipped import shipped_model
 
     if (shipped := shipped_model(name)) is not None:
-        check = require_intact_model(shipped.folder, full=True)
+        intact = require_intact_model(shipped.folder, full=True)
         typer.echo(
             f"{shipped.name} ships with cisrank: nothing to pull ({shipped.folder}, intact: "
-            f"{check.files} files hashed in {check.seconds:.1f} s)"
+            f"{intact.files} files hashed in {intact.seconds:.1f} s)"
         )
         return
 
