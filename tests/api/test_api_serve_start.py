@@ -132,11 +132,14 @@ def test_a_prior_store_damaged_while_served_is_a_500_naming_reranker_and_store(
     from cisrank.rerank.cis import CISReranker
 
     store = tmp_path / "priors.sqlite"
-    spec = {"cis": RerankerSpec(kind="cis", model="m", options={"prior_store": str(store)})}
+    options = {"estimator": "forward", "prior_store": str(store)}
+    spec = {"cis": RerankerSpec(kind="cis", model="m", options=options)}
     body = {"query": "who wrote hamlet", "documents": testing.SAMPLE_SENTENCES[:4]}
 
     def client() -> TestClient:
-        reranker = CISReranker(model=str(tiny_gpt2_dir), prior_store=str(store))
+        reranker = CISReranker(
+            model=str(tiny_gpt2_dir), prior_store=str(store), estimator="forward"
+        )
         app = create_app(ServerConfig(rerankers=spec), rerankers={"cis": reranker}, api_keys=[])
         return TestClient(app, raise_server_exceptions=False)
 
@@ -223,13 +226,14 @@ def test_serve_help_lists_the_real_kinds_and_every_route():
     # --reranker names its choices, and no first stage (serve has none)
     rows = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "300"}).output
     row = next(line for line in rows.splitlines() if line.strip("│ ").startswith("--reranker"))
-    assert "(cis, cross-encoder, dense, hybrid, or package.module:factory" in row, row
+    assert "(cis, cross-encoder, dense, hybrid, student, or package.module:factory" in row, row
     assert "first-stage" not in row and "..." not in row, row
     # the server config's schema (OpenAPI-like docs of `kind`) offers no 'distilled' kind either
     from cisrank.api.config import RerankerSpec
 
     kind_help = RerankerSpec.model_fields["kind"].description or ""
-    assert "(cis, cross-encoder, dense, hybrid;" in kind_help and "distilled," not in kind_help
+    assert "(cis, cross-encoder, dense, hybrid, student:" in kind_help
+    assert "distilled," not in kind_help
 
 
 def test_a_damaged_pulled_model_refuses_the_start(tmp_path, monkeypatch):

@@ -285,7 +285,8 @@ def test_a_damaged_prior_store_is_an_error_naming_it(
 
     passages = tmp_path / "passages.jsonl"
     passages.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in ROWS))
-    args = ["rerank", "--reranker", "cis", "--model", str(tiny_gpt2_dir), "--query", QUERY]
+    args = ["rerank", "--reranker", "cis", "--estimator", "forward", "--model", str(tiny_gpt2_dir)]
+    args += ["--query", QUERY]
     args += ["--passages", str(passages), "--prior-store", str(store)]
     code, output = cli(monkeypatch, capsys, *args)
     assert code == 2 and "Traceback" not in output, output

@@ -47,7 +47,7 @@ def corpus(tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def ref(tiny_gpt2_dir) -> CISReranker:
     """The reranker built independently of the job (no store: priors in its memory cache)."""
-    return CISReranker(str(tiny_gpt2_dir))
+    return CISReranker(str(tiny_gpt2_dir), estimator="forward")
 
 
 def _stored(store_path: Path, reranker: CISReranker, texts: list[str]) -> list[tuple[float, int]]:
@@ -114,8 +114,8 @@ def test_reranker_uses_the_store_as_is(tmp_path, corpus, tiny_gpt2_dir, monkeypa
     for template, normalize in (("qa", "sum"), ("plain", "mean")):  # neither enters the key
         with_store = CISReranker(
             str(tiny_gpt2_dir), template=template, normalize=normalize, prior_store=store
-        )
-        without = CISReranker(template=template, normalize=normalize, engine=with_store.engine)
+        , estimator="forward")
+        without = CISReranker(template=template, normalize=normalize, engine=with_store.engine, estimator="forward")
         expected = without.score(QUERY, CONTENTS)
         prefixes.clear()
         got = with_store.score(QUERY, CONTENTS)
@@ -190,7 +190,7 @@ def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, 
     assert "kind      prior" in res.output and f"{len(ROWS)} passages" in res.output
     assert "priors    " in res.output and "dim " not in res.output
     data = json.loads(runner.invoke(app, ["index", "info", str(out), "--json"]).stdout)
-    short = CISReranker(max_doc_tokens=6, engine=ref.engine)  # truncation is part of the key
+    short = CISReranker(max_doc_tokens=6, engine=ref.engine, estimator="forward")  # truncation is part of the key
     keys = {passage_key(d) for d in short.passage_ids(CONTENTS)}
     assert data["params"]["max_doc_tokens"] == 6
     assert data["model"]["store_fingerprint"] == short.store_fingerprint
@@ -209,7 +209,8 @@ def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, 
             for r, c in zip(ROWS, CONTENTS, strict=True)
         )
     )
-    rerank = ["rerank", "-r", "cis", "--query", QUERY, "--passages", str(passages), "--json"]
+    rerank = ["rerank", "-r", "cis", "--estimator", "forward", "--query", QUERY]
+    rerank += ["--passages", str(passages), "--json"]
     res = runner.invoke(app, [*rerank, *model, "--template", "qa", "--prior-store", str(store)])
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)["results"]) == len(ROWS)
@@ -263,8 +264,8 @@ def test_a_backend_keeps_its_own_priors_that_its_reranker_finds(
     res = runner.invoke(app, [*build, *model, "--backend", "onnx", "--dtype", "float32"])
     assert res.exit_code == 0, res.output
     assert read_manifest(out).params["backend"] == "onnx"
-    onnx = CISReranker(str(tiny_llama_dir), backend="onnx", dtype="float32")
-    exact = CISReranker(str(tiny_llama_dir), backend="torch")
+    onnx = CISReranker(str(tiny_llama_dir), backend="onnx", dtype="float32", estimator="forward")
+    exact = CISReranker(str(tiny_llama_dir), backend="torch", estimator="forward")
     assert onnx.store_fingerprint != exact.store_fingerprint
     found = PriorStore(out / PRIOR_FILE)
     keys = [passage_key(d) for d in onnx.passage_ids(CONTENTS)]

@@ -59,7 +59,7 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
     # and the reranker reads them from the table (no prior computed)
     dataset = load_folder(dl19_dir)
     qid = dataset.qids[0]
-    reranker = CISReranker(model, max_doc_tokens=MAX_DOC, prior_store=str(tmp_path / "ray"))
+    reranker = CISReranker(model, max_doc_tokens=MAX_DOC, prior_store=str(tmp_path / "ray"), estimator="forward")
     reranker.score(dataset.topics[qid], [h.text for h in dataset.candidates[qid][:20]])
     assert reranker.prior_store.stats() == {"hits": 20, "misses": 0}
 
@@ -69,7 +69,7 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
         res = CliRunner().invoke(
             app,
             ["eval", "trec-dl19", "--data-dir", str(dl19_dir), "--reranker", "cis",
-             "--model", model, "--max-doc-tokens", str(MAX_DOC), "--prior-store", str(store),
+             "--estimator", "forward", "--model", model, "--max-doc-tokens", str(MAX_DOC), "--prior-store", str(store),
              "--depth", "20", "--json", "-q", "--output", str(out)],
         )  # fmt: skip
         assert res.exit_code == 0, res.output

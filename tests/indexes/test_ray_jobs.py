@@ -127,16 +127,16 @@ def test_the_parquet_table_gives_the_cis_scores_of_the_sqlite_store(
     local_prior, ray_prior, tiny_gpt2_dir, tmp_path
 ):
     passages = TEXTS[:12]
-    by_store = CISReranker(str(tiny_gpt2_dir), prior_store=str(local_prior / PRIOR_FILE))
+    by_store = CISReranker(str(tiny_gpt2_dir), prior_store=str(local_prior / PRIOR_FILE), estimator="forward")
     want = by_store.score(QUERY, passages)
     for spec in (ray_prior / TABLE_FILE, ray_prior):  # the file, or the prior index folder
-        r = CISReranker(str(tiny_gpt2_dir), prior_store=str(spec))
+        r = CISReranker(str(tiny_gpt2_dir), prior_store=str(spec), estimator="forward")
         assert isinstance(r.prior_store, TieredPriors)
         assert r.score(QUERY, passages) == want  # identical, not close: the same stored values
         assert r.prior_store.stats() == {"hits": 12, "misses": 0}
     # A table plus a SQLite file: ad-hoc passages go to the file, the table stays as it was.
     cache = tmp_path / "adhoc.sqlite"
-    r = CISReranker(str(tiny_gpt2_dir), prior_store=f"{ray_prior / TABLE_FILE},{cache}")
+    r = CISReranker(str(tiny_gpt2_dir), prior_store=f"{ray_prior / TABLE_FILE},{cache}", estimator="forward")
     adhoc = ["an ad hoc passage about the weather"]
     r.score(QUERY, [*passages[:2], *adhoc])
     assert r.prior_store.stats() == {"hits": 2, "misses": 1}
@@ -148,7 +148,7 @@ def test_a_damaged_table_is_an_error_naming_it_never_a_wrong_score(
     local_prior, ray_prior, tiny_gpt2_dir, tmp_path
 ):
     good = (ray_prior / TABLE_FILE).read_bytes()
-    r = CISReranker(str(tiny_gpt2_dir), prior_store=str(ray_prior))
+    r = CISReranker(str(tiny_gpt2_dir), prior_store=str(ray_prior), estimator="forward")
     want = r.score(QUERY, TEXTS)
     bad, errors = tmp_path / TABLE_FILE, 0
     for pos in range(8, len(good) - 8, len(good) // 24):  # a flipped bit anywhere in the file

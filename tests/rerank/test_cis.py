@@ -106,11 +106,20 @@ def test_without_the_prior_it_ranks_by_log_p_k_given_q_alone(refs, tmp_path):
     path, ref, tok = refs["llama"]
     exp = [brute(ref, tok, TEMPLATES["qa"], QUERY, k) for k in PASSAGES]
     store = PriorStore(tmp_path / "priors.sqlite")
-    r = CISReranker(str(path), template="qa", prior=False, prior_store=store, device="cpu")
+    r = CISReranker(
+        str(path), template="qa", prior=False, prior_store=store, device="cpu", estimator="forward"
+    )
     got = r.score_batch([(QUERY, PASSAGES), (QUERY, [])])
     assert np.abs(np.array(got[0]) - [e[0] for e in exp]).max() <= TOL and got[1] == []
     assert store.count() == 0  # no log p(K) was computed for it
-    mean = CISReranker(str(path), template="qa", prior=False, normalize="mean", engine=r.engine)
+    mean = CISReranker(
+        str(path),
+        template="qa",
+        prior=False,
+        normalize="mean",
+        engine=r.engine,
+        estimator="forward",
+    )
     want = [e[0] / e[2] for e in exp]
     assert np.abs(np.array(mean.score(QUERY, PASSAGES)) - want).max() <= TOL / 10
     both = CISReranker(str(path), template="qa", estimator="both", prior=False, engine=r.engine)
@@ -122,7 +131,7 @@ def test_without_the_prior_it_ranks_by_log_p_k_given_q_alone(refs, tmp_path):
     # a distillation teacher without the prior teaches log p(K|Q), not CIS
     from cisrank.distill.teachers import load_teacher
 
-    teacher = load_teacher("cis", str(path), template="qa", prior=False)
+    teacher = load_teacher("cis", str(path), template="qa", prior=False, estimator="forward")
     taught = teacher.score("q", QUERY, [str(i) for i in range(len(PASSAGES))], PASSAGES)
     assert np.abs(np.array(taught.score) - [e[0] for e in exp]).max() <= TOL
 

@@ -15,7 +15,11 @@ from cisrank.rerank.spec import RerankerSpec, parse_specs, read_specs
 GOOD = {
     "first-stage": {"kind": "none"},
     "mini": {"kind": "dense", "model": "all-MiniLM-L6-v2"},
-    "cis-no-prior": {"kind": "cis", "model": "m", "options": {"template": "qa", "prior": False}},
+    "cis-no-prior": {
+        "kind": "cis",
+        "model": "m",
+        "options": {"estimator": "forward", "template": "qa", "prior": False},
+    },
     "hybrid": {"kind": "hybrid", "model": "m", "options": {"fuse": "cis:0.3,dense:0.7"}},
     "custom": {"kind": "my.module:factory", "options": {"anything": 1}},
 }
@@ -39,7 +43,7 @@ def test_a_server_configs_rerankers_are_the_same_schema(tmp_path):
     ("entry", "needle"),
     [
         ({"kind": "nope"}, "unknown reranker 'nope'"),
-        ({"kind": "cis", "options": {"estimatr": "reverse"}}, "unknown CIS reranker option(s)"),
+        ({"kind": "cis", "options": {"estimatr": "reverse"}}, "--estimatr: not options"),
         ({"kind": "cis", "options": {"estimator": "sideways"}}, "estimator"),
         ({"kind": "cis", "options": {"estimator": "reverse", "prior": False}}, "no prior term"),
         ({"kind": "hybrid", "options": {"fuse": "cis:x"}}, "--fuse"),
