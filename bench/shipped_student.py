@@ -67,7 +67,9 @@ def main() -> None:
         for label, model in weights.items():
             started = time.perf_counter()
             reranker = load_reranker("cross-encoder", model, **BACKENDS[backend])
-            rows[backend][label] = {d: ndcg10(reranker, ds, args.depth) for d, ds in datasets.items()}
+            rows[backend][label] = {
+                d: ndcg10(reranker, ds, args.depth) for d, ds in datasets.items()
+            }
             took = time.perf_counter() - started
             print(f"{backend:14s} {label:18s} {rows[backend][label]}  ({took:.0f} s)", flush=True)
     print(f"\nCPU flags {machine_info()['cpu_flags']}; BM25 top {args.depth}")

@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out/which"), help="evaluation folders")
     ap.add_argument("--only", action="append", help="rerankers to include (default: all)")
     ap.add_argument("--no-eval", action="store_true", help="latency only")
+    ap.add_argument("--evals-only", action="store_true", help="the evaluations only (no server)")
     add_tag_option(ap)
     args = ap.parse_args()
     names = args.only or list(RERANKERS)
@@ -101,6 +102,10 @@ def main() -> None:
     if not args.no_eval:
         for name in names:
             figures[name] = {d: ndcg10(evaluate(name, d, args.out)) for d in DATASETS}
+    if args.evals_only:
+        for name, by in figures.items():
+            print(name, {d: round(v, 4) for d, v in by.items()})
+        return
     requests = dl19_requests(dl19_dir(), 100)[: args.requests]
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     seconds: dict[str, list[float]] = {n: [] for n in names}

@@ -33,7 +33,16 @@ cross-validation over families of fusions, the family with the best held-out nDC
 all of DL21): linear min-max, CIS 0.3 and the dense bi-encoder 0.7 (bench/RESULTS.md, 'A stronger
 bi-encoder: all-mpnet-base-v2', hybrid_select_d20_minilm.json)."""
 
-CPU_BATCH_SIZE = 8
+CPU_BATCH_SIZE = {"torch": 32, "onnx": 8}
+"""Cross-encoder pairs per model batch on a CPU, by runtime (bench/RESULTS.md, "The
+cross-encoder's batch on a CPU", bench/cross_encoder_batch.py): pairs sorted by length pad little
+at any size, so the choice is about the runtime. torch at 32 never trails sentence-transformers'
+CrossEncoder.rank on the same weights: 1.12x in float32 and 3.19x in bf16 on a quiet 2-core
+AVX-512 host, 1.05-1.19x in float32 with the other core busy, where 8 pairs fell to 0.70x (each
+batch is a sync point of torch's threads, and a busy core stalls every one). ONNX Runtime's
+dynamic int8 does best with small batches (8 pairs 2.82x the peer quiet, 32 pairs 1.69x); 8 also
+keeps its scores those of every int8 figure recorded, since int8 activation scales are taken per
+batch."""
 GPU_BATCH_SIZE = 128
 """Cross-encoder pairs per model batch when unset: small on CPU (less padding), large on GPU."""
 
@@ -180,7 +189,8 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     batch_size: int | None = Field(
         default=None,
         ge=1,
-        description=f"Pairs per model batch; {CPU_BATCH_SIZE} on CPU (less padding), "
+        description=f"Pairs per model batch; on a CPU {CPU_BATCH_SIZE['torch']} with torch and "
+        f"{CPU_BATCH_SIZE['onnx']} with onnx (measured, bench/RESULTS.md), "
         f"{GPU_BATCH_SIZE} on GPU when unset.",
     )
     max_length: int | None = Field(

@@ -524,7 +524,8 @@ class CrossEncoderReranker(BaseReranker):
         else:
             self._init_torch()
         on_gpu = self.device.type == "cuda"
-        self.batch_size = self.config.batch_size or (GPU_BATCH_SIZE if on_gpu else CPU_BATCH_SIZE)
+        cpu_batch = CPU_BATCH_SIZE["onnx" if self.onnx is not None else "torch"]
+        self.batch_size = self.config.batch_size or (GPU_BATCH_SIZE if on_gpu else cpu_batch)
         self._input_names = model_input_names(self.tokenizer)
         self._pads = _Pads(self.tokenizer)
         # Capabilities: the tokenizer the pairs are read with, and their truncation length.
