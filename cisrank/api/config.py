@@ -102,6 +102,27 @@ class Limits(ComponentConfig):
         description="A request body not fully received this long after its headers gets 408 and "
         "its connection is closed: a stalled or trickling client cannot hold a connection.",
     )
+    max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="Bytes of a request's head (request line and headers) `cisrank serve` reads; "
+        "a larger head gets 431 and its connection is closed (cisrank.api.http_protocol).",
+    )
+    max_headers: int = _count(100, "Header lines of one request; more get 431.")
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request head not complete this long after its connection opened (or after "
+        "the first byte of a following request) gets 408 and the connection is closed; a "
+        "connection that sent nothing by then is closed.",
+    )
+    max_connections: int | None = _count(
+        None,
+        "Connections one server process holds; one more is answered 503 with Retry-After and "
+        "closed at once. Default and ceiling: the descriptor limit (ulimit -n) less the accept "
+        "backlog and 128 descriptors kept for files, so the process never runs out of them.",
+    )
 
 
 class BatchingConfig(ComponentConfig):
