@@ -25,8 +25,10 @@ the causal LM's for context and generation), on a thread of its own, never the m
 
 The lower bound: a token never spans two words (checked once per tokenizer, over its whole
 vocabulary), so a text has at least as many tokens as runs of characters between ASCII
-whitespace; and no token is longer than the vocabulary's longest, so at least its characters
-over that. Where the vocabulary has a token spanning two words the first bound is not used.
+whitespace (and control characters, which normalizers drop); and no token is longer than the
+vocabulary's longest, so a text has at least its characters over that many tokens. The first is
+not used where the vocabulary has a token spanning two words, the second where the model has an
+unknown token (WordPiece: a whole unknown word, however long, is one `[UNK]`).
 
 A reranker without a fast tokenizer (a custom factory) is costed by an upper bound instead: the
 text's UTF-8 bytes, exact for no tokenizer but never below the tokens of a byte-level BPE
@@ -56,8 +58,9 @@ WINDOW_MARGIN = 16
 text: a BPE merge reaches across at most a few tokens of one word (pieces are split at word
 boundaries before merging)."""
 
-_WHITESPACE = bytes(0x20 if chr(c).isspace() else 0x78 for c in range(128)) + b"x" * 128
-"""A translation table: ASCII whitespace to b" ", every other byte to b"x"."""
+_WHITESPACE = bytes(0x20 if c < 0x21 or c == 0x7F else 0x78 for c in range(128)) + b"x" * 128
+"""A translation table: ASCII whitespace and control characters (which normalizers drop) to
+b" ", every other byte to b"x"."""
 
 
 def utf8_bytes(text: str) -> int:
@@ -66,7 +69,8 @@ def utf8_bytes(text: str) -> int:
 
 
 def word_runs(text: str) -> int:
-    """Runs of characters between ASCII whitespace, at C speed (no list of words is built)."""
+    """Runs of characters between ASCII whitespace and control characters, at C speed (no list
+    of words is built)."""
     marks = text.encode("utf-8", "surrogatepass").translate(_WHITESPACE)
     return marks.count(b" x") + (marks[:1] == b"x")
 
@@ -95,9 +99,10 @@ class Measured:
     cut: int = 0
 
 
-def _vocabulary_facts(tokenizer: Any) -> tuple[int, bool]:
+def _vocabulary_facts(tokenizer: Any) -> tuple[int | None, bool]:
     """(the longest token in characters, whether some token spans two words) of a
-    `tokenizers.Tokenizer`, from the decoded text of every token of its vocabulary."""
+    `tokenizers.Tokenizer`, from the decoded text of every token of its vocabulary; no longest
+    where the model has an unknown token (a whole unknown word of any length is one token)."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     longest, spans = 1, False
     for start in range(0, size, 8192):
@@ -106,6 +111,9 @@ def _vocabulary_facts(tokenizer: Any) -> tuple[int, bool]:
             longest = max(longest, len(text))
             if not spans and len(text.split()) > 1:
                 spans = True
+    model = tokenizer.model
+    if getattr(model, "unk_token", None) is not None or getattr(model, "unk_id", None) is not None:
+        return None, spans
     return longest, spans
 
 
@@ -115,7 +123,7 @@ class TokenCounter:
     def __init__(self, tokenizer: Any | None, name: str) -> None:
         self.name = name
         self._tok: Any | None = None
-        self.longest_token = 1
+        self.longest_token: int | None = None
         self._words_bound = False
         if tokenizer is not None:
             from tokenizers import Tokenizer
@@ -148,7 +156,7 @@ class TokenCounter:
         longest = self.longest_token
         out = []
         for text in texts:
-            bound = math.ceil(len(text) / longest)
+            bound = math.ceil(len(text) / longest) if longest else 1
             if self._words_bound:
                 bound = max(bound, word_runs(text))
             out.append(max(1, bound))
