@@ -168,7 +168,7 @@ def test_a_rerank_costs_its_tokens_not_its_characters(cis, bpe):
     r = client.post("/v1/rerank", json={"query": QUESTION, "documents": astral})
     assert r.status_code == 422 and r.json()["fields"][0]["field"] == "documents", r.text
     q = _tokens(bpe, QUESTION)
-    expected = sum(q + _tokens(bpe, d) for d in astral)  # 4 x (9 + 800)
+    expected = sum(q + _tokens(bpe, d) for d in astral)  # 4 x (14 + 800)
     assert f"cost {expected} tokens" in r.json()["message"], r.text
 
 
