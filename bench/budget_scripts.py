@@ -129,7 +129,7 @@ def main() -> None:
         model_calls.append((tokens, seconds))
         observe(tokens, seconds)
 
-    scorer.observe_work = recording  # type: ignore[method-assign]
+    scorer.observe_work = recording
     query = "Who wrote the play about the prince of Denmark, and when?"
     rng = random.Random(48)
     q_tokens = counter.measure_slice([query]).counts[0]

@@ -126,6 +126,27 @@ def _response(status: int, reason: str, error: str, message: str, extra: str = "
     return head.encode("latin-1") + body
 
 
+class _RefusalLog:
+    """One warning for a run of refused connections, at most every `every_s` seconds, with the
+    count since the last: a flood of thousands must not become thousands of log lines."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.last = -float("inf")
+        self.suppressed = 0
+
+    def __call__(self, logger: logging.Logger, now: float, message: str) -> None:
+        if now - self.last < self.every_s:
+            self.suppressed += 1
+            return
+        more = f" (and {self.suppressed} more since the last warning)" if self.suppressed else ""
+        logger.warning("connection refused (503): %s%s", message, more)
+        self.last, self.suppressed = now, 0
+
+
+_refusals = _RefusalLog()
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded head, a head deadline and a connection cap.
     Its limits are `limits` (a subclass made by `with_limits`), else those of the server config
@@ -200,7 +221,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 f"the server holds {len(self.connections)} connections, its limit: retry later"
             )
             extra = f"retry-after: {self.guard.retry_after_s}\r\n"
-            self.logger.warning("connection refused (503): %s", message)
+            _refusals(self.logger, self.loop.time(), message)
             self._refuse(_response(503, "Service Unavailable", "overloaded", message, extra))
             return
         super().connection_made(transport)
