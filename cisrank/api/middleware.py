@@ -101,6 +101,7 @@ class BodyLimitMiddleware(HttpMiddleware):
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        chunks.clear()  # the joined copy is what is replayed: the pieces would double it
         replayed = False
 
         async def replay() -> Message:

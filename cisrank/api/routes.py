@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
@@ -184,9 +185,14 @@ class _ParsedRequest(Request):
 
 
 OFF_LOOP_BYTES = 256 * 1024
-"""Bodies larger than this are read (decoded, parsed, checked) in a worker thread: about 10 ms
+"""Bodies larger than this are read (decoded, parsed, checked) in the body thread: about 10 ms
 of work per MB, which on the event loop would stall every other request and `/healthz` for as
 long (a 16 MB body, a quarter of a second)."""
+
+_BODY_THREAD = ThreadPoolExecutor(1, thread_name_prefix="cisrank-body")
+"""One thread reads the large bodies, one at a time: parsing holds the GIL, so more threads would
+not read faster, only hold more bodies' transient copies (text, parse, checks: several times a
+body) at once, in more allocator arenas."""
 
 
 class JsonBodyRoute(APIRoute):
@@ -206,7 +212,10 @@ class JsonBodyRoute(APIRoute):
             content_type = request.headers.get("content-type")
             try:
                 if len(raw) > OFF_LOOP_BYTES:
-                    value = await asyncio.to_thread(read_json_body, raw, content_type)
+                    loop = asyncio.get_running_loop()
+                    value = await loop.run_in_executor(
+                        _BODY_THREAD, read_json_body, raw, content_type
+                    )
                 else:
                     value = read_json_body(raw, content_type)
             except BodyError as exc:
