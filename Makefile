@@ -183,6 +183,9 @@ bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with mach
 	$(PY) bench/retrieval.py
 	$(PY) bench/load.py
 	$(PY) bench/body_admission.py
+	$(PY) bench/body_admission.py --chunked
+	$(PY) bench/budget_scripts.py --model smollm2-135m-instruct
+	$(PY) bench/hostile.py
 	$(PY) bench/soak.py
 	$(PY) bench/ray_jobs.py
 

@@ -16,7 +16,9 @@ field out of its limits or holding a lone surrogate (the body names it), 503 + R
 loading, when the queue, the reranker's cost budget or the in-flight body bytes
 (`max_inflight_body_bytes`) are full, a request timed out, or the server stopped before answering
 it (SIGTERM past `graceful_timeout_s`). Bugs and server faults are 500, logged, never raised into
-the server, and never carry a server path.
+the server, and never carry a server path. Before a request reaches the app, `cisrank serve`'s
+connection protocol (`cisrank.api.http_protocol`) answers a head over its limits 431, a head not
+complete by its deadline 408, and a connection over the cap 503 + Retry-After.
 """
 
 from __future__ import annotations

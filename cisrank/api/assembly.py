@@ -12,13 +12,14 @@ prompt as `cisrank context` gives for the same inputs. What the API adds are the
 - validation and limits before any model work: the query, the documents (count and characters,
   `Limits`; an id of at most `limits.max_id_chars`), the template, its document format and its
   fields (each at most `limits.max_query_chars`; `question` and `documents` are reserved), the
-  noise, and the request's estimated cost: the characters of every prompt it will score, counted
-  exactly from the template without rendering it (every reference of a field, the document
-  format's repetitions of `{text}`, `{title}` and `{id}`, the separators), tokens ~ characters / 4,
-  against `limits.max_request_cost`, and each prompt's characters against the model's context
-  (`MAX_CHARS_PER_TOKEN` per position): 422 naming the field that makes most of the prompt, before
-  anything is rendered or tokenized (a `document_format` of `{text}` x 100 rendered 1.8M tokens
-  before this check counted it);
+  noise, each prompt's characters against the model's context (`MAX_CHARS_PER_TOKEN` per
+  position), counted exactly from the template without rendering it (every reference of a field,
+  the document format's repetitions of `{text}`, `{title}` and `{id}`, the separators), and the
+  request's cost: the model's tokens of every prompt it will score (`prompt_tokens`: each distinct
+  text counted once with the model's tokenizer off the model thread, then summed with every
+  repetition), against `limits.max_request_cost`: 422 naming the field that makes most of the
+  prompt, before anything is rendered (a `document_format` of `{text}` x 100 rendered 1.8M
+  tokens before this check counted it);
 - the model thread: the reranker's causal LM (its declared `causal_lm`) is not thread-safe and is
   busy with rerank batches, so every step that touches the tokenizer or the model runs in that
   reranker's one model thread (`ModelThread.run`), admitted like a rerank request
@@ -51,11 +52,10 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cisrank.api.batching import estimate_tokens
 from cisrank.api.model_thread import FieldFault
 from cisrank.api.schemas import (
     ContextCandidate,
@@ -70,8 +70,9 @@ from cisrank.api.schemas import (
     NoiseOut,
     RerankChoice,
 )
-from cisrank.api.service_errors import BackendFailed, InvalidField
+from cisrank.api.service_errors import BackendFailed, ClientGone, InvalidField, TimedOut
 from cisrank.api.serving import Serving
+from cisrank.api.token_count import CountCancelled, OverBudget, TokenCounter
 from cisrank.data.types import Passage, rank_order
 from cisrank.errors import CisrankError, DataError
 
@@ -162,16 +163,21 @@ def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> Context
 
 
 @functools.lru_cache(maxsize=256)
-def _shape(fmt: str) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """(literal characters, (field name, references) ...) of a format string, as `str.format`
+def _shape(fmt: str) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """(literal pieces, (field name, references) ...) of a format string, as `str.format`
     renders it (`{{` is one character)."""
-    literal = 0
+    literal: list[str] = []
     refs: Counter[str] = Counter()
     for text, name, _, _ in string.Formatter().parse(fmt):
-        literal += len(text)
+        if text:
+            literal.append(text)
         if name is not None:
             refs[name] += 1
-    return literal, tuple(refs.items())
+    return tuple(literal), tuple(refs.items())
+
+
+Measure = Callable[[str], int]
+"""What a text costs: its characters (`len`) or its tokens."""
 
 
 def _digits(n: int) -> int:
@@ -186,13 +192,15 @@ def _digits(n: int) -> int:
 
 @dataclass(frozen=True)
 class PromptSize:
-    """The characters of one rendered prompt, by what put them there (`parts`: field to blame ->
-    characters), counted from the template without rendering it."""
+    """The size of one rendered prompt, by what put it there (`parts`: field to blame -> size),
+    counted from the template without rendering it: in characters, or in tokens (each part
+    counted alone: within a token or two per part of the rendered prompt's count)."""
 
     parts: dict[str, int]
 
     @property
     def chars(self) -> int:
+        """The total (in characters, or tokens where measured so)."""
         return sum(self.parts.values())
 
     @property
@@ -202,60 +210,55 @@ class PromptSize:
 
 
 def prompt_size(
-    template: ContextTemplate, query: str, passages: Sequence[Passage], custom_format: bool
+    template: ContextTemplate,
+    query: str,
+    passages: Sequence[Passage],
+    custom_format: bool,
+    measure: Measure = len,
 ) -> PromptSize:
-    """What `template.render(query, passages)` would write, in characters, without writing it:
-    every reference of every field counted (a field named 100 times counts 100 times), the
-    document format's references to each passage's `{text}`, `{title}`, `{id}` and `{index}`,
-    and the separators. The passages (each in the template's own document format) are
-    `documents`; what a custom document format adds (its text, repetitions, ids) is
-    `document_format`."""
+    """What `template.render(query, passages)` would write, in characters (or in what `measure`
+    counts: tokens), without writing it: every reference of every field counted (a field named
+    100 times counts 100 times), the document format's references to each passage's `{text}`,
+    `{title}`, `{id}` and `{index}`, and the separators. The passages (each in the template's
+    own document format) are `documents`; what a custom document format adds (its text,
+    repetitions, ids) is `document_format`."""
     parts: Counter[str] = Counter()
     literal, refs = _shape(template.text)
-    parts["template"] += literal
+    parts["template"] += sum(measure(piece) for piece in literal)
     for name, count in refs:
         if name == "question":
-            parts["query"] += count * len(query)
+            parts["query"] += count * measure(query)
         elif name == "documents":
-            parts.update(
-                {
-                    k: count * v
-                    for k, v in _documents_size(template, passages, custom_format).items()
-                }
-            )
+            sizes = _documents_size(template, passages, custom_format, measure)
+            parts.update({k: count * v for k, v in sizes.items()})
         else:
-            parts[f"fields.{name}"] += count * len(template.fields.get(name, ""))
+            parts[f"fields.{name}"] += count * measure(template.fields.get(name, ""))
     return PromptSize(dict(parts))
 
 
 def _documents_size(
-    template: ContextTemplate, passages: Sequence[Passage], custom_format: bool
+    template: ContextTemplate, passages: Sequence[Passage], custom_format: bool, measure: Measure
 ) -> Counter[str]:
-    """The characters of the rendered passages, by field to blame (see `prompt_size`)."""
+    """The size of the rendered passages, by field to blame (see `prompt_size`); `{index}` is
+    counted in digits, at least its tokens."""
     out: Counter[str] = Counter()
     n = len(passages)
     if n == 0:
         return out
     literal, refs = _shape(template.document)
     fmt = "document_format" if custom_format else "documents"
-    out[fmt] += n * literal + (n - 1) * len(template.separator)
-    texts = sum(len(p.text) for p in passages)
-    titles = sum(len(p.title) for p in passages)
-    ids = sum(len(p.docid) for p in passages)
-    for name, count in refs:
+    out[fmt] += n * sum(measure(piece) for piece in literal)
+    out[fmt] += (n - 1) * measure(template.separator)
+    for name, count in refs:  # only what the format names is measured
         if name in ("text", "title"):
-            total = texts if name == "text" else titles
+            total = sum(measure(p.text if name == "text" else p.title) for p in passages)
             out["documents"] += total
             out[fmt] += (count - 1) * total
         elif name == "id":
-            out[fmt] += count * ids
+            out[fmt] += count * sum(measure(p.docid) for p in passages)
         elif name == "index":
             out[fmt] += count * _digits(n)
     return out
-
-
-def _tokens(size: PromptSize) -> int:
-    return estimate_tokens(size.chars)
 
 
 def _check_prompt(size: PromptSize, engine: CausalLMEngine) -> None:
@@ -273,37 +276,106 @@ def _check_prompt(size: PromptSize, engine: CausalLMEngine) -> None:
     )
 
 
-def request_cost(
+def context_shapes(
     body: ContextRequest,
     template: ContextTemplate,
     passages: Sequence[Passage],
     noise: Sequence[Passage],
-    engine: CausalLMEngine,
-) -> tuple[int, int, str]:
-    """(prompts to score, their estimated tokens, the field that makes most of them): the
-    search prompts, the final prompt (with the noise), and with `pmi` the prompt without
-    passages. Each prompt is checked against the model's context first (`_check_prompt`)."""
+    k: int | None = None,
+) -> Callable[[Measure], list[PromptSize]]:
+    """The prompts a context request scores, for `prompt_tokens`: the search prompts, the final
+    prompt (with the noise), and with `pmi` the prompt without passages; over `k` of the
+    passages where a ranking picks them (those whose prompts cost most: `costliest`)."""
     from cisrank.context import search_orders
 
     custom = body.document_format is not None
-    searched = len(search_orders(body.arrange, len(passages), body.shuffles, body.seed))
-    sizes = [prompt_size(template, body.query, passages, custom)] * searched
-    sizes.append(prompt_size(template, body.query, [*noise, *passages], custom))
-    if body.pmi:
-        sizes.append(prompt_size(template, body.query, [], custom))
-    return len(sizes), *_total(sizes, engine)
+    n = len(passages) if k is None else k
+    searched = len(search_orders(body.arrange, n, body.shuffles, body.seed))
+
+    def shapes(measure: Measure) -> list[PromptSize]:
+        chosen = (
+            list(passages)
+            if k is None
+            else costliest(template, body.query, passages, k, custom, measure)
+        )
+        sizes = [prompt_size(template, body.query, chosen, custom, measure)] * searched
+        sizes.append(prompt_size(template, body.query, [*noise, *chosen], custom, measure))
+        if body.pmi:
+            sizes.append(prompt_size(template, body.query, [], custom, measure))
+        return sizes
+
+    return shapes
 
 
-def _total(sizes: Sequence[PromptSize], engine: CausalLMEngine) -> tuple[int, str]:
-    """The estimated tokens of all `sizes` and the field that makes most of them, each prompt
-    checked against the model's context."""
+def _total(sizes: Sequence[PromptSize]) -> tuple[int, str]:
+    """The size of all `sizes` together and the field that makes most of it."""
     parts: Counter[str] = Counter()
-    for size in {id(s): s for s in sizes}.values():  # a repeated prompt is checked once
-        _check_prompt(size, engine)
     for size in sizes:
         parts.update(size.parts)
-    cost = sum(_tokens(size) for size in sizes)
-    return cost, max(parts, key=lambda k: parts[k]) if parts else "documents"
+    return sum(parts.values()), max(parts, key=lambda k: parts[k]) if parts else "documents"
+
+
+class _Recorder:
+    """A `Measure` of characters that remembers every text it measured."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, None] = {}
+
+    def __call__(self, text: str) -> int:
+        if text:
+            self.texts[text] = None
+        return len(text)
+
+
+async def prompt_tokens(
+    shapes: Callable[[Measure], list[PromptSize]],
+    engine: CausalLMEngine,
+    counter: TokenCounter,
+    budget: int,
+    timeout: float,
+    cancel: threading.Event | None = None,
+) -> tuple[list[PromptSize], int, str]:
+    """The prompts `shapes` describes, in the model's tokens (`cisrank.api.token_count`):
+    (each prompt's size, their total, the field that makes most of it).
+
+    First in characters, which refuses a prompt that cannot fit the context before anything is
+    tokenized (`_check_prompt`); then every distinct text the prompts are made of (the query,
+    each passage's text, title and id, the fields, the template's and the document format's
+    literal text, the separator) is counted once, off the model thread, in slices, stopped as
+    soon as the texts alone pass `budget` (each is in some prompt at least once): no more than
+    one budget's worth of counting before a refusal. The prompts' tokens are then summed from
+    those counts, every repetition of a text counted (a text counted alone is within a token or
+    two of its share of a rendered prompt)."""
+    recorder = _Recorder()
+    in_chars = shapes(recorder)
+    for size in {id(s): s for s in in_chars}.values():  # a repeated prompt is checked once
+        _check_prompt(size, engine)
+    texts = list(recorder.texts)
+    try:
+        async with asyncio.timeout(timeout):
+            measured = await counter.measure(texts, budget=budget, cancel=cancel)
+    except CountCancelled:
+        raise ClientGone("the client closed the connection before the answer") from None
+    except TimeoutError:
+        raise TimedOut(
+            f"not counted within {timeout:g} s: the server is overloaded, retry later"
+        ) from None
+    except OverBudget as exc:
+        _, culprit = _total(in_chars)
+        raise InvalidField(
+            culprit,
+            f"cost at least {exc.cost} {counter.unit} (the texts of the prompts this request "
+            f"scores, each counted once; most of them from {culprit}) is over the limit of "
+            f"{budget}: send fewer or shorter documents, or a cheaper arrangement",
+        ) from None
+    tokens = dict(zip(texts, measured.counts, strict=True))
+
+    def measure(text: str) -> int:
+        return tokens[text] if text else 0
+
+    sizes = shapes(measure)
+    cost, culprit = _total(sizes)
+    return sizes, cost, culprit
 
 
 def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
@@ -400,23 +472,31 @@ def _generate(
 
 @dataclass(frozen=True)
 class RerankPlan:
-    """A request's `rerank`, before any work: the served reranker, its estimated cost (its
-    pairs, as a rerank request's), how many documents go on, and the `k` documents whose
-    prompts would cost most, which bound the request's cost while the ranking is unknown."""
+    """A request's `rerank`, before any work: the served reranker, the tokens of each (query,
+    document) pair it ranks (counted as a rerank request's), and how many documents go on."""
 
     name: str
-    cost: int
+    tokens: list[int]
     k: int
-    costliest: list[Passage]
+
+    @property
+    def cost(self) -> int:
+        return sum(self.tokens)
 
 
 def costliest(
-    template: ContextTemplate, query: str, passages: Sequence[Passage], k: int, custom: bool
+    template: ContextTemplate,
+    query: str,
+    passages: Sequence[Passage],
+    k: int,
+    custom: bool,
+    measure: Measure = len,
 ) -> list[Passage]:
-    """The `k` passages that make the longest prompts (a prompt's size is its template's plus
-    each passage's share, the same whichever others are with it), so that the cost of any `k`
-    of `passages` is at most theirs."""
-    share = [prompt_size(template, query, [p], custom).chars for p in passages]
+    """The `k` passages that make the longest prompts, in what `measure` counts (a prompt's
+    size is its template's plus each passage's share, the same whichever others are with it),
+    so that the cost of any `k` of `passages` is at most theirs: they bound a request's cost
+    while the ranking that picks its `k` is unknown."""
+    share = [prompt_size(template, query, [p], custom, measure).chars for p in passages]
     return [passages[i] for i in sorted(range(len(passages)), key=lambda i: -share[i])[:k]]
 
 
@@ -475,27 +555,24 @@ class ContextService:
         )
         return name, engine, passages, _template(body, limits.max_query_chars)
 
-    def _rerank_plan(
-        self,
-        body: ContextRequest | GenerateRequest,
-        template: ContextTemplate,
-        passages: list[Passage],
+    async def _rerank_plan(
+        self, body: ContextRequest | GenerateRequest, passages: list[Passage]
     ) -> RerankPlan | None:
-        """The request's `rerank`, checked and costed before any work (None without one)."""
+        """The request's `rerank`, checked and costed before any work (None without one): its
+        pairs counted with the ranking reranker's tokenizer (`Serving.pair_costs`)."""
         if body.rerank is None:
             return None
         name = self.serving.resolve_reranker(body.rerank.reranker, "rerank.reranker")
         texts = [p.contents for p in passages]
-        cost = self.serving.scorer(name).cost(body.query, texts)
-        k = min(body.rerank.top_k, len(passages))
-        custom = body.document_format is not None
-        return RerankPlan(name, cost, k, costliest(template, body.query, passages, k, custom))
+        _, tokens, _ = await self.serving.pair_costs(name, body.query, texts, "documents")
+        return RerankPlan(name, tokens, min(body.rerank.top_k, len(passages)))
 
     async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankChoice:
         """Rank every passage (title and text, as `cisrank eval rag` does) with the planned
         reranker, through its batcher like a rerank request; its best `k`, best first."""
         scorer = self.serving.model_thread(plan.name)
-        raw = await scorer.score(query, [p.contents for p in passages], "documents")
+        texts = [p.contents for p in passages]
+        raw = await scorer.score(query, texts, "documents", plan.tokens)
         best = rank_order(raw)[: plan.k]
         return RerankChoice(
             reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
@@ -566,31 +643,31 @@ class ContextService:
             )
         name, engine, passages, template = self._common(body, limits.max_documents)
         noise = await self._noise(body, passages)
-        plan = self._rerank_plan(body, template, passages)
-        arranged = plan.costliest if plan is not None else passages
-        prompts_n, cost, culprit = request_cost(body, template, arranged, noise, engine)
+        budget = limits.max_request_cost
+        timeout = config.batching.request_timeout_s
+        plan = await self._rerank_plan(body, passages)
         ranking = plan.cost if plan is not None else 0
-        if cost + ranking > limits.max_request_cost:
+        counter = self.serving.counter(name, lm=True)
+        shapes = context_shapes(body, template, passages, noise, plan.k if plan else None)
+        sizes, cost, culprit = await prompt_tokens(shapes, engine, counter, budget, timeout, cancel)
+        if cost + ranking > budget:
             reranked = f", and {ranking} to rerank the documents" if plan is not None else ""
             raise InvalidField(
                 "documents" if ranking > cost else culprit,
-                f"estimated cost {cost + ranking} (tokens of the {prompts_n} prompts this "
-                f"arrangement scores, tokens ~ characters / 4, most of them from {culprit}"
-                f"{reranked}) is over the limit of {limits.max_request_cost}: send fewer or "
-                "shorter documents, or a cheaper arrangement",
+                f"cost {cost + ranking} {counter.unit} (of the {len(sizes)} prompts this "
+                f"arrangement scores, most of them from {culprit}{reranked}) is over the limit "
+                f"of {budget}: send fewer or shorter documents, or a cheaper arrangement",
             )
         choice = await self._rerank(plan, body.query, passages) if plan is not None else None
         index = choice.indexes if choice is not None else list(range(len(passages)))
         chosen = [passages[i] for i in index]
         model = self.serving.model_thread(name, cancel)
-        late = (
-            f"not assembled within {config.batching.request_timeout_s:g} s: the server is "
-            "overloaded, retry later"
-        )
+        late = f"not assembled within {timeout:g} s: the server is overloaded, retry later"
         async with model.admitted(cost, late):
             asm, prompts = await model.run(_prepare, engine, template, body, chosen)
-            for chunk in slices(prompts, config.batching.max_batch_tokens):
-                await model.run(asm.question_logprobs, chunk)
+            for chunk in slices(prompts, model.slice_tokens()):
+                tokens = sum(len(p.ids) for p in chunk)
+                await model.run_slice(tokens, asm.question_logprobs, chunk)
             result = await model.run(_arrange, asm, body, chosen, noise)
         doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
         ids: list[str | int | None] = [p.docid for p in noise]
@@ -655,30 +732,48 @@ class ContextService:
             )
         if body.layers is not None and len(body.layers) > engine.num_layers + 1:
             raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
-        plan = self._rerank_plan(body, template, passages)
-        generated = plan.costliest if plan is not None else passages
-        k = len(generated)
+        budget = limits.max_request_cost
+        timeout = config.batching.request_timeout_s
+        plan = await self._rerank_plan(body, passages)
+        k = plan.k if plan is not None else len(passages)
         custom = body.document_format is not None
+        query = body.query
+
+        def generated(measure: Measure) -> list[Passage]:
+            """The passages generated over; with `rerank`, the k whose prompts cost most."""
+            if plan is None:
+                return passages
+            return costliest(template, query, passages, plan.k, custom, measure)
+
         if body.decoding == "naive":
             rows = 1
             # K rotations (or K - 1 shuffles and the input) for a scored arrangement
             searched = 1 + k if Arrangement(body.arrange).scored else 1
-            sizes = [prompt_size(template, body.query, generated, custom)] * searched
+
+            def shapes(measure: Measure) -> list[PromptSize]:
+                chosen = generated(measure)
+                return [prompt_size(template, query, chosen, custom, measure)] * searched
+
         else:
             rows = k + 1
             single = template.single()
-            sizes = [prompt_size(template, body.query, [], custom)]
-            sizes += [prompt_size(single, body.query, [p], custom) for p in generated]
-        prefill, culprit = _total(sizes, engine)
+
+            def shapes(measure: Measure) -> list[PromptSize]:
+                sizes = [prompt_size(template, query, [], custom, measure)]
+                chosen = generated(measure)
+                return sizes + [prompt_size(single, query, [p], custom, measure) for p in chosen]
+
+        counter = self.serving.counter(name, lm=True)
+        _, prefill, culprit = await prompt_tokens(shapes, engine, counter, budget, timeout, cancel)
         cost = prefill + rows * body.max_new_tokens
         ranking = plan.cost if plan is not None else 0
-        if cost + ranking > limits.max_request_cost:
+        if cost + ranking > budget:
             reranked = f", and {ranking} to rerank the documents" if plan is not None else ""
             raise InvalidField(
                 "documents" if ranking > cost else culprit,
-                f"estimated cost {cost + ranking} (prompt tokens, most of them from {culprit}, "
-                f"and rows x new tokens{reranked}) is over the limit of "
-                f"{limits.max_request_cost}: send fewer or shorter documents, or fewer new tokens",
+                f"cost {cost + ranking} {counter.unit} (of the prompts, most of them from "
+                f"{culprit}, and rows x new tokens{reranked}) is over the limit of {budget}: "
+                "send fewer or shorter documents, or fewer new tokens",
             )
         choice = await self._rerank(plan, body.query, passages) if plan is not None else None
         index = choice.indexes if choice is not None else list(range(len(passages)))
@@ -687,15 +782,15 @@ class ContextService:
         scores = [body.scores[i] for i in index] if body.scores is not None else None
         if scores is None and choice is not None:
             scores = choice.scores
-        timeout = config.batching.request_timeout_s
         deadline = time.monotonic() + timeout
         model = self.serving.model_thread(name, cancel)
         late = f"not generated within {timeout:g} s: retry later"
         async with model.admitted(cost, late, late_errors=(DecodingTimeout,)):
             asm, prompts = await model.run(_prepare, engine, template, body, chosen)
             if body.decoding == "naive":
-                for chunk in slices(prompts, config.batching.max_batch_tokens):
-                    await model.run(asm.question_logprobs, chunk)
+                for chunk in slices(prompts, model.slice_tokens()):
+                    tokens = sum(len(p.ids) for p in chunk)
+                    await model.run_slice(tokens, asm.question_logprobs, chunk)
             answer, longest = await model.run(
                 _generate, asm, body, chosen, scores, deadline, cancel
             )

@@ -9,8 +9,8 @@ How a round works (`BatchScorer._run`):
    (the bounded batch wait); when busy, whatever queued up during the last model call is taken
    at once, without waiting.
 2. It plans one batch of at most `max_batch_passages` passages and at most `max_batch_tokens`
-   estimated tokens (see "Cost" below) over all waiting jobs, shortest remaining first. A large
-   request is split into slices, so a small request that arrives while a large one is being
+   tokens (see "Cost" below; bounded in time too) over all waiting jobs, shortest remaining
+   first. A large request is split into slices, so a small request that arrives while a large one is being
    scored waits at most one slice, never the whole large request. Bounding a slice by tokens and
    not only by passages is what makes "one slice" a bounded time: 256 passages of 15,000
    characters are a far longer model call than 256 passages of 300.
@@ -33,16 +33,24 @@ How a round works (`BatchScorer._run`):
    retry costs one extra model call per request of a failed batch, and only then. The error is
    marked as the request's input being unusable (`is_input_error`: 4xx) or not (500).
 
-Cost: a request costs the sum over its passages of the estimated tokens of (query, passage), the
-pair a cross-encoder reads. Tokens are *estimated* as characters / 4 (rounded up), not counted:
-counting needs the tokenizer, in the model's thread, which is the resource being protected, and
-the estimate is within a small factor for English BPE/WordPiece text. Where the reranker declares
-a `pair_token_limit` (a cross-encoder's `max_length`, the dense encoder's `max_seq_length`), a pair
-is capped at that many tokens, since the model never reads more. `pair_tokens` is the one place
-this is computed; the service uses it for the per-request budget.
+Cost: a request costs the sum over its passages of the tokens of (query, passage), the pair a
+cross-encoder reads, counted with the reranker's own tokenizer by the service before the request
+is admitted (`cisrank.api.token_count`: off the event loop and off the model thread, which is
+the resource being protected). Where the reranker declares a `pair_token_limit` (a
+cross-encoder's `max_length`, the dense encoder's `max_seq_length`), a pair is capped at that
+many tokens, since the model never reads more. `pair_tokens` is the one place a pair's cost is
+computed from its counts; a request scored without them (a reranker without a tokenizer, a test)
+is costed by its UTF-8 bytes, an upper bound of any byte-level tokenizer's count.
+
+Slices are bounded in time as well as in tokens: each model call is timed, and a slice holds at
+most the tokens that take `max_slice_s` at the rate measured on this reranker's recent calls
+(`slice_tokens`; `max_batch_tokens` while nothing is measured yet, and always at most that).
+On a GPU the token bound binds; on a CPU running a causal LM, where 16,384 tokens take a minute,
+the time bound does, so that the wait behind one slice, and the work a hang-up or a deadline
+leaves running, is about `max_slice_s` (or one passage that takes longer alone).
 
 Admission control: at most `max_queue` unfinished requests per reranker, and at most
-`max_inflight_cost` estimated tokens not yet scored (the model work queued ahead of a newcomer,
+`max_inflight_cost` tokens not yet scored (the model work queued ahead of a newcomer,
 so a bound on its wait); the next request over either gets `QueueFullError` (503 + Retry-After).
 A request arriving when nothing is in flight is always admitted, so one request under the
 per-request budget can never be refused forever. A request that is not done after its timeout
@@ -62,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from cisrank.api.config import BatchingConfig
+from cisrank.api.token_count import utf8_bytes
 from cisrank.rerank.base import Part, Reranker
 
 log = logging.getLogger(__name__)
@@ -102,30 +111,33 @@ class ScoringFailed(Exception):
         self.__cause__ = cause
 
 
-CHARS_PER_TOKEN = 4
+MIN_RATED_TOKENS = 256
+"""A model call is rated as at least this many tokens (see `BatchScorer.observe_work`)."""
 
 
-def estimate_tokens(chars: int) -> int:
-    """Tokens of a text of `chars` characters, estimated (at least 1: every text costs a slot)."""
-    return max(1, -(-chars // CHARS_PER_TOKEN))
+def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """`fn(*args)` and the seconds it ran (in the thread that runs it: a call queued behind
+    other model work is not charged for the wait)."""
+    started = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - started
 
 
 def pair_tokens(
-    query: str,
-    passages: Sequence[str],
-    cap: int | None = None,
-    max_tokens_per_doc: int | None = None,
+    query_tokens: int, passage_tokens: Sequence[int], cap: int | None = None
 ) -> list[int]:
-    """Estimated tokens of each (query, passage) pair: chars / 4, a passage cut to
-    `max_tokens_per_doc` where the request asks, a pair capped at the model's `cap`."""
-    q = estimate_tokens(len(query))
+    """Tokens of each (query, passage) pair from the counts of its parts (a passage already
+    cut to `max_tokens_per_doc` where the request asks), capped at the model's `cap`."""
     out = []
-    for passage in passages:
-        p = estimate_tokens(len(passage))
-        if max_tokens_per_doc is not None:
-            p = min(p, max_tokens_per_doc)
-        out.append(min(q + p, cap) if cap is not None else q + p)
+    for p in passage_tokens:
+        out.append(min(query_tokens + p, cap) if cap is not None else query_tokens + p)
     return out
+
+
+def byte_pair_tokens(query: str, passages: Sequence[str], cap: int | None = None) -> list[int]:
+    """`pair_tokens` with every text costed by its UTF-8 bytes (`utf8_bytes`): for pairs whose
+    counts were not given."""
+    return pair_tokens(utf8_bytes(query), [utf8_bytes(p) for p in passages], cap)
 
 
 class BatchObserver(Protocol):
@@ -144,8 +156,8 @@ class _Job:
     passages: Sequence[str]
     future: asyncio.Future[list[float]]
     waiting_since: float  # loop time of acceptance, then of its last scored chunk
-    tokens: list[int]  # estimated tokens of each (query, passage) pair
-    cost_left: int  # estimated tokens not yet scored (counted in the scorer's in-flight cost)
+    tokens: list[int]  # tokens of each (query, passage) pair
+    cost_left: int  # tokens not yet scored (counted in the scorer's in-flight cost)
     parts: list[Part] = field(default_factory=list)  # `score_parts` of the passages before `next`
     next: int = 0  # first passage not yet handed to the model
     cancelled: bool = False
@@ -236,6 +248,7 @@ class BatchScorer:
         self._inflight_cost = 0
         self._closed = False
         self.token_cap = reranker.pair_token_limit
+        self._seconds_per_token: float | None = None  # measured on this reranker's calls
 
     # ------------------------------------------------------------------ public
 
@@ -246,23 +259,45 @@ class BatchScorer:
 
     @property
     def inflight_cost(self) -> int:
-        """Estimated tokens accepted and not yet scored."""
+        """Tokens accepted and not yet scored."""
         return self._inflight_cost
 
-    def cost(
-        self, query: str, passages: Sequence[str], max_tokens_per_doc: int | None = None
-    ) -> int:
-        """A request's estimated cost in tokens (see the module docstring)."""
-        return sum(pair_tokens(query, passages, self.token_cap, max_tokens_per_doc))
+    def slice_tokens(self) -> int:
+        """Tokens one model call (a slice) may hold: `max_batch_tokens`, and no more than take
+        `max_slice_s` at the rate measured on this reranker's calls (see the module doc)."""
+        bound = self.config.max_batch_tokens
+        if self._seconds_per_token:
+            bound = min(bound, max(1, int(self.config.max_slice_s / self._seconds_per_token)))
+        return bound
+
+    def observe_work(self, tokens: int, seconds: float) -> None:
+        """A model call of `tokens` tokens ran `seconds` in the model thread: the rate that
+        sizes later slices (a moving average, so that one slow call does not shrink every slice
+        after it; a call counts as at least `MIN_RATED_TOKENS`, so that a small call's fixed
+        cost does not make the model look slow per token)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = seconds / max(tokens, MIN_RATED_TOKENS)
+        old = self._seconds_per_token
+        self._seconds_per_token = rate if old is None else 0.7 * old + 0.3 * rate
 
     async def score(
-        self, query: str, passages: Sequence[str], timeout: float | None = None
+        self,
+        query: str,
+        passages: Sequence[str],
+        timeout: float | None = None,
+        tokens: Sequence[int] | None = None,
     ) -> list[float]:
-        """Scores in input order; raises QueueFullError, ScoringTimeout or the reranker's error."""
+        """Scores in input order; raises QueueFullError, ScoringTimeout or the reranker's error.
+        `tokens` are each pair's tokens (`pair_tokens`), by UTF-8 bytes when not given."""
         if not passages:
             return []
         self._check_queue()
-        tokens = pair_tokens(query, passages, self.token_cap)
+        if tokens is None:
+            tokens = byte_pair_tokens(query, passages, self.token_cap)
+        tokens = list(tokens)
+        if len(tokens) != len(passages):
+            raise ValueError(f"{len(tokens)} token counts for {len(passages)} passages")
         cost = sum(tokens)
         self._admit(cost)
         assert self._loop is not None and self._queue is not None
@@ -292,13 +327,13 @@ class BatchScorer:
             )
 
     def _admit(self, cost: int) -> None:
-        """Count one more request of `cost` estimated tokens, unless it would take the work
-        queued over `max_inflight_cost` (`QueueFullError`; a request alone is always let in)."""
+        """Count one more request of `cost` tokens, unless it would take the work queued over
+        `max_inflight_cost` (`QueueFullError`; a request alone is always let in)."""
         budget = self.config.max_inflight_cost
         if self._inflight_cost and self._inflight_cost + cost > budget:
             raise QueueFullError(
-                f"reranker '{self.name}' has {self._inflight_cost} estimated tokens of work "
-                f"queued; this request's {cost} would exceed its budget of {budget}"
+                f"reranker '{self.name}' has {self._inflight_cost} tokens of work queued; this "
+                f"request's {cost} would exceed its budget of {budget}"
             )
         self._unfinished += 1
         self._inflight_cost += cost
@@ -310,7 +345,7 @@ class BatchScorer:
         queue (`cisrank.api.model_thread.ModelThread.admitted`: the `max_tokens_per_doc` cut,
         RAG context assembly with prompts of their own shape, scored in slices), under the
         rules of `score`: inside the block it counts as one request toward `max_queue` and as
-        `cost` estimated tokens toward `max_inflight_cost`; `QueueFullError` when either is
+        `cost` tokens toward `max_inflight_cost`; `QueueFullError` when either is
         full or the scorer is shutting down. Its model calls go through the same one-thread
         executor as the batches, so they never run concurrently with this reranker's scoring,
         and a batch waiting behind it waits for at most the one call (slice) running."""
@@ -413,10 +448,10 @@ class BatchScorer:
     def _plan(self, now: float) -> list[tuple[_Job, int, int]]:
         """Chunks for the next model batch: jobs starved for `max_age_ms` first (oldest first),
         then shortest remaining first, FIFO among equals; at most `max_batch_passages` passages
-        and `max_batch_tokens` estimated tokens in all (a single passage over the token bound
-        goes alone: it must be scored some time, and the model truncates it anyway)."""
+        and `slice_tokens` tokens in all (a single passage over the token bound goes alone: it
+        must be scored some time, and the model truncates it anyway)."""
         passages_left = self.config.max_batch_passages
-        tokens_left = self.config.max_batch_tokens
+        tokens_left = self.slice_tokens()
         oldest = now - self.config.max_age_ms / 1000.0
         aged = sorted((j for j in self._active if j.waiting_since <= oldest), key=_waited)
         fresh = sorted((j for j in self._active if j.waiting_since > oldest), key=_remaining)
@@ -440,7 +475,7 @@ class BatchScorer:
         return plan
 
     def _waiting_work(self) -> tuple[int, int]:
-        """Passages and estimated tokens waiting in the active jobs."""
+        """Passages and tokens waiting in the active jobs."""
         return (
             sum(j.remaining for j in self._active),
             sum(j.cost_left for j in self._active),
@@ -474,10 +509,9 @@ class BatchScorer:
                 continue
             plan = self._plan(loop.time())
             chunks = [(job.query, job.passages[a:b]) for job, a, b in plan]
-            started = time.perf_counter()
             try:
-                results = await loop.run_in_executor(
-                    self._executor, score_isolated, self.reranker, chunks, self.name
+                results, seconds = await loop.run_in_executor(
+                    self._executor, timed, score_isolated, self.reranker, chunks, self.name
                 )
             except asyncio.CancelledError:
                 raise
@@ -488,12 +522,10 @@ class BatchScorer:
                 failed = {id(job) for job, _, _ in plan}
                 self._active = [j for j in self._active if id(j) not in failed]
                 continue
+            self.observe_work(sum(sum(job.tokens[a:b]) for job, a, b in plan), seconds)
             if self.observer is not None:
                 self.observer.observe_batch(
-                    self.name,
-                    sum(b - a for _, a, b in plan),
-                    len(plan),
-                    time.perf_counter() - started,
+                    self.name, sum(b - a for _, a, b in plan), len(plan), seconds
                 )
             scored_at = loop.time()
             for (job, a, b), parts in zip(plan, results, strict=True):

@@ -19,12 +19,14 @@ Example (JSON)::
                    "max_inflight_cost": 4194304}
     }
 
-Memory and cost bounds (issue 15): `limits.max_inflight_body_bytes` bounds the request bodies held
-by one server process at once (503 + Retry-After beyond it, before the body is read), a request
-costs its passages x estimated tokens (`cisrank.api.batching.pair_tokens`: characters / 4, capped
-at the model's `max_length`) with `limits.max_request_cost` per request (422 naming `documents`)
-and `batching.max_inflight_cost` per reranker (503 + Retry-After), and `batching.max_batch_tokens`
-bounds one model call so a heavy request is scored in slices interleaved with small requests.
+Memory and cost bounds (issues 15 and 48): `limits.max_inflight_body_bytes` bounds the request
+bodies held by one server process at once (503 + Retry-After beyond it, before the body is read),
+a request costs the tokens of its (query, passage) pairs, counted with the model's own tokenizer
+(`cisrank.api.token_count`; `cisrank.api.batching.pair_tokens` caps a pair at the model's
+`max_length`), with `limits.max_request_cost` per request (422 naming `documents`) and
+`batching.max_inflight_cost` per reranker (503 + Retry-After), and `batching.max_batch_tokens`
+and `batching.max_slice_s` bound one model call so a heavy request is scored in slices
+interleaved with small requests.
 """
 
 from __future__ import annotations
@@ -91,16 +93,39 @@ class Limits(ComponentConfig):
     )
     max_request_cost: int = _count(
         1024 * 1024,
-        "Estimated tokens one rerank request may cost: the sum over its documents of "
-        "the tokens of (query, document), estimated as characters / 4 (after "
-        "`max_tokens_per_doc`), each pair capped at the model's `max_length` where it has one. "
-        "Over it: 422 naming `documents` (or `depth` for a reranked search).",
+        "Tokens one request may cost, counted with the model's own tokenizer: for a rerank, "
+        "the sum over its documents of the tokens of (query, document) (after "
+        "`max_tokens_per_doc`), each pair capped at the model's `max_length` where it has one; "
+        "for /v1/embeddings the tokens of its texts; for /v1/context and /v1/generate the "
+        "tokens of every prompt they score. Over it: 422 naming the field (`documents`, "
+        "`depth` for a reranked search, `input`), before any model work.",
     )
     body_read_timeout_s: float = Field(
         default=30.0,
         gt=0,
         description="A request body not fully received this long after its headers gets 408 and "
         "its connection is closed: a stalled or trickling client cannot hold a connection.",
+    )
+    max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="Bytes of a request's head (request line and headers) `cisrank serve` reads; "
+        "a larger head gets 431 and its connection is closed (cisrank.api.http_protocol).",
+    )
+    max_headers: int = _count(100, "Header lines of one request; more get 431.")
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request head not complete this long after its connection opened (or after "
+        "the first byte of a following request) gets 408 and the connection is closed; a "
+        "connection that sent nothing by then is closed.",
+    )
+    max_connections: int | None = _count(
+        None,
+        "Connections one server process holds; one more is answered 503 with Retry-After and "
+        "closed at once. Default and ceiling: the descriptor limit (ulimit -n) less the accept "
+        "backlog and 128 descriptors kept for files, so the process never runs out of them.",
     )
 
 
@@ -114,12 +139,23 @@ class BatchingConfig(ComponentConfig):
     )
     max_batch_tokens: int = _count(
         16_384,
-        "Estimated tokens per model call (see `max_request_cost`): a slice of a "
+        "Tokens per model call (see `max_request_cost`): a slice of a "
         "request is bounded by this as well as by `max_batch_passages`, so one slice of long "
         "documents takes about as long as one of short ones, and a small request arriving "
         "behind a heavy one waits at most about one such slice. A single passage over it is "
         "scored alone. The default is TEI's max_batch_tokens: 32 pairs of 512 tokens, or about "
         "160 typical 100-token passage pairs.",
+    )
+    max_slice_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        description="Seconds one model call (a slice of a request) may take, at the rate "
+        "measured on the reranker's recent calls: a slice holds at most the tokens that take "
+        "this long, and at most `max_batch_tokens`. On a CPU running a causal LM, where "
+        "16,384 tokens take a minute, this is what bounds the wait behind one slice and the "
+        "work left running after a hang-up or a deadline (one passage or prompt that takes "
+        "longer goes alone).",
     )
     max_wait_ms: float = Field(
         default=5.0, ge=0, le=10_000, description="How long a batch waits to fill up."
@@ -134,7 +170,7 @@ class BatchingConfig(ComponentConfig):
     max_queue: int = _count(256, "Requests waiting per reranker before 503 + Retry-After.")
     max_inflight_cost: int = _count(
         4 * 1024 * 1024,
-        "Estimated tokens accepted and not yet scored per reranker (the work queued "
+        "Tokens accepted and not yet scored per reranker (the work queued "
         "ahead of a new request, so a bound on its wait); a request that would go over gets 503 "
         "+ Retry-After. A request is always admitted when nothing is in flight; at least "
         "`limits.max_request_cost`.",

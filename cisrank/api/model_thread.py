@@ -41,6 +41,7 @@ from cisrank.api.batching import (
     ScoringFailed,
     ScoringTimeout,
     is_input_error,
+    timed,
 )
 from cisrank.api.service_errors import (
     BackendFailed,
@@ -110,15 +111,20 @@ class ModelThread:
         return ClientGone("the client closed the connection before the answer")
 
     async def score(
-        self, query: str, passages: Sequence[str], field: str = "documents"
+        self,
+        query: str,
+        passages: Sequence[str],
+        field: str = "documents",
+        tokens: Sequence[int] | None = None,
     ) -> list[float]:
-        """Scores through the batch queue, in input order. The model failing on this request's
-        own text (scored alone, so no other request is to blame) is `InvalidField` naming
-        `field` when it is an input error, else the original error (500, logged). In a search,
-        `field` is `query`: the only text of the request the client sent."""
+        """Scores through the batch queue, in input order; `tokens` are each pair's (counted by
+        the service). The model failing on this request's own text (scored alone, so no other
+        request is to blame) is `InvalidField` naming `field` when it is an input error, else
+        the original error (500, logged). In a search, `field` is `query`: the only text of
+        the request the client sent."""
         with _admission_errors():
             try:
-                return await self.scorer.score(query, passages)
+                return await self.scorer.score(query, passages, tokens=tokens)
             except ScoringFailed as exc:
                 if exc.input_error:
                     raise InvalidField(
@@ -179,6 +185,17 @@ class ModelThread:
             raise self._named(exc) from None
         if self.cancelled:
             raise self._gone()
+        return result
+
+    def slice_tokens(self) -> int:
+        """Tokens one call of this model may hold (`BatchScorer.slice_tokens`)."""
+        return self.scorer.slice_tokens()
+
+    async def run_slice(self, tokens: int, fn: Callable[..., T], *args: Any) -> T:
+        """`run`, for one slice of `tokens` tokens of model work: timed in the model thread, so
+        that the rate that sizes slices counts it (`BatchScorer.observe_work`)."""
+        result, seconds = await self.run(timed, fn, *args)
+        self.scorer.observe_work(tokens, seconds)
         return result
 
     def _named(self, exc: Exception) -> Exception:

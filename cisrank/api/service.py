@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cisrank.api.batching import estimate_tokens
 from cisrank.api.schemas import (
     DocumentIn,
     EmbeddingOut,
@@ -47,10 +46,17 @@ from cisrank.api.schemas import (
     TeiRerankRequest,
     Usage,
 )
-from cisrank.api.service_errors import BackendFailed, InvalidField
-from cisrank.api.serving import Serving, processes, public_model_id, text_embedder
-from cisrank.api.truncate import truncate_texts
+from cisrank.api.service_errors import BackendFailed, InvalidField, TimedOut
+from cisrank.api.serving import (
+    Serving,
+    embedding_dimensions,
+    processes,
+    public_model_id,
+    text_embedder,
+)
+from cisrank.api.token_count import OverBudget
 from cisrank.data.types import rank_order
+from cisrank.rerank.base import Reranker
 from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
@@ -86,26 +92,22 @@ def _finite(scores: Sequence[float]) -> list[float]:
     return out
 
 
-def _embed(
-    embed: Callable[[Sequence[str]], np.ndarray],
-    tokenizer: object | None,
-    cap: int | None,
-    texts: Sequence[str],
-) -> tuple[np.ndarray, int]:
-    """In the model thread: unit-length float32 embeddings of `texts` and the tokens the model
-    read of them (its tokenizer's count, each text cut at `cap`; estimated without one)."""
-    vectors = np.asarray(embed(texts), dtype=np.float32)
-    if tokenizer is None:
-        tokens = sum(min(estimate_tokens(len(t)), cap or 10**9) for t in texts)
-    else:
-        encoded = tokenizer(list(texts), truncation=cap is not None, max_length=cap)  # type: ignore[operator]
-        tokens = sum(len(ids) for ids in encoded["input_ids"])
-    return vectors, tokens
+def _embed(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[str]) -> np.ndarray:
+    """In the model thread: unit-length float32 embeddings of `texts`."""
+    return np.asarray(embed(texts), dtype=np.float32)
+
+
+def _usage_tokens(reranker: Reranker, counts: Sequence[int], cap: int | None) -> int:
+    """The tokens the model read of texts of `counts` tokens: with its special tokens, each
+    capped at its length (what its tokenizer gives with truncation)."""
+    tokenizer = reranker.fast_tokenizer
+    special = tokenizer.num_special_tokens_to_add(pair=False) if tokenizer is not None else 0
+    return sum(min(n + special, cap) if cap else n + special for n in counts)
 
 
 def _batches(costs: Sequence[int], max_items: int, max_tokens: int) -> list[range]:
-    """Consecutive ranges of at most `max_items` items and `max_tokens` estimated tokens (an item
-    over it alone): one model-thread call each."""
+    """Consecutive ranges of at most `max_items` items and `max_tokens` tokens (an item over it
+    alone): one model-thread call each."""
     out: list[range] = []
     start = used = 0
     for i, cost in enumerate(costs):
@@ -171,40 +173,15 @@ class RankingService:
     # ---- scoring
 
     async def _score(
-        self, name: str, query: str, texts: list[str], field: str = "documents"
+        self,
+        name: str,
+        query: str,
+        texts: list[str],
+        field: str = "documents",
+        tokens: Sequence[int] | None = None,
     ) -> list[float]:
         """Scores through the batcher (`ModelThread.score`), finite for JSON."""
-        return _finite(await self.serving.model_thread(name).score(query, texts, field))
-
-    def _check_cost(
-        self, name: str, query: str, texts: Sequence[str], field: str, per_doc: int | None = None
-    ) -> int:
-        """The per-request budget, before any model work (see `cisrank.api.batching`); returns
-        the request's estimated cost."""
-        budget = self.serving.config.limits.max_request_cost
-        cost = self.serving.scorer(name).cost(query, texts, per_doc)
-        if cost > budget:
-            raise InvalidField(
-                field,
-                f"estimated cost {cost} (documents x tokens, tokens ~ characters / 4) is over "
-                f"the limit of {budget}: send fewer or shorter documents, or set "
-                "max_tokens_per_doc",
-            )
-        return cost
-
-    async def _truncate(
-        self, name: str, texts: list[str], max_tokens: int, cost: int
-    ) -> tuple[list[str], int]:
-        """`texts` cut to `max_tokens` tokens of the reranker's own tokenizer (whitespace words
-        where it declares none), in its model thread: a fast tokenizer must not be used from two
-        threads. Admitted like the scoring that follows it."""
-        serving = self.serving
-        model = serving.model_thread(name)
-        timeout = serving.config.batching.request_timeout_s
-        late = f"not scored within {timeout:g} s: the server is overloaded, retry later"
-        async with model.admitted(cost, late):
-            tokenizer = serving.rerankers[name].fast_tokenizer
-            return await model.run(truncate_texts, tokenizer, texts, max_tokens)
+        return _finite(await self.serving.model_thread(name).score(query, texts, field, tokens))
 
     async def rerank(self, body: RerankRequest) -> RerankResponse:
         """Rank `documents` for `query`, most relevant first."""
@@ -229,12 +206,10 @@ class RankingService:
                     "split the document",
                 )
             texts.append(text)
-        cost = self._check_cost(name, body.query, texts, "documents", body.max_tokens_per_doc)
-        truncated = 0
-        scored = texts
-        if body.max_tokens_per_doc is not None:
-            scored, truncated = await self._truncate(name, texts, body.max_tokens_per_doc, cost)
-        raw = await self._score(name, body.query, scored)
+        scored, tokens, truncated = await serving.pair_costs(
+            name, body.query, texts, "documents", body.max_tokens_per_doc
+        )
+        raw = await self._score(name, body.query, scored, tokens=tokens)
         shown = normalize_scores(raw, body.normalize or serving.config.normalize)
         results = []
         for i in rank_order(raw)[: body.top_n]:
@@ -322,14 +297,23 @@ class RankingService:
 
     async def embeddings(self, body: EmbeddingsRequest) -> EmbeddingsResponse:
         """OpenAI's embeddings of one or more texts with a served dense reranker's encoder
-        (no query or passage prefix), bounded like a rerank request: `limits.max_documents`
-        texts of `limits.max_document_chars`, estimated tokens (each text capped at the model's
-        length) against `limits.max_request_cost`, admitted and timed out in the reranker's
-        model thread, embedded in slices of `batching.max_batch_tokens`."""
+        (no query or passage prefix), bounded like a rerank request, every bound checked before
+        anything is embedded: `dimensions` against the model's, `limits.max_documents` texts of
+        `limits.max_document_chars`, their tokens (each capped at the model's length, counted
+        with its tokenizer) against `limits.max_request_cost`; admitted and timed out in the
+        reranker's model thread, embedded in slices (`BatchScorer.slice_tokens`)."""
         serving = self.serving
         config = serving.config
         limits = config.limits
         name = self._embedder(body.model)
+        reranker = serving.rerankers[name]
+        dimensions = embedding_dimensions(reranker)
+        if body.dimensions is not None and dimensions is not None and body.dimensions != dimensions:
+            raise InvalidField(
+                "dimensions",
+                f"{body.dimensions}: this model's embeddings have {dimensions} dimensions (they "
+                "cannot be shortened here)",
+            )
         single = isinstance(body.input, str)
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         if not texts:
@@ -349,34 +333,35 @@ class RankingService:
                     where,
                     f"{len(text)} characters, over the limit of {limits.max_document_chars}",
                 )
-        reranker = serving.rerankers[name]
         embed = text_embedder(reranker)
         assert embed is not None
         cap = reranker.pair_token_limit
-        costs = [
-            min(estimate_tokens(len(t)), cap) if cap else estimate_tokens(len(t)) for t in texts
-        ]
-        cost = sum(costs)
-        if cost > limits.max_request_cost:
+        counter = serving.counter(name)
+        timeout = config.batching.request_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                measured = await counter.measure(texts, limit=cap, budget=limits.max_request_cost)
+        except OverBudget as exc:
             raise InvalidField(
                 "input",
-                f"estimated cost {cost} (tokens ~ characters / 4, each text capped at the "
-                f"model's length) is over the limit of {limits.max_request_cost}: send fewer "
-                "or shorter texts",
-            )
+                f"cost {'at least ' if exc.at_least else ''}{exc.cost} {counter.unit} (each "
+                f"text capped at the model's length) is over the limit of "
+                f"{limits.max_request_cost}: send fewer or shorter texts",
+            ) from None
+        except TimeoutError:
+            raise TimedOut(
+                f"not counted within {timeout:g} s: the server is overloaded, retry later"
+            ) from None
+        costs = measured.counts
         model = serving.model_thread(name)
-        timeout = config.batching.request_timeout_s
         late = f"not embedded within {timeout:g} s: the server is overloaded, retry later"
         parts: list[np.ndarray] = []
-        tokens = 0
         batching = config.batching
-        async with model.admitted(cost, late):
-            for part in _batches(costs, batching.max_batch_passages, batching.max_batch_tokens):
-                vectors, n = await model.run(
-                    _embed, embed, reranker.fast_tokenizer, cap, texts[part.start : part.stop]
-                )
-                parts.append(vectors)
-                tokens += n
+        async with model.admitted(sum(costs), late):
+            for part in _batches(costs, batching.max_batch_passages, model.slice_tokens()):
+                chunk = texts[part.start : part.stop]
+                tokens = sum(costs[part.start : part.stop])
+                parts.append(await model.run_slice(tokens, _embed, embed, chunk))
         matrix = np.concatenate(parts)
         if body.dimensions is not None and body.dimensions != matrix.shape[1]:
             raise InvalidField(
@@ -384,6 +369,7 @@ class RankingService:
                 f"{body.dimensions}: this model's embeddings have {matrix.shape[1]} "
                 "dimensions (they cannot be shortened here)",
             )
+        tokens = _usage_tokens(reranker, costs, cap)
         if body.encoding_format == "base64":
             data = [
                 EmbeddingOut(
@@ -436,8 +422,8 @@ class RankingService:
             ) from None
         if reranker is not None and hits:
             passages = [h.text for h in hits]
-            self._check_cost(reranker, body.query, passages, "depth")
-            raw = await self._score(reranker, body.query, passages, "query")
+            _, tokens, _ = await serving.pair_costs(reranker, body.query, passages, "depth")
+            raw = await self._score(reranker, body.query, passages, "query", tokens)
             order = rank_order(raw)[: body.top_n]
             shown = normalize_scores(raw, body.normalize or config.normalize)
         else:

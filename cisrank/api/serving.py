@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cisrank.api.batching import BatchScorer
+from cisrank.api.batching import BatchScorer, pair_tokens
 from cisrank.api.config import RerankerSpec, ServerConfig
 from cisrank.api.metrics import Metrics
 from cisrank.api.model_thread import ModelThread
-from cisrank.api.service_errors import InvalidField, LoadFailed, NotReady
+from cisrank.api.service_errors import InvalidField, LoadFailed, NotReady, TimedOut
+from cisrank.api.token_count import OverBudget, TokenCounter
 from cisrank.errors import CisrankError
-from cisrank.rerank.base import Reranker
+from cisrank.rerank.base import Reranker, fast_only
 from cisrank.retrieval.base import Retriever
 
 if TYPE_CHECKING:
@@ -89,6 +90,19 @@ def processes(reranker: Reranker) -> int:
     return reranker.workers.count if isinstance(reranker, PooledReranker) else 1
 
 
+def embedding_dimensions(reranker: Reranker) -> int | None:
+    """The length of the vectors `text_embedder` gives (None where unknown or none): checked
+    against a request's `dimensions` before anything is embedded."""
+    from cisrank.rerank.dense import DenseReranker
+    from cisrank.rerank.pooled import PooledReranker
+
+    local = reranker.local if isinstance(reranker, PooledReranker) else reranker
+    if not isinstance(local, DenseReranker):
+        return None
+    dimensions = local.encoder.get_embedding_dimension()
+    return int(dimensions) if dimensions else None
+
+
 def public_model_id(model: str | None) -> str | None:
     """The model id as `/v1/models` shows it: a Hugging Face id as is, a local folder by its
     name only (a server path is nobody's business outside it)."""
@@ -145,6 +159,10 @@ class Serving:
         who started the server, never for clients). `cisrank serve` stops on a failure."""
         self.rerankers: dict[str, Reranker] = {}
         self.scorers: dict[str, BatchScorer] = {}
+        self.counters: dict[str, TokenCounter] = {}
+        """Each reranker's token counter: its requests' costs in its own tokens."""
+        self.lm_counters: dict[str, TokenCounter] = {}
+        """The same for the prompts of its causal LM (context, generation)."""
         self.retrievers: dict[str, Retriever] = dict(retrievers or {})
         self.error: str | None = None
         """Why loading failed, naming the component only (it is shown to clients)."""
@@ -165,6 +183,14 @@ class Serving:
     def _install(self, rerankers: dict[str, Reranker]) -> None:
         for name, reranker in rerankers.items():
             self.scorers[name] = BatchScorer(reranker, name, self.config.batching, self.metrics)
+            self.counters[name] = TokenCounter(reranker.fast_tokenizer, name)
+            lm = reranker.causal_lm
+            lm_tokenizer = fast_only(lm.tokenizer) if lm is not None else None
+            self.lm_counters[name] = (
+                self.counters[name]
+                if lm_tokenizer is None or lm_tokenizer is reranker.fast_tokenizer
+                else TokenCounter(lm_tokenizer, f"{name}-lm")
+            )
         self.rerankers = rerankers
 
     def start_loading(self) -> None:
@@ -218,6 +244,8 @@ class Serving:
 
     async def aclose(self) -> None:
         await asyncio.gather(*(s.aclose() for s in self.scorers.values()))
+        for counter in [*self.counters.values(), *self.lm_counters.values()]:
+            counter.close()
         for reranker in self.rerankers.values():
             reranker.close()  # worker processes go with the server
 
@@ -233,6 +261,53 @@ class Serving:
     def scorer(self, name: str) -> BatchScorer:
         self.check_ready()
         return self.scorers[name]
+
+    def counter(self, name: str, lm: bool = False) -> TokenCounter:
+        """Reranker `name`'s token counter (`lm`: its causal LM's, for prompts)."""
+        self.check_ready()
+        return (self.lm_counters if lm else self.counters)[name]
+
+    async def pair_costs(
+        self, name: str, query: str, texts: list[str], field: str, per_doc: int | None = None
+    ) -> tuple[list[str], list[int], int]:
+        """What ranking `texts` for `query` with reranker `name` costs, before any model work:
+        (the texts to score, cut to `per_doc` tokens where asked; each (query, text) pair's
+        tokens, capped at the model's length; how many texts were cut), counted with the
+        reranker's own tokenizer off the event loop and the model thread
+        (`cisrank.api.token_count`). Refused as soon as the pairs pass
+        `limits.max_request_cost` (422 naming `field`), or not counted within the request
+        timeout (503)."""
+        budget = self.config.limits.max_request_cost
+        cap = self.scorer(name).token_cap
+        counter = self.counter(name)
+        timeout = self.config.batching.request_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                query_tokens = (await counter.measure([query])).counts[0]
+                limit = per_doc
+                if cap is not None:  # a passage is read up to what the pair leaves of the cap
+                    room = max(1, cap - query_tokens)
+                    limit = room if limit is None else min(limit, room)
+
+                def pair(_: int, n: int) -> int:
+                    return min(query_tokens + n, cap) if cap is not None else query_tokens + n
+
+                measured = await counter.measure(
+                    texts, limit=limit, cut=per_doc, cost=pair, budget=budget
+                )
+        except OverBudget as exc:
+            raise InvalidField(
+                field,
+                f"cost {'at least ' if exc.at_least else ''}{exc.cost} {counter.unit} (those "
+                "of (query, document) summed over the documents, each pair capped at the "
+                f"model's length) is over the limit of {budget}: send fewer or shorter "
+                "documents, or set max_tokens_per_doc",
+            ) from None
+        except TimeoutError:
+            raise TimedOut(
+                f"not counted within {timeout:g} s: the server is overloaded, retry later"
+            ) from None
+        return measured.texts, pair_tokens(query_tokens, measured.counts, cap), measured.cut
 
     def model_thread(self, name: str, cancel: threading.Event | None = None) -> ModelThread:
         """Reranker `name`'s model thread, for one request's model work; `cancel`, once set

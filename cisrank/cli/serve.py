@@ -259,7 +259,8 @@ def _url(host: str, port: int) -> str:
 class LoadWatch(threading.Thread):
     """Watches the workers' reports (`cisrank.api.app.report_loading_to`): says `ready on URL`
     once all `workers` have loaded, and calls `stop` at the first worker whose loading failed
-    (its reason is then `failure`)."""
+    (its reason is then `failure`). A look that fails for want of descriptors is tried again at
+    the next tick (the thread died of EMFILE under a flood of connections, issue 48)."""
 
     def __init__(self, folder: Path, workers: int, url: str, stop: Callable[[], None]) -> None:
         super().__init__(name="cisrank-load-watch", daemon=True)
@@ -275,11 +276,13 @@ class LoadWatch(threading.Thread):
         while not self.done.wait(0.1):
             try:
                 names = os.listdir(self.folder)
+                failed = sorted(n for n in names if n.startswith("failed-"))
+                text = (self.folder / failed[0]).read_text(encoding="utf-8") if failed else ""
             except FileNotFoundError:  # the server is past its end and cleaned up
                 return
-            failed = sorted(n for n in names if n.startswith("failed-"))
+            except OSError:  # out of descriptors (EMFILE) for a moment: look again next tick
+                continue
             if failed:
-                text = (self.folder / failed[0]).read_text(encoding="utf-8")
                 self.failure = " ".join(text.split()) or "a model failed to load"
                 self.stop_server()
                 return
@@ -398,6 +401,8 @@ def serve(
     """
     cfg = server_config(config, reranker, model, index or (), options)
     require("uvicorn", "serve", "cisrank serve")
+    from cisrank.api.http_protocol import uvicorn_options
+
     sock = listen(host, port)
     env.set_server_config_json(cfg.model_dump_json())
     signal.signal(signal.SIGTERM, _stopped_by_sigterm)
@@ -411,6 +416,7 @@ def serve(
             workers=workers,
             timeout_graceful_shutdown=cfg.graceful_timeout_s,
             log_config=None,
+            **uvicorn_options(cfg),
         )
     finally:
         sock.close()

@@ -108,3 +108,183 @@ def test_a_huge_integer_is_400_on_every_json_route(make_client, path):
             "type": "json_invalid",
         }
     ]
+
+
+# ---- issue 48: every check before the work is linear in the body
+
+
+def _seconds(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _refused(raw: bytes) -> None:
+    with pytest.raises(BodyError):
+        read_json_body(raw, None)
+
+
+def test_locating_a_long_integer_among_many_long_runs_is_linear():
+    """Issue 48, finding 1: a body of 100 runs of 4,300 digits then one of 5,000 (0.44 MB) took
+    1.9 s to locate (the regex restarted at every digit of every run: quadratic; 16.6 MB took
+    74 s), against a few milliseconds for `json.loads` to refuse it. Located in one linear pass
+    now, before the parser converts a single one of them, within a small multiple of the time
+    the parser takes to read the same body without the last integer."""
+    runs = b",".join([b"1" * 4300] * 100)
+    raw = b'{"query": "q", "x": [' + runs + b'],\n "top_n": -' + b"7" * 5000 + b"}"
+    error = _error(raw)
+    at = raw.index(b"-7")  # 430,133: the sign's offset, as the parser counts characters
+    assert f"5000 digits at line 2 column 11 (char {at})" in error.message, error.message
+    parse = min(_seconds(lambda: json.loads(raw[: raw.rindex(b",")] + b"}")) for _ in range(3))
+    locate = min(_seconds(lambda: _refused(raw)) for _ in range(3))
+    assert locate < 3 * parse + 0.05, (locate, parse)
+
+
+def test_long_digit_runs_that_python_reads_are_not_integers():
+    """Floats (integer part, fraction, exponent) and strings of any length are read, and the
+    long integer named is the first one outside them, with its sign."""
+    long = b"9" * 4301
+    fine = (
+        b'{"f": [' + long + b".5, 0." + long + b", 1e-" + long + b', 2E+1], "s": "' + long + b'"}'
+    )
+    assert read_json_body(fine, None)["s"] == long.decode()
+    escaped = b'{"s": "\\\\\\"' + long + b'\\"", "n": [1, -' + long + b"]}"
+    error = _error(escaped)
+    assert (error.status, error.kind) == (400, "json_invalid")
+    at = escaped.index(b"-" + long)
+    assert f"4301 digits at line 1 column {at + 1} (char {at})" in error.message, error.message
+    # a character offset, not a byte offset, after multi-byte text
+    multi = '{"s": "é€😀", "n": '.encode() + long + b"}"
+    char = multi.decode().index("9")  # 18 characters, 24 bytes
+    assert f"4301 digits at line 1 column {char + 1} (char {char})" in _error(multi).message
+
+
+def _reference_path(value, path=()):
+    """The first string or key holding a lone surrogate, by walking the value in document order
+    (the brute-force reference): (path, key or None, the string)."""
+    if isinstance(value, str):
+        return (path, None, value) if _has_lone(value) else None
+    if not isinstance(value, (dict, list)):
+        return None
+    members = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in members:
+        if isinstance(key, str) and _has_lone(key):
+            return (path, key, key)
+        found = _reference_path(child, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _has_lone(text: str) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def _random_text(rng) -> str:
+    pieces = [
+        "a",
+        "é",
+        "😀",
+        "\\",
+        '"',
+        "\\u",
+        "[",
+        "]{,:",
+        " ",
+        "\ud800",
+        "\udc00",
+        "\ud83d\ude00",
+    ]
+    return "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 6)))
+
+
+def _random_value(rng, depth: int):
+    roll = rng.random()
+    if depth >= 6 or roll < 0.35:
+        return rng.choice([_random_text(rng), 7, -1.5, None, True, []])
+    if roll < 0.7:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))]
+    return {
+        _random_text(rng) + str(i): _random_value(rng, depth + 1)
+        for i in range(rng.randrange(0, 5))
+    }
+
+
+def test_the_lone_surrogate_named_is_the_brute_force_walks_first():
+    """The linear locator against a walk of the parsed value: 600 random bodies of nested
+    arrays and objects whose strings and keys mix lone halves, pairs, escaped backslashes and
+    quotes, brackets, commas and colons, written with and without escapes for non-ASCII."""
+    import random
+
+    rng = random.Random(48)
+    located = 0
+    for case in range(600):
+        text = json.dumps(_random_value(rng, 0), ensure_ascii=False, indent=case % 3 or None)
+        if case % 2 or _has_lone(text):  # surrogates written raw are not UTF-8: escape them
+            text = json.dumps(json.loads(text), indent=case % 3 or None)
+        raw = text.encode()
+        value = json.loads(raw)  # what the decoder reads (adjacent halves make a pair)
+        expected = _reference_path(value)
+        if expected is None:
+            assert read_json_body(raw, None) == value, raw
+            continue
+        located += 1
+        error = _error(raw)
+        path, key, text = expected
+        assert error.field == (".".join(str(p) for p in path) or "body"), (raw, error.message)
+        if key is not None:
+            assert "the key '" in error.detail, (raw, error.detail)
+        else:
+            first = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+            assert f"at character {first})" in error.detail, (raw, error.detail)
+    assert located > 100
+
+
+def test_a_lone_surrogate_under_63_levels_is_located_in_one_pass():
+    """Issue 48, finding 4: a large body nested 63 deep with a lone surrogate at the bottom was
+    re-encoded once per level while locating it (halving each container's members encoded the
+    first one, which holds all the rest, at every level: 15 MB took 3.9 s, the event loop
+    stalled; 0.2 s without the surrogate). One pass now: within a small multiple of parsing
+    it (4.3 MB here: about 60 encodings of it before)."""
+    leaf = ["x" * 40] * 100_000 + ["\ud800"]
+    value: object = leaf
+    for i in range(62):
+        value = {"k": value, "z": 0} if i % 2 else [value, 0]  # the big member first
+    raw = json.dumps(value).encode()
+    error = _error(raw)
+    assert error.field == ".".join(["k", "0"] * 31) + ".100000", error.field
+    parse = min(_seconds(lambda: json.loads(raw)) for _ in range(3))
+    locate = min(_seconds(lambda: _refused(raw)) for _ in range(3))
+    assert locate < 6 * parse + 0.02, (locate, parse)
+
+
+def test_a_large_body_is_read_off_the_event_loop(make_client, monkeypatch):
+    """Issue 48, finding 1: the body was decoded, parsed and checked on the event loop, which
+    stalled `/healthz` for as long (74 s on the 16.6 MB body of long integers). A body over
+    `OFF_LOOP_BYTES` is read in a worker thread; a small one stays on the loop (a thread hop
+    costs more than reading it)."""
+    import asyncio
+
+    from api_fakes import OverlapReranker
+
+    from cisrank.api import routes
+
+    on_loop: list[tuple[int, bool]] = []
+    real = routes.read_json_body
+
+    def spy(raw, content_type):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append((len(raw), True))
+        except RuntimeError:
+            on_loop.append((len(raw), False))
+        return real(raw, content_type)
+
+    monkeypatch.setattr(routes, "read_json_body", spy)
+    client = make_client({"ov": OverlapReranker()})
+    small = {"query": "q", "documents": ["a"]}
+    large = {"query": "q", "documents": ["word " * 1000] * 60}  # 300 KB
+    assert client.post("/v1/rerank", json=small).status_code == 200
+    assert client.post("/v1/rerank", json=large).status_code == 200
+    assert [loop for _, loop in on_loop] == [True, False], on_loop
+    assert on_loop[1][0] > routes.OFF_LOOP_BYTES

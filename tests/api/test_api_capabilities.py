@@ -8,7 +8,7 @@ import pytest
 from api_fakes import ListRetriever, OverlapReranker
 
 from cisrank import testing
-from cisrank.api.config import RerankerSpec
+from cisrank.api.config import BatchingConfig, Limits, RerankerSpec
 from cisrank.api.serving import build_reranker
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import IdentityReranker, Reranker
@@ -75,10 +75,19 @@ def test_a_pooled_reranker_answers_with_its_local_copy(tiny_gpt2_dir):
 def test_the_batcher_caps_a_pair_at_the_declared_limit(make_client):
     capped = OverlapReranker()
     capped.pair_token_limit = 7
-    client = make_client({"capped": capped, "plain": OverlapReranker()})
+    client = make_client(
+        {"capped": capped, "plain": OverlapReranker()},
+        limits=Limits(max_request_cost=10),
+        batching=BatchingConfig(max_inflight_cost=10),
+    )
     scorers = client.app.state.serving.scorers
     assert scorers["capped"].token_cap == 7 and scorers["plain"].token_cap is None
-    assert scorers["capped"].cost("q", ["x" * 4000]) == 7
+    # a 4,000-character document costs 7 tokens where the model reads at most 7: under a
+    # budget of 10 on the capped reranker, over it on the plain one
+    body = {"query": "q", "documents": ["x" * 4000]}
+    assert client.post("/v1/rerank", json={**body, "model": "capped"}).status_code == 200
+    r = client.post("/v1/rerank", json={**body, "model": "plain"})
+    assert r.status_code == 422 and "cost 4001 tokens" in r.text, r.text
 
 
 def test_context_runs_on_any_reranker_that_declares_a_causal_lm(make_client, cis):

@@ -127,13 +127,16 @@ def test_the_rerank_cost_counts_in_the_budget_before_any_work(make_client, cis, 
     if route == "/v1/generate":
         body["max_new_tokens"] = 1
     from cisrank.api.assembly import costliest, prompt_size
+    from cisrank.api.token_count import utf8_bytes
     from cisrank.context.templates import TEMPLATES, resolve_template
 
     template = resolve_template(TEMPLATES["qa" if route == "/v1/context" else "entropy"], {})
     chosen = costliest(template, QUESTION, _passages(docs), 1, False)
     assert chosen[0].docid == "long"  # the bound is the longest document's prompt
-    prompt = -(-prompt_size(template, QUESTION, chosen, False).chars // 4)
-    ranking = sum(-(-len(QUESTION) // 4) + -(-len(f"{d['title']}\n{d['text']}") // 4) for d in docs)
+    # the overlap reranker declares no tokenizer: its pairs cost their UTF-8 bytes; the prompt
+    # costs its LM tokens, at most its characters here (ASCII, a byte-level tokenizer)
+    prompt = prompt_size(template, QUESTION, chosen, False).chars
+    ranking = sum(utf8_bytes(QUESTION) + utf8_bytes(f"{d['title']}\n{d['text']}") for d in docs)
     assert ranking > prompt
     client = make_client(
         {"cis": cis, "overlap": words}, limits=Limits(max_request_cost=ranking + 1)

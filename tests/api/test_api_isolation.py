@@ -80,7 +80,9 @@ def test_a_poisoned_request_fails_alone_among_ten_concurrent_ones_over_http(live
     reranker = MultiOverlapReranker()
     reranker.gate = threading.Event()
     reranker.poison = POISON
-    cfg = config_for(["ov"], batching=BatchingConfig(max_wait_ms=0, max_batch_passages=256))
+    # (the gated call looks slow: no time bound on slices, or the 11 would not share one)
+    batching = BatchingConfig(max_wait_ms=0, max_batch_passages=256, max_slice_s=600)
+    cfg = config_for(["ov"], batching=batching)
     app = create_app(cfg, rerankers={"ov": reranker}, api_keys=[])
     url = live_server(app)
     scorer = app.state.serving.scorers["ov"]

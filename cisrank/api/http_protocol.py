@@ -1,0 +1,312 @@
+"""The HTTP connection as `cisrank serve` reads it: a bounded request head, a head deadline and a
+bounded number of connections (issue 48, finding 2).
+
+Why a protocol of our own: uvicorn's default parser (httptools) reads a request's head without
+any limit. A 128 MiB header was read whole (httptools joins the pieces of a header value one
+concatenation at a time: 45 s of CPU for two of them) and answered 200; the server went from 711
+to 1,055 MB. Nothing times out a connection between its first byte and the end of its head, and
+every connection holds a file descriptor: 20,200 connections that each sent half a head filled
+all 20,000 descriptors, fresh clients got no connection, and the thread that watches the
+workers' loading died of EMFILE. uvicorn's `limit_concurrency` answers 503 only once a head is
+complete, after the descriptor is taken, and h11's `max_incomplete_event_size` (the one head limit
+uvicorn has) is for h11 alone, answered 400.
+
+`GuardedHttpToolsProtocol` is uvicorn's httptools protocol with, per `ConnectionLimits`:
+
+- a head (request line and headers) of at most `max_header_bytes` and `max_headers` header
+  lines: a larger one is answered 431 (Request Header Fields Too Large, RFC 6585) with the JSON
+  error body and the connection closed, having read at most the limit and one read (256 KiB) of
+  it, and never handed to the app;
+- a head deadline: a head not complete `header_timeout_s` after the connection opened (or after
+  the first byte of a following request on a kept-alive connection) is answered 408 and closed;
+  a connection that sent nothing by then is closed (what uvicorn does to an idle kept-alive one);
+- at most `max_connections` open connections per process, set below the descriptor limit: one
+  over it is answered 503 with Retry-After at once and closed, so its descriptor is back within
+  the same event-loop turn and the process never runs out of descriptors (the model, prior store
+  and index files, the loader and the load watch keep theirs).
+
+No limit here applies to bodies: those are the app's (`cisrank.api.middleware`,
+`cisrank.api.lifecycle`). Where httptools is not installed, `cisrank serve` falls back to h11 with
+`h11_max_incomplete_event_size` (heads over it: 400), without the deadline or the connection cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from cisrank import env
+from cisrank.api.config import ServerConfig
+from cisrank.api.schemas import ErrorBody, FieldError
+
+log = logging.getLogger(__name__)
+
+RESERVED_DESCRIPTORS = 128
+"""Descriptors kept free of connections for everything else a server process opens (model,
+tokenizer, prior store, index and log files, worker pipes, the status folder)."""
+
+
+def descriptor_limit() -> int:
+    """This process's soft limit on open descriptors (RLIMIT_NOFILE); 1,048,576 if unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def accept_backlog(descriptors: int | None = None) -> int:
+    """The listen backlog: asyncio accepts up to this many pending connections in one go before
+    any of them is refused, so it counts against the descriptors too (an eighth of them, 64 to
+    2,048, uvicorn's default)."""
+    descriptors = descriptor_limit() if descriptors is None else descriptors
+    return max(64, min(2048, descriptors // 8))
+
+
+def connection_cap(requested: int | None, descriptors: int | None = None) -> int:
+    """Connections one process may hold: `requested` (`limits.max_connections`), at most the
+    descriptor limit less the accept backlog and `RESERVED_DESCRIPTORS` (what it is when not
+    requested). A request above that is lowered to it, with a warning."""
+    descriptors = descriptor_limit() if descriptors is None else descriptors
+    room = max(1, descriptors - accept_backlog(descriptors) - RESERVED_DESCRIPTORS)
+    if requested is None:
+        return room
+    if requested > room:
+        log.warning(
+            "limits.max_connections %d is over what %d descriptors allow; serving at most %d "
+            "connections (raise the descriptor limit, ulimit -n, to serve more)",
+            requested,
+            descriptors,
+            room,
+        )
+    return min(requested, room)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may send before its request reaches the app (see the module doc)."""
+
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    max_connections: int = 1 << 20
+    retry_after_s: int = 1
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> ConnectionLimits:
+        limits = config.limits
+        return cls(
+            max_header_bytes=limits.max_header_bytes,
+            max_headers=limits.max_headers,
+            header_timeout_s=limits.header_timeout_s,
+            max_connections=connection_cap(limits.max_connections),
+            retry_after_s=config.batching.retry_after_s,
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _limits_from_env() -> ConnectionLimits:
+    """The limits of the config `cisrank serve` hands its workers (`CISRANK_SERVER_CONFIG`)."""
+    raw = env.server_config_json()
+    config = ServerConfig.model_validate_json(raw) if raw else ServerConfig()
+    return ConnectionLimits.from_config(config)
+
+
+def _response(status: int, reason: str, error: str, message: str, extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response with the JSON error body that closes the connection."""
+    fields = [FieldError(field="headers", message=message, type="size")] if status == 431 else []
+    body = ErrorBody(error=error, message=message, fields=fields).model_dump_json().encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class _RefusalLog:
+    """One warning for a run of refused connections, at most every `every_s` seconds, with the
+    count since the last: a flood of thousands must not become thousands of log lines."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.last = -float("inf")
+        self.suppressed = 0
+
+    def __call__(self, logger: logging.Logger, now: float, message: str) -> None:
+        if now - self.last < self.every_s:
+            self.suppressed += 1
+            return
+        more = f" (and {self.suppressed} more since the last warning)" if self.suppressed else ""
+        logger.warning("connection refused (503): %s%s", message, more)
+        self.last, self.suppressed = now, 0
+
+
+_refusals = _RefusalLog()
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a bounded head, a head deadline and a connection cap.
+    Its limits are `limits` (a subclass made by `with_limits`), else those of the server config
+    in the environment (`cisrank serve`)."""
+
+    limits: ConnectionLimits | None = None
+
+    @classmethod
+    def with_limits(cls, limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
+        """This protocol with `limits` (for a server run in-process: uvicorn.Config(http=...))."""
+        return type(cls.__name__, (cls,), {"limits": limits})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = self.limits or _limits_from_env()
+        self._refused = False
+        self._in_head = True  # reading a request's head (or waiting for the first one)
+        self._head_bytes = 0  # bytes received while in the head, read by the parser or not
+        self._head_size = 0  # bytes of the head's parts the parser handed over
+        self._head_lines = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    # ---- refusals
+
+    def _refuse(self, response: bytes) -> None:
+        """Answer `response` and close: the parser's callbacks are ignored from now on."""
+        self._refused = True
+        self._cancel_head_timer()
+        if not self.transport.is_closing():
+            self.transport.write(response)
+            self.transport.close()
+
+    def _refuse_head(self, why: str) -> None:
+        self.logger.warning("request head refused (431): %s", why)
+        message = (
+            f"{why}: at most {self.guard.max_header_bytes} bytes and {self.guard.max_headers} "
+            "header lines are read"
+        )
+        self._refuse(_response(431, "Request Header Fields Too Large", "invalid_request", message))
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._refused or not self._in_head or self.transport.is_closing():
+            return
+        if not self._head_bytes:  # nothing sent: an idle connection, closed like uvicorn's
+            self._refused = True
+            self.transport.close()
+            return
+        message = (
+            f"the request head did not arrive within {self.guard.header_timeout_s:g} s "
+            "of the connection"
+        )
+        self._refuse(_response(408, "Request Timeout", "request_timeout", message))
+
+    def _start_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(
+                self.guard.header_timeout_s, self._head_timed_out
+            )
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    # ---- connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.guard.max_connections:
+            self.transport = transport
+            message = (
+                f"the server holds {len(self.connections)} connections, its limit: retry later"
+            )
+            extra = f"retry-after: {self.guard.retry_after_s}\r\n"
+            _refusals(self.logger, self.loop.time(), message)
+            self._refuse(_response(503, "Service Unavailable", "overloaded", message, extra))
+            return
+        super().connection_made(transport)
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        if self._refused and self.flow is None:  # refused in connection_made: nothing else
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        in_head = self._in_head
+        super().data_received(data)
+        if self._refused or not self._in_head:
+            return
+        # Still inside a head: everything received since it began counts, the part of a header
+        # the parser is still joining included (it hands a header over only once it is whole).
+        # A head that began inside this read (a pipelined request) counts from the next read.
+        if in_head:
+            self._head_bytes += len(data)
+        if max(self._head_bytes, self._head_size) > self.guard.max_header_bytes:
+            self._refuse_head(f"the request head is over {self.guard.max_header_bytes} bytes")
+
+    # ---- parser callbacks
+
+    def on_message_begin(self) -> None:
+        if self._refused:
+            return
+        super().on_message_begin()
+        if not self._in_head:  # a following request on a kept-alive connection
+            self._in_head = True
+            self._head_bytes = 0
+        self._head_size = self._head_lines = 0
+        self._start_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        if self._refused:
+            return
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        self._head_size += len(name) + len(value) + 4
+        self._head_lines += 1
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        self._in_head = False
+        self._cancel_head_timer()
+        if self._head_lines > self.guard.max_headers:
+            self._refuse_head(f"the request has {self._head_lines} header lines")
+            return
+        if self._head_size > self.guard.max_header_bytes:
+            self._refuse_head(f"the request head is {self._head_size} bytes")
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+
+def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
+    """What `cisrank serve` passes uvicorn for these limits: the guarded protocol (by import
+    path, so that every worker process builds it), the accept backlog, and h11's head limit for
+    the fallback where httptools is missing."""
+    try:
+        import httptools  # noqa: F401
+
+        http = f"{__name__}:GuardedHttpToolsProtocol"
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
+        http = "h11"
+    return {
+        "http": http,
+        "backlog": accept_backlog(),
+        "h11_max_incomplete_event_size": config.limits.max_header_bytes,
+    }
