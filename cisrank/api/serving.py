@@ -37,21 +37,24 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- model loading
 
 
-LM_KINDS = ("cis", "hybrid")
-"""Kinds whose scoring runs a causal LM: served on a worker per core unless told otherwise."""
-
-
 def build_reranker(spec: RerankerSpec) -> Reranker:
     """A reranker from its spec: a registry kind, or a `module:factory` import path."""
+    from cisrank.rerank.registry import kind_list, servable
     from cisrank.workers import WorkerOptions
 
+    record = spec.record
+    if record is not None and not record.servable:
+        pick = kind_list(k for k in servable())
+        raise CisrankError(f"reranker kind '{spec.kind}' cannot be served: pick {pick}")
     workers = spec.workers
-    if workers is None and spec.kind not in LM_KINDS:
+    if workers is None and (record is None or not record.causal_lm):
         workers = 1  # an encoder scores a request in milliseconds: no worker round trip
     pool = WorkerOptions(workers=workers, threads_per_worker=spec.threads_per_worker or 1)
     reranker = spec.load(pool)
-    if reranker.keeps_order:
-        raise CisrankError("reranker kind 'none' cannot be served: pick dense, cis, ...")
+    if reranker.keeps_order:  # a factory's reranker that scores nothing
+        raise CisrankError(
+            f"reranker kind '{spec.kind}' keeps the input order: it cannot be served"
+        )
     return reranker
 
 
@@ -63,44 +66,22 @@ def open_retriever(path: os.PathLike[str] | str) -> Retriever:
 
 
 def text_embedder(reranker: Reranker) -> Callable[[Sequence[str]], np.ndarray] | None:
-    """The bi-encoder of a dense reranker (unit-length embeddings of texts, no prefix), or None
-    for any other kind: what `/v1/embeddings` serves.
-
-    TODO(contract): the reranker contract declares no embedding capability yet
-    (`cisrank.rerank.base`), so this recognizes the dense reranker by its class, also inside a
-    worker pool (whose local copy runs in this process's model thread)."""
-    from cisrank.rerank.dense import DenseReranker
-    from cisrank.rerank.pooled import PooledReranker
-
-    local = reranker.local if isinstance(reranker, PooledReranker) else reranker
-    if not isinstance(local, DenseReranker):
-        return None
-    dense = local
-
-    def embed(texts: Sequence[str]) -> np.ndarray:
-        return dense.embed(texts)
-
-    return embed
+    """The bi-encoder a reranker declares (`Reranker.embedder`: unit-length embeddings of
+    texts, no prefix), or None where it has none: what `/v1/embeddings` serves."""
+    embedder = reranker.embedder
+    return None if embedder is None else embedder.embed
 
 
 def processes(reranker: Reranker) -> int:
     """The processes a reranker's model work runs on: its workers in a pool, else this one."""
-    from cisrank.rerank.pooled import PooledReranker
-
-    return reranker.workers.count if isinstance(reranker, PooledReranker) else 1
+    return reranker.processes
 
 
 def embedding_dimensions(reranker: Reranker) -> int | None:
     """The length of the vectors `text_embedder` gives (None where unknown or none): checked
     against a request's `dimensions` before anything is embedded."""
-    from cisrank.rerank.dense import DenseReranker
-    from cisrank.rerank.pooled import PooledReranker
-
-    local = reranker.local if isinstance(reranker, PooledReranker) else reranker
-    if not isinstance(local, DenseReranker):
-        return None
-    dimensions = local.encoder.get_embedding_dimension()
-    return int(dimensions) if dimensions else None
+    embedder = reranker.embedder
+    return None if embedder is None else embedder.dimensions
 
 
 def public_model_id(model: str | None) -> str | None:

@@ -14,6 +14,8 @@ from cisrank.cli.defaults import field_help
 from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, takes
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
+from cisrank.distill.teachers import teacher_list
+from cisrank.rerank.registry import CIS
 from cisrank.workers import WorkerOptions
 
 distill_app = typer.Typer(
@@ -26,8 +28,7 @@ TeacherOpt = Annotated[
     str,
     typer.Option(
         "--teacher",
-        help="cis (log p(K|Q) - log p(K) of a causal LM), dense, cross-encoder, or scores "
-        "(a TREC run file given with --scores-file).",
+        help=f"{teacher_list()}.",
     ),
 ]
 TeacherModelOpt = Annotated[
@@ -92,7 +93,7 @@ TRAIN_FLAGS = config_flags(
 """The student's training flags of `distill train` and `distill run`, as given (None: left
 out); `_config` makes them a TrainConfig."""
 
-teacher_flags = reranker_flags(role="teacher", kinds=["cis"], omit=["normalize"])
+teacher_flags = reranker_flags(role="teacher", kinds=[CIS.name], omit=["normalize"])
 """The CIS teacher's flags, the set distill has always offered (no --normalize). They go to
 whichever teacher is chosen, and the reranker registry rejects another kind's by name
 (`--template` with `--teacher dense`)."""
@@ -177,7 +178,7 @@ def generate_cmd(
     """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import load_source
-    from cisrank.distill.teachers import SCORES_TEACHER, TeacherSpec
+    from cisrank.distill.teachers import TeacherSpec, teacher_kind
     from cisrank.workers import for_device, set_threads
 
     ray = engine.ray
@@ -191,7 +192,7 @@ def generate_cmd(
         depth=depth,
     )
     pool = for_device(workers, device)
-    if teacher == SCORES_TEACHER:  # scores read from a file: no model to spread
+    if teacher_kind(teacher).reads_file:  # scores read from a file: no model to spread
         pool = WorkerOptions(workers=1, threads_per_worker=pool.threads_per_worker)
     # Each Ray actor or worker builds its own teacher from the spec; alone, it is built now.
     spec = TeacherSpec.of(

@@ -42,19 +42,20 @@ from cisrank.cli.options import ModelOpt
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
 from cisrank.errors import CisrankError, DamagedFileError, require
-from cisrank.rerank.registry import NO_RERANKER, available
+from cisrank.rerank.registry import servable
+from cisrank.rerank.spec import factory_path
 
 if TYPE_CHECKING:
     from cisrank.api.config import RerankerSpec, ServerConfig
 
-SERVED_KINDS = ", ".join(k for k in available() if k != NO_RERANKER)
+SERVED_KINDS = ", ".join(k.name for k in servable())
 """The registry's kinds that can be served (every one but `none`), for the help."""
 
 
 def _reranker_name(kind: str, model: str | None) -> str:
     """A registry kind names itself (`dense`); a `module:factory` kind is named after its model
     (folder or hub id, last part), else after its factory."""
-    if ":" not in kind:
+    if not factory_path(kind):
         return kind
     if model:
         return Path(model.rstrip("/")).name or kind.rpartition(":")[2]
@@ -74,17 +75,11 @@ def quick_config(
     from pydantic import ValidationError
 
     from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
-    from cisrank.rerank.registry import check_options
 
     given = {k: v for k, v in (options or {}).items() if v is not None}
     if (model is not None or given) and reranker is None:
         what = "--model" if model is not None else ", ".join(map(flag_name, given))
         raise CisrankError(f"{what} needs --reranker KIND ({SERVED_KINDS})")
-    if reranker is not None and ":" not in reranker and given:
-        try:
-            check_options(reranker, given)
-        except CisrankError as exc:
-            raise CisrankError(f"reranker '{reranker}': {exc}") from None
     specs: dict[str, IndexSpec] = {}
     for path in indexes:
         name = path.resolve().name
@@ -98,7 +93,10 @@ def quick_config(
         if reranker is None:
             return ServerConfig(indexes=specs)
         name = _reranker_name(reranker, model)
-        spec = RerankerSpec(kind=reranker, model=model, options=given)
+        try:
+            spec = RerankerSpec(kind=reranker, model=model, options=given)
+        except ValidationError as exc:  # the kind, or its options (checked as it is made)
+            raise CisrankError(f"reranker '{name}': {exc.errors()[0]['msg']}") from None
         return ServerConfig(rerankers={name: spec}, indexes=specs)
     except ValidationError as exc:
         raise CisrankError(f"cannot serve that: {exc.errors()[0]['msg']}") from None
@@ -112,9 +110,9 @@ def server_config(
     options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
     """The config `cisrank serve` runs: from --config, from the quick-start options, or the
-    default; every reranker kind and index path checked."""
+    default (each reranker spec checked as the config is made); every reranker servable and
+    every index path checked."""
     from cisrank.api.config import ServerConfig
-    from cisrank.rerank.registry import check_name
 
     quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
     quick += ["--index"] if indexes else []
@@ -131,13 +129,8 @@ def server_config(
     else:
         cfg = ServerConfig()
     for name, spec in cfg.rerankers.items():
-        if ":" not in spec.kind:
-            try:
-                check_name(spec.kind)
-            except CisrankError as exc:
-                raise CisrankError(f"reranker '{name}': {exc}") from None
-            if spec.kind == "none":
-                raise CisrankError(f"reranker '{name}': kind 'none' cannot be served")
+        if spec.record is not None and not spec.record.servable:
+            raise CisrankError(f"reranker '{name}': kind '{spec.kind}' cannot be served")
     for name, index in cfg.indexes.items():
         if not index.path.exists():
             raise CisrankError(f"index '{name}': path '{index.path}' does not exist")
@@ -200,7 +193,7 @@ def check_model(name: str, spec: RerankerSpec) -> None:
     with one line naming it and the command that repairs it; a catalogue model not pulled yet is
     pulled first (on first use, with one line saying so). Other models are checked when they
     load."""
-    if ":" in spec.kind:
+    if spec.factory:
         return
     from cisrank.rerank.registry import default_model
 

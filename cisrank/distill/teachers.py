@@ -3,22 +3,28 @@
 The pipeline is meant for the CIS teacher, but users arrive with other teachers (a dense or
 cross-encoder reranker, or scores computed elsewhere), so every teacher yields the same columns:
 `score`, plus `log_conditional` and `log_prior` when the teacher is CIS.
+
+The teachers `--teacher` may name are records of `TEACHERS`, as the rerankers are records of
+`cisrank.rerank.registry`: every reranker kind that scores (its facts, such as whether its
+shards are cut by passage, read from its record), CIS with its two terms, and the scores file.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cisrank.errors import DataError
+from cisrank.errors import DataError, UnknownRerankerError
 from cisrank.rerank.base import Reranker
-from cisrank.rerank.registry import check_name, load_reranker
+from cisrank.rerank.registry import CIS, KINDS, RerankerKind, kind_of, load_reranker
+
+if TYPE_CHECKING:
+    from cisrank.rerank.cis import CISReranker
 
 SCORES_TEACHER = "scores"
-CIS_TEACHER = "cis"
 
 
 @dataclass
@@ -71,10 +77,6 @@ class RerankerTeacher:
 
     def __post_init__(self) -> None:
         self.reranker: Reranker = load_reranker(self.name, self.model, **self.options)
-        if self.reranker.keeps_order:
-            raise DataError(
-                f"teacher '{self.name}' has no scores: pick cis, dense, cross-encoder or scores"
-            )
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"teacher": self.name, "model": self.reranker.model_name}
@@ -103,12 +105,8 @@ class CISTeacher(RerankerTeacher):
     tied to the exact model by the engine's fingerprint."""
 
     def __post_init__(self) -> None:
-        from cisrank.rerank.cis import CISReranker
-
-        super().__post_init__()
-        if not isinstance(self.reranker, CISReranker):
-            raise DataError(f"teacher '{self.name}' did not build a CIS reranker")
-        self.cis: CISReranker = self.reranker
+        self.cis: CISReranker = CIS.build(self.model, self.options)
+        self.reranker = self.cis
 
     def describe(self) -> dict[str, Any]:
         # the runtime that really scored (`--backend auto` names a choice, not a runtime)
@@ -194,30 +192,94 @@ class TeacherSpec:
     @property
     def passage_major(self) -> bool:
         """`Teacher.passage_major` of the teacher this spec builds, without building it."""
-        if self.name == "dense":
-            return True
-        if self.name != CIS_TEACHER:
-            return False
-        from cisrank.rerank.configs import CISRerankerConfig
+        return teacher_kind(self.name).passage_major(dict(self.options))
 
-        options = dict(self.options)
-        return options.get("estimator", CISRerankerConfig().estimator) == "reverse"
+
+@dataclass(frozen=True)
+class TeacherKind:
+    """One teacher `--teacher` may name, and what is known of it before it is built."""
+
+    name: str
+    build: Callable[[str | None, str | None, Mapping[str, Any]], Teacher]
+    """Builds it from the model, the scores file and the options (None ones dropped)."""
+    reranker: RerankerKind[Any, Any] | None = None
+    """The reranker kind it scores with; None for scores read from a file."""
+    gloss: str = ""
+    """A few words said after its name in `--teacher`'s help."""
+
+    @property
+    def reads_file(self) -> bool:
+        """Its scores come from a file: it has no model, and nothing to spread over workers."""
+        return self.reranker is None
+
+    def passage_major(self, options: Mapping[str, Any]) -> bool:
+        """Whether its shards are cut by passage (`Teacher.passage_major`), from its reranker
+        kind's record; a scores file is read query by query."""
+        return self.reranker is not None and self.reranker.passage_major_with(options)
+
+
+def _scores_file(model: str | None, scores_file: str | None, options: Mapping[str, Any]) -> Teacher:
+    if scores_file is None:
+        raise DataError(
+            f"teacher '{SCORES_TEACHER}' needs --scores-file RUN (qid Q0 docid rank score tag)"
+        )
+    if model is not None or options:
+        given = ", ".join(["model", *options] if model is not None else options)
+        raise DataError(f"teacher '{SCORES_TEACHER}' reads its scores from a file; drop: {given}")
+    return ScoresFileTeacher(scores_file)
+
+
+def _of_reranker(
+    kind: RerankerKind[Any, Any], teacher: type[RerankerTeacher], gloss: str = ""
+) -> TeacherKind:
+    def build(model: str | None, scores_file: str | None, options: Mapping[str, Any]) -> Teacher:
+        if scores_file is not None:
+            raise DataError(f"--scores-file is for teacher '{SCORES_TEACHER}', not '{kind.name}'")
+        return teacher(kind.name, model, dict(options))
+
+    return TeacherKind(kind.name, build, kind, gloss)
+
+
+def _teachers() -> dict[str, TeacherKind]:
+    found = {CIS.name: _of_reranker(CIS, CISTeacher, "log p(K|Q) - log p(K) of a causal LM")}
+    for name, kind in sorted(KINDS.items()):
+        if not kind.keeps_order:
+            found.setdefault(name, _of_reranker(kind, RerankerTeacher))
+    scores = TeacherKind(
+        SCORES_TEACHER, _scores_file, gloss="a TREC run file given with --scores-file"
+    )
+    return {**found, scores.name: scores}
+
+
+TEACHERS: dict[str, TeacherKind] = _teachers()
+"""Every teacher, in the order `--teacher`'s help lists them: CIS (the default, with its two
+log-likelihood terms), every other reranker kind that scores, and scores read from a file."""
+
+
+def teacher_list(glossed: bool = True) -> str:
+    """The teachers as `--teacher`'s help lists them (`glossed`), or its errors."""
+    named = [f"{t.name} ({t.gloss})" if t.gloss and glossed else t.name for t in TEACHERS.values()]
+    return ", ".join(named[:-1]) + (", or " if glossed else " or ") + named[-1]
+
+
+def teacher_kind(name: str) -> TeacherKind:
+    """The record of teacher `name`; one line naming the teachers there are for any other."""
+    found = TEACHERS.get(name)
+    if found is not None:
+        return found
+    try:
+        kind_of(name)  # a reranker kind that is no teacher keeps the input order: no scores
+    except UnknownRerankerError:
+        raise UnknownRerankerError(
+            f"unknown teacher '{name}': choose one of {teacher_list(glossed=False)}"
+        ) from None
+    raise DataError(f"teacher '{name}' has no scores: pick {teacher_list(glossed=False)}")
 
 
 def load_teacher(
     name: str, model: str | None = None, scores_file: str | Path | None = None, **options: Any
 ) -> Teacher:
     options = {k: v for k, v in options.items() if v is not None}
-    if name == SCORES_TEACHER:
-        if scores_file is None:
-            raise DataError(
-                "teacher 'scores' needs --scores-file RUN (qid Q0 docid rank score tag)"
-            )
-        if model is not None or options:
-            given = ", ".join(["model", *options] if model is not None else options)
-            raise DataError(f"teacher 'scores' reads its scores from a file; drop: {given}")
-        return ScoresFileTeacher(scores_file)
-    if scores_file is not None:
-        raise DataError(f"--scores-file is for teacher 'scores', not '{name}'")
-    check_name(name)
-    return (CISTeacher if name == CIS_TEACHER else RerankerTeacher)(name, model, options)
+    return teacher_kind(name).build(
+        model, None if scores_file is None else str(scores_file), options
+    )

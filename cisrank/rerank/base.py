@@ -31,7 +31,11 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
 - `causal_lm`: its causal-LM engine (RAG context assembly and generation run on it);
 - `prior_store`: where it keeps log p(K) (the API reports its hit rate);
 - `compute_type`: the number format its model computes in (`float32`, `bfloat16`, `int8`...,
-  as the runtime names it: the API's TEI-shaped `/info` reports it as `model_dtype`).
+  as the runtime names it: the API's TEI-shaped `/info` reports it as `model_dtype`);
+- `embedder`: the bi-encoder it scores with, as a `TextEmbedder` (the API's `/v1/embeddings`
+  embeds with it; a cross-encoder or a causal LM has none);
+- `processes`: the processes its model work runs on (1, or a worker pool's size: TEI's `/info`
+  reports it as `tokenization_workers`).
 
 Callers read these; they never probe a reranker for attributes. This module stays light (no torch
 or transformers at import): the types are imported for type checkers only.
@@ -46,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from cisrank.data.types import RankedPassage, rank_order
 
 if TYPE_CHECKING:
+    import numpy as np
     from transformers import PreTrainedTokenizerFast
 
     from cisrank.lm.engine import CausalLMEngine
@@ -63,6 +68,19 @@ def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
     """`tokenizer` where it is a Hugging Face fast tokenizer (one that reports character
     offsets), else None: what a reranker declares as its `fast_tokenizer`."""
     return tokenizer if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
+
+
+class TextEmbedder(Protocol):
+    """A bi-encoder's embeddings of texts, as a reranker that has one declares them."""
+
+    @property
+    def dimensions(self) -> int | None:
+        """The length of its vectors (None where the model does not say)."""
+        ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length float32 embeddings of `texts`, one row each, with no prefix."""
+        ...
 
 
 @runtime_checkable
@@ -99,6 +117,16 @@ class Reranker(Protocol):
     @property
     def compute_type(self) -> str | None:
         """The number format its model computes in, as its runtime names it."""
+        ...
+
+    @property
+    def embedder(self) -> TextEmbedder | None:
+        """The bi-encoder it scores with."""
+        ...
+
+    @property
+    def processes(self) -> int:
+        """The processes its model work runs on."""
         ...
 
     @property
@@ -170,6 +198,8 @@ class BaseReranker(ABC):
     causal_lm: CausalLMEngine | None = None
     prior_store: Priors | None = None
     compute_type: str | None = None
+    embedder: TextEmbedder | None = None
+    processes: int = 1
     passage_major: bool = False
     combines_request: bool = False
 
@@ -244,6 +274,10 @@ class IdentityReranker(CombiningReranker):
     name = "none"
     model_name = ""
     keeps_order = True
+
+    def __init__(self, model: str | None = None, *, config: Any = None, **options: Any) -> None:
+        """The one constructor shape of the registry's kinds; there is no model, and the options
+        the CLI passes to whichever reranker is chosen are ignored."""
 
     def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
         return [[None] * len(p) for _, p in requests]

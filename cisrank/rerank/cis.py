@@ -42,7 +42,7 @@ from cisrank.lm.prompts import (
     resolve_reverse,
 )
 from cisrank.rerank.base import BaseReranker, fast_only
-from cisrank.rerank.configs import CISRerankerConfig
+from cisrank.rerank.configs import CISRerankerConfig, reverse_only
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
 from cisrank.rerank.prior_table import Priors, open_prior_store
 
@@ -100,8 +100,7 @@ class CISReranker(BaseReranker):
         self.model_name = self.config.model if engine is None else engine.model_name
         # Capabilities: the LM and its tokenizer, and (below) the prior store. No pair-token
         # limit: a passage is cut to `max_doc_tokens`, the templated query is not cut.
-        # the reverse estimator runs a passage's context once for all queries that have it
-        self.passage_major = self.config.estimator == "reverse"
+        self.passage_major = reverse_only(self.config)
         self.causal_lm = self.engine
         self.fast_tokenizer = fast_only(self.engine.tokenizer)
         self.compute_type = self.engine.compute_type

@@ -47,6 +47,12 @@ GPU_BATCH_SIZE = 128
 """Cross-encoder pairs per model batch when unset: small on CPU (less padding), large on GPU."""
 
 
+class NoRerankerConfig(ComponentConfig):
+    """`none` keeps the first stage's order: it has no model and no option."""
+
+    label: ClassVar[str] = "no reranker"
+
+
 class DenseRerankerConfig(ComponentConfig):
     """A sentence-transformers bi-encoder scored by cosine of normalized embeddings."""
 
@@ -173,6 +179,14 @@ class CISRerankerConfig(ComponentConfig):
     def _check_reverse_template(cls, v: str) -> str:
         resolve_reverse(v)
         return v
+
+
+def reverse_only(config: CISRerankerConfig) -> bool:
+    """Whether CIS scores with the reverse estimator alone, which runs a passage's context once
+    for every query that has it: the CIS kind's `passage_major` (`cisrank.rerank.registry`), and
+    the CIS reranker's (the forward estimator continues one query's prefix with its passages,
+    so `both` is query-major)."""
+    return config.estimator == "reverse"
 
 
 class CrossEncoderRerankerConfig(ComponentConfig):

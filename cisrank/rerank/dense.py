@@ -40,6 +40,13 @@ class DenseReranker(BaseReranker):
         self.compute_type = (
             str(weights.dtype).removeprefix("torch.") if weights is not None else None
         )
+        self.embedder = self  # its bi-encoder embeds texts (`/v1/embeddings`)
+
+    @property
+    def dimensions(self) -> int | None:
+        """The length of its embeddings, as the model declares it."""
+        dimensions = self.encoder.get_embedding_dimension()
+        return int(dimensions) if dimensions else None
 
     def embed(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
         """L2-normalized float32 embeddings; sentence-transformers sorts by length internally."""

@@ -121,6 +121,8 @@ class PooledReranker(CombiningReranker):
         self.causal_lm = self.local.causal_lm
         self.prior_store = self.local.prior_store
         self.compute_type = self.local.compute_type
+        self.embedder = self.local.embedder  # embeds in this process (the API's model thread)
+        self.processes = self.workers.count
         self.pool: WorkerPool | None = None
         # until the pool pays: this process's own scoring, timed, and the work still expected
         self.deciding = when_it_pays and self.workers.count > 1
@@ -279,10 +281,10 @@ def load_on_workers(
     count is the default, the workers start only once they pay for their start on the work
     left, `expected_chars` of (query, passage) pairs in all where the caller knows it; an
     explicit count is obeyed. A server leaves it off: its workers load before it is ready."""
-    from cisrank.rerank.registry import NO_RERANKER, load_reranker
+    from cisrank.rerank.registry import kind_of, load_reranker
 
     workers = for_device(workers or WorkerOptions(), options.get("device"))
-    if kind == NO_RERANKER:
+    if kind_of(kind).keeps_order:
         return load_reranker(kind, model, **options)
     if workers.count <= 1:
         set_threads(workers.threads_per_worker)

@@ -10,9 +10,9 @@ optional backend fails with the extra to install, not at import time.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from cisrank.config import ComponentConfig, flag_fields, flag_name
 from cisrank.errors import CisrankError, UnknownRerankerError
@@ -22,105 +22,174 @@ from cisrank.rerank.configs import (
     CrossEncoderRerankerConfig,
     DenseRerankerConfig,
     HybridRerankerConfig,
+    NoRerankerConfig,
     StudentRerankerConfig,
+    reverse_only,
 )
+
+if TYPE_CHECKING:
+    from cisrank.rerank.cis import CISReranker
+    from cisrank.rerank.cross_encoder import CrossEncoderReranker, StudentReranker
+    from cisrank.rerank.dense import DenseReranker
+    from cisrank.rerank.hybrid import HybridReranker
 
 ConfigT = TypeVar("ConfigT", bound=ComponentConfig)
 ConfigT_contra = TypeVar("ConfigT_contra", bound=ComponentConfig, contravariant=True)
+RerankerT = TypeVar("RerankerT", bound=Reranker)
+RerankerT_co = TypeVar("RerankerT_co", bound=Reranker, covariant=True)
 
 
-class RerankerClass(Protocol[ConfigT_contra]):
+class RerankerClass(Protocol[ConfigT_contra, RerankerT_co]):
     """The one constructor shape of every reranker: `XReranker(model, *, config=None, **options)`,
     the options being the config's fields. Kinds may take more keyword-only resources (CIS a loaded
     `engine` and an open `prior_store`, the hybrid its `components` and `parts`)."""
 
     def __call__(
         self, model: str | None = None, *, config: ConfigT_contra | None = None, **options: Any
-    ) -> Reranker: ...
+    ) -> RerankerT_co: ...
+
+
+def _never(config: Any) -> bool:
+    return False
+
+
+def _always(config: Any) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
-class RerankerKind(Generic[ConfigT]):
-    """What cisrank knows about one kind of reranker. A new kind is its config in `configs`, its
-    class and one record here: the CLI's flags, option checks and served names follow from them."""
+class RerankerKind(Generic[ConfigT, RerankerT]):
+    """What cisrank knows about one kind of reranker, and the only place it is known: every
+    question a caller asks of a kind (may it be served? does it run a causal LM? is it cheaper
+    scored passage by passage?) is a field here, never a test of its name or of its class. A new
+    kind is its config in `configs`, its class and one record here: the CLI's flags, option
+    checks, served names, help texts and teachers follow from them."""
 
     name: str
     summary: str
     """A few words, for the CLI's help (short enough for an 80-column panel title)."""
     config: type[ConfigT]
-    load_class: Callable[[], RerankerClass[ConfigT]]
+    load_class: Callable[[], RerankerClass[ConfigT, RerankerT]]
     """Imports the reranker class (a static import inside a function, which import-linter sees)."""
     fuses: bool = False
     """Its options are its own and those of the kinds it fuses, which it routes itself: it gets
     the registry as `parts` to build them, and its options are not checked here."""
+    causal_lm: bool = False
+    """Its scores run a causal LM, so a 100-passage request takes seconds on a CPU: a server
+    gives it a worker per core unless its spec says otherwise (an encoder scores a request in
+    milliseconds, and a worker's round trip would cost more than it saves)."""
+    embeds: bool = False
+    """Its model is a bi-encoder that embeds texts (its rerankers declare an `embedder`):
+    `/v1/embeddings` serves it."""
+    servable: bool = True
+    """Whether `cisrank serve` may serve it (not `none`, which scores nothing)."""
+    keeps_order: bool = False
+    """It restates the input order (`none`): it takes no model and ignores the options the CLI
+    passes to whichever kind is chosen, and it cannot teach (it has no scores)."""
+    passage_major: Callable[[ConfigT], bool] = _never
+    """Whether, with this config, scoring a passage's queries together saves work (its
+    rerankers' `passage_major`): jobs that score a pool then cut their shards by passage."""
+    gloss: str = ""
+    """A few words said after its name where the kinds are listed (what the student is)."""
 
     @property
     def fields(self) -> frozenset[str]:
         return frozenset(self.config.model_fields)
 
-    def build(self, model: str | None, options: Mapping[str, Any]) -> Reranker:
+    def build(self, model: str | None, options: Mapping[str, Any]) -> RerankerT:
+        if self.keeps_order:
+            return self.load_class()(model)
         if self.fuses:
             return self.load_class()(model, parts=_PARTS, **options)
         _check_options(self, options)
         return self.load_class()(model, **options)
 
+    def passage_major_with(self, options: Mapping[str, Any]) -> bool:
+        """`passage_major` of the reranker these options build, without building it. A fusing
+        kind combines each whole request, which passage shards would cut apart: never."""
+        if self.fuses or self.keeps_order:
+            return False
+        own = {k: v for k, v in options.items() if k in self.fields and v is not None}
+        return self.passage_major(self.config().replace(**own))
 
-def _dense() -> RerankerClass[DenseRerankerConfig]:
+
+def _identity() -> RerankerClass[NoRerankerConfig, IdentityReranker]:
+    return IdentityReranker
+
+
+def _dense() -> RerankerClass[DenseRerankerConfig, DenseReranker]:
     from cisrank.rerank.dense import DenseReranker
 
     return DenseReranker
 
 
-def _cis() -> RerankerClass[CISRerankerConfig]:
+def _cis() -> RerankerClass[CISRerankerConfig, CISReranker]:
     from cisrank.rerank.cis import CISReranker
 
     return CISReranker
 
 
-def _cross_encoder() -> RerankerClass[CrossEncoderRerankerConfig]:
+def _cross_encoder() -> RerankerClass[CrossEncoderRerankerConfig, CrossEncoderReranker]:
     from cisrank.rerank.cross_encoder import CrossEncoderReranker
 
     return CrossEncoderReranker
 
 
-def _student() -> RerankerClass[StudentRerankerConfig]:
+def _student() -> RerankerClass[StudentRerankerConfig, StudentReranker]:
     from cisrank.rerank.cross_encoder import StudentReranker
 
     return StudentReranker
 
 
-def _hybrid() -> RerankerClass[HybridRerankerConfig]:
+def _hybrid() -> RerankerClass[HybridRerankerConfig, HybridReranker]:
     from cisrank.rerank.hybrid import HybridReranker
 
     return HybridReranker
 
 
-KINDS: dict[str, RerankerKind[Any]] = {
+CIS: RerankerKind[CISRerankerConfig, CISReranker] = RerankerKind(
+    "cis",
+    "causal relevance, log p(K|Q) - log p(K) under a causal LM",
+    CISRerankerConfig,
+    _cis,
+    causal_lm=True,
+    passage_major=reverse_only,
+)
+CROSS_ENCODER: RerankerKind[CrossEncoderRerankerConfig, CrossEncoderReranker] = RerankerKind(
+    "cross-encoder",
+    "one logit per (query, passage) pair",
+    CrossEncoderRerankerConfig,
+    _cross_encoder,
+)
+"""Also the kind a student trained by `cisrank distill train` is loaded as (a folder)."""
+NONE: RerankerKind[NoRerankerConfig, IdentityReranker] = RerankerKind(
+    "none",
+    "keep the first stage's order",
+    NoRerankerConfig,
+    _identity,
+    servable=False,
+    keeps_order=True,
+)
+
+KINDS: dict[str, RerankerKind[Any, Any]] = {
     k.name: k
     for k in (
-        RerankerKind(
-            "cis",
-            "causal relevance, log p(K|Q) - log p(K) under a causal LM",
-            CISRerankerConfig,
-            _cis,
-        ),
-        RerankerKind(
-            "cross-encoder",
-            "one logit per (query, passage) pair",
-            CrossEncoderRerankerConfig,
-            _cross_encoder,
-        ),
+        CIS,
+        CROSS_ENCODER,
         RerankerKind(
             "dense",
             "cosine of bi-encoder embeddings",
             DenseRerankerConfig,
             _dense,
+            embeds=True,
+            passage_major=_always,  # a passage is embedded once for all its queries
         ),
         RerankerKind(
             "student",
             "the cross-encoder shipped with cisrank (DL19 0.6477)",
             StudentRerankerConfig,
             _student,
+            gloss="the cross-encoder shipped with cisrank",
         ),
         RerankerKind(
             "hybrid",
@@ -128,39 +197,64 @@ KINDS: dict[str, RerankerKind[Any]] = {
             HybridRerankerConfig,
             _hybrid,
             fuses=True,
+            causal_lm=True,  # its default fusion holds CIS
         ),
     )
 }
-"""Every reranker kind, in the one place that lists them."""
+"""Every reranker kind that scores, in the one place that lists them; `NONE` apart."""
 
-NO_RERANKER = "none"
+NO_RERANKER = NONE.name
 
 
 def available() -> list[str]:
     return [NO_RERANKER, *sorted(KINDS)]
 
 
-def check_name(name: str) -> str:
-    if name != NO_RERANKER and name not in KINDS:
+def kind_of(name: str) -> RerankerKind[Any, Any]:
+    """The record of kind `name` (`none` included); an `UnknownRerankerError` naming the
+    kinds there are for any other name."""
+    found = NONE if name == NONE.name else KINDS.get(name)
+    if found is None:
         raise UnknownRerankerError(
             f"unknown reranker '{name}': choose one of {', '.join(available())}"
         )
+    return found
+
+
+def check_name(name: str) -> str:
+    kind_of(name)
     return name
+
+
+def kind_list(kinds: Iterable[RerankerKind[Any, Any]]) -> str:
+    """Kinds as the help texts list them: by name, sorted, each with its gloss where it has
+    one (`student: the cross-encoder shipped with cisrank`)."""
+    return ", ".join(
+        f"{k.name}: {k.gloss}" if k.gloss else k.name for k in sorted(kinds, key=lambda k: k.name)
+    )
+
+
+def servable() -> list[RerankerKind[Any, Any]]:
+    """The kinds `cisrank serve` may serve, sorted by name."""
+    return sorted((k for k in (NONE, *KINDS.values()) if k.servable), key=lambda k: k.name)
+
+
+def served_with_lm(name: str) -> bool:
+    """Whether a served reranker of kind `name` (a registry kind or a `module:factory` path,
+    which declares nothing) runs a causal LM: `RerankerKind.causal_lm`."""
+    found = NONE if name == NONE.name else KINDS.get(name)
+    return found is not None and found.causal_lm
 
 
 def config_fields(name: str) -> frozenset[str]:
     """The options reranker kind `name` takes (its config's fields; `none` takes none)."""
-    if check_name(name) == NO_RERANKER:
-        return frozenset()
-    return KINDS[name].fields
+    return kind_of(name).fields
 
 
 def default_model(name: str) -> str | None:
     """The model kind `name` loads when none is named (its config's default), or None for a
     kind without one of its own (`none`, a fusion of other kinds)."""
-    if check_name(name) == NO_RERANKER:
-        return None
-    field = KINDS[name].config.model_fields.get("model")
+    field = kind_of(name).config.model_fields.get("model")
     default = field.default if field is not None else None
     return default if isinstance(default, str) else None
 
@@ -171,15 +265,15 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
     a fusing kind's options against its own config and the kinds it may fuse. None values
     mean "the default" and are skipped. For checks before a server starts."""
     given = {k: v for k, v in options.items() if v is not None}
-    if check_name(name) == NO_RERANKER or not given:
+    record = kind_of(name)
+    if record.keeps_order or not given:
         return
-    kind = KINDS[name]
-    if not kind.fuses:
-        _check_options(kind, given)
-        kind.config().replace(**given)
+    if not record.fuses:
+        _check_options(record, given)
+        record.config().replace(**given)
         return
-    own = {k: v for k, v in given.items() if k in kind.fields}
-    kind.config().replace(**own)
+    own = {k: v for k, v in given.items() if k in record.fields}
+    record.config().replace(**own)
     others = set(given) - set(own)
     fusable = frozenset().union(*(k.fields for k in KINDS.values() if not k.fuses))
     stray = sorted(others - fusable)
@@ -189,7 +283,7 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
         )
 
 
-def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
+def _check_options(kind: RerankerKind[Any, Any], options: Mapping[str, Any]) -> None:
     """Reject the flags of another reranker by their flag names (`--template` given to dense),
     saying whose they are: the CLI passes every reranker-specific flag to whichever is chosen."""
     unknown = sorted(set(options) - kind.fields)
@@ -208,7 +302,8 @@ def _check_options(kind: RerankerKind[Any], options: Mapping[str, Any]) -> None:
 
 def load_reranker(name: str, model: str | None = None, **options: Any) -> Reranker:
     """Build the named reranker; `none` gives the `IdentityReranker` (keep the input order),
-    which takes no model and ignores the options the CLI passes to every reranker. Options that
+    which takes no model and ignores the options the CLI passes to every reranker (its record
+    `keeps_order`). Options that
     are None mean "the config's default" and are dropped, as the CLI passes every flag."""
     if not isinstance(name, str):  # a list or None would be a TypeError deep in a dict lookup
         raise UnknownRerankerError(
@@ -222,10 +317,7 @@ def load_reranker(name: str, model: str | None = None, **options: Any) -> Rerank
                 f"{type(model).__name__} {model!r:.60}"
             )
         model = os.fspath(model)
-    check_name(name)
-    if name == NO_RERANKER:
-        return IdentityReranker()
-    return KINDS[name].build(model, {k: v for k, v in options.items() if v is not None})
+    return kind_of(name).build(model, {k: v for k, v in options.items() if v is not None})
 
 
 class _Parts:

@@ -3,8 +3,8 @@
 
 Why here and not in `cisrank.api`: a served reranker and an evaluated one are the same thing
 written the same way, so one schema serves both, and it sits on the rerankers' floor where eval
-(below the API) can read it. `check` tests a spec against the registry's kind configs before any
-model loads; `load` builds it (a registry kind, on worker processes where asked, or a
+(below the API) can read it. A spec is checked against the registry's kind configs when it is
+made, before any model loads; `load` builds it (a registry kind, on worker processes where asked, or a
 `module:factory` import path).
 """
 
@@ -15,23 +15,35 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from cisrank.config import ComponentConfig, read_config_file, validation_problem
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker
+from cisrank.rerank.registry import RerankerKind, check_options, kind_list, kind_of, servable
 
 if TYPE_CHECKING:
     from cisrank.workers import WorkerOptions
 
 
+def factory_path(kind: str) -> bool:
+    """Whether a spec's `kind` is a `package.module:factory` import path rather than a
+    registry kind."""
+    return ":" in kind
+
+
 class RerankerSpec(ComponentConfig):
     """One served reranker: a registry kind (or `module:factory`), its model and options."""
 
+    # Checked once, when it is made (read from a file, from the CLI's flags or in code): the
+    # kind against the registry and the options against its config, without loading a model or
+    # torch. A bad spec is a `ValidationError` naming the field (`kind`, `model` or `options`).
+
     kind: str = Field(
-        description="A reranker kind (cis, cross-encoder, dense, hybrid, student: the "
-        "cross-encoder shipped with cisrank), or an import path 'package.module:factory' for a "
-        "custom reranker factory called as factory(model, **options)."
+        description=f"A reranker kind ({kind_list(servable())}), or an import path "
+        "'package.module:factory' for a custom reranker factory called as "
+        "factory(model, **options)."
     )
     model: str | None = Field(
         default=None,
@@ -46,7 +58,8 @@ class RerankerSpec(ComponentConfig):
         ge=1,
         description="Processes this reranker's model work runs on, each with its own copy of "
         "the model (`cisrank.workers`): one request's passages are shared among them. Default: "
-        "one per CPU core for the causal-LM kinds (cis, hybrid), whose 100-passage requests "
+        "one per CPU core for the causal-LM kinds "
+        f"({kind_list(k for k in servable() if k.causal_lm)}), whose 100-passage requests "
         "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
         "(N HTTP processes, each with its own rerankers), set it to cores / N.",
     )
@@ -54,28 +67,57 @@ class RerankerSpec(ComponentConfig):
         default=None, ge=1, description="Torch threads of each of those processes (default 1)."
     )
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _checked(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> RerankerSpec:
+        spec = handler(data)
+        problem = spec._problem()
+        if problem is None:
+            return spec
+        field, message = problem
+        error = PydanticCustomError("reranker_spec", "{problem}", {"problem": message})
+        raise ValidationError.from_exception_data(
+            cls.__name__, [InitErrorDetails(type=error, loc=(field,), input=data)]
+        )
+
     @property
     def factory(self) -> bool:
         """Whether `kind` is a `module:factory` import path rather than a registry kind."""
-        return ":" in self.kind
+        return factory_path(self.kind)
 
-    def check(self) -> None:
-        """Refuse, before any model loads, a kind the registry does not know and options its
-        config does not take or accept (one line naming them). A fusing kind's options are its
-        own and its parts', which it routes itself when built; a factory's are its own."""
-        from cisrank.rerank.registry import KINDS, NO_RERANKER, check_name, check_options
+    @property
+    def record(self) -> RerankerKind[Any, Any] | None:
+        """The registry's record of the kind; None for a `module:factory`, which declares
+        nothing beyond what the reranker it builds declares."""
+        return None if self.factory else kind_of(self.kind)
 
+    @property
+    def keeps_order(self) -> bool:
+        """Whether it restates the input order (kind `none`): nothing to score."""
+        return self.record is not None and self.record.keeps_order
+
+    def _problem(self) -> tuple[str, str] | None:
+        """The field at fault and what is wrong with it: a kind the registry does not know,
+        options its config does not take or accept. A fusing kind's options are its own and
+        its parts', which it routes itself when built; a factory's are its own."""
         if self.factory:
-            return
-        check_name(self.kind)
-        if self.kind == NO_RERANKER:
+            return None
+        try:
+            record = kind_of(self.kind)
+        except CisrankError as exc:
+            return "kind", str(exc)
+        if record.keeps_order:
             if self.model is not None or self.options:
-                raise CisrankError(f"reranker '{NO_RERANKER}' keeps the input order: no model")
-            return
+                return "model", f"reranker '{record.name}' keeps the input order: no model"
+            return None
         model = {"model": self.model} if self.model is not None else {}
-        if "model" not in KINDS[self.kind].fields:
+        if "model" not in record.fields:
             model = {}
-        check_options(self.kind, {**model, **self.options})
+        try:
+            check_options(self.kind, {**model, **self.options})
+        except CisrankError as exc:
+            return "options", str(exc)
+        return None
 
     def load(self, workers: WorkerOptions | None = None) -> Reranker:
         """The reranker: a registry kind on `workers` (`load_on_workers`), or what a
@@ -101,7 +143,7 @@ class RerankerSpec(ComponentConfig):
 def parse_specs(
     data: Any, source: str, only: Sequence[str] | None = None
 ) -> dict[str, RerankerSpec]:
-    """`{name: {kind, model?, options?, ...}}` as specs, each checked (`RerankerSpec.check`),
+    """`{name: {kind, model?, options?, ...}}` as specs, each checked as it is made,
     or only the entries named in `only` (the others are not read); errors are one line naming
     `source` and the entry."""
     if not isinstance(data, Mapping) or not data:
@@ -119,10 +161,6 @@ def parse_specs(
             spec = RerankerSpec.model_validate(entry)
         except ValidationError as exc:
             raise CisrankError(f"{source}: {name}.{validation_problem(exc)}") from None
-        try:
-            spec.check()
-        except CisrankError as exc:
-            raise CisrankError(f"{source}: {name}: {exc}") from None
         out[str(name)] = spec
     return out
 

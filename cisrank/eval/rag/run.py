@@ -134,7 +134,7 @@ def with_first_stage(rerankers: Mapping[str, RerankerSpec]) -> dict[str, Reranke
     reranker is compared with); the name `first-stage` may only be that."""
     given = dict(rerankers)
     first = given.pop(FIRST_STAGE, None)
-    if first is not None and first.kind != "none":
+    if first is not None and not first.keeps_order:
         raise CisrankError(
             f"the name '{FIRST_STAGE}' is the candidates' own order (kind none), not {first.kind}"
         )
@@ -170,13 +170,11 @@ def rank(
     """Every question's candidate scores under `spec`: from the cache where stored, else scored
     in chunks of `QUESTIONS_PER_CALL` questions on `workers` (one process on a GPU, which one
     process fills), each chunk stored as it ends."""
-    from cisrank.rerank.registry import KINDS
-
-    if spec.kind == "none":
+    if spec.keeps_order:
         return [
             Scored([float(len(s.passages) - i) for i in range(len(s.passages))], 0.0) for s in sets
         ]
-    pointwise = not spec.factory and not KINDS[spec.kind].fuses
+    pointwise = spec.record is not None and not spec.record.fuses
     key = {"kind": spec.kind, "model": spec.model, "options": spec.options}
     cache = ScoreCache(cache_root, key, pointwise)
     requests = [(s.question.question, s.texts) for s in sets]
@@ -352,12 +350,10 @@ def run_rag_eval(
     paired tests; written to `output` (metrics.json, per_question.jsonl, rag.png) when given.
 
     Stored rankings and answers live in `cache` (default `output/cache`; needed without an
-    output); an `output` holding an earlier run is reused only with `resume`. Every spec is
-    checked before any model loads."""
+    output); an `output` holding an earlier run is reused only with `resume`. Every spec was
+    checked when it was made, before any model loads."""
     workers = workers or WorkerOptions()
     specs = with_first_stage(rerankers)
-    for spec in specs.values():
-        spec.check()
     if output is not None:
         _claim(Path(output), resume)
     cache_root = Path(cache) if cache is not None else (Path(output) / "cache" if output else None)
