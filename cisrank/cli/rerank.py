@@ -60,9 +60,9 @@ def rerank(
 ) -> None:
     """Rank passages for one query, most relevant first."""
     from cisrank.rerank.pooled import load_on_workers
-    from cisrank.rerank.registry import NO_RERANKER, check_name
+    from cisrank.rerank.registry import kind_of
 
-    if check_name(reranker) == NO_RERANKER:
+    if kind_of(reranker).keeps_order:
         raise CisrankError(f"`rerank` needs a reranker: --reranker {RERANKER_KINDS}")
     if not query.strip():
         raise CisrankError("--query is empty")

@@ -42,8 +42,7 @@ from cisrank.cli.options import ModelOpt
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
 from cisrank.errors import CisrankError, DamagedFileError, require
-from cisrank.rerank.registry import servable
-from cisrank.rerank.spec import factory_path
+from cisrank.rerank.registry import factory_path, servable
 
 if TYPE_CHECKING:
     from cisrank.api.config import RerankerSpec, ServerConfig

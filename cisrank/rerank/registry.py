@@ -221,6 +221,12 @@ def kind_of(name: str) -> RerankerKind[Any, Any]:
     return found
 
 
+def factory_path(name: str) -> bool:
+    """Whether a reranker spec's kind is a `package.module:factory` import path (built by
+    calling it) rather than a kind of this registry: no kind's name holds a colon."""
+    return ":" in name
+
+
 def check_name(name: str) -> str:
     kind_of(name)
     return name

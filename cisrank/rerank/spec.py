@@ -21,16 +21,17 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from cisrank.config import ComponentConfig, read_config_file, validation_problem
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker
-from cisrank.rerank.registry import RerankerKind, check_options, kind_list, kind_of, servable
+from cisrank.rerank.registry import (
+    RerankerKind,
+    check_options,
+    factory_path,
+    kind_list,
+    kind_of,
+    servable,
+)
 
 if TYPE_CHECKING:
     from cisrank.workers import WorkerOptions
-
-
-def factory_path(kind: str) -> bool:
-    """Whether a spec's `kind` is a `package.module:factory` import path rather than a
-    registry kind."""
-    return ":" in kind
 
 
 class RerankerSpec(ComponentConfig):
