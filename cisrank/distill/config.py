@@ -9,19 +9,26 @@ training stack.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from cisrank.config import ComponentConfig
+from cisrank.config import ComponentConfig, Flag
+from cisrank.distill.losses import NAMES, loss_help
 from cisrank.errors import DataError
 
 Normalize = Literal["none", "query"]
-Loss = Literal["mse", "margin-mse", "listwise"]
+if TYPE_CHECKING:
+    Loss = str
+else:  # the loss registry's names, as the Literal pydantic checks and its errors list
+    Loss = Literal[NAMES]
 
 
 class TrainConfig(ComponentConfig):
-    """How a student is trained on teacher rows; recorded in the student's training record."""
+    """How a student is trained on teacher rows; recorded in the student's training record.
+
+    The fields marked `Flag()` are the flags of `distill train` (in field order) and, but for
+    those about teacher sets and lists, of `distill run`."""
 
     label: ClassVar[str] = "training"
     flags: ClassVar[dict[str, str]] = {
@@ -31,58 +38,57 @@ class TrainConfig(ComponentConfig):
     }
     """Fields whose CLI flag has another name (the teacher's `--batch-size` is taken)."""
 
-    base_model: str = Field(
-        default="all-MiniLM-L6-v2", description="Student initialisation: Hugging Face id or folder."
-    )
-    epochs: float = Field(default=2.0, gt=0.0)
-    learning_rate: float = Field(default=2e-4, gt=0.0)
-    batch_size: int = Field(default=32, ge=1, description="Pairs per step.")
-    max_length: int = Field(default=256, ge=8, description="Student token limit.")
-    normalize: Normalize = Field(
-        default="query",
-        description="'query': standardize teacher scores per query; 'none': raw.",
-    )
-    loss: Loss = Field(
-        default="mse",
-        description="mse (each pair's label), margin-mse (each pair of a query's passages: the "
-        "difference of their labels) or listwise (each query's list: softmax cross-entropy "
-        "between the teacher's and the student's distributions over it, ListNet).",
-    )
-    list_depth: int | None = Field(
-        default=None,
-        ge=2,
-        description="Each query's first N passages by first-stage rank (all when unset).",
-    )
-    temperature: float = Field(
-        default=1.0,
-        gt=0.0,
-        description="listwise: the teacher's (normalized) scores are divided by it before the "
-        "softmax; below 1 sharpens the target towards the teacher's top passages.",
-    )
-    teacher_fuse: str | None = Field(
+    teacher_fuse: Annotated[str | None, Flag()] = Field(
         default=None,
         description="With teacher sets: the components and weights of the labels, "
         "'cis:1,dense:0.5' (per-query normalized and summed; the first component alone when "
         "unset).",
     )
-    teacher_fusion: Literal["zscore", "minmax"] = Field(
+    teacher_fusion: Annotated[Literal["zscore", "minmax"], Flag()] = Field(
         default="zscore", description="Per-query normalization of the fused components."
     )
-    warmup_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(default=0.01, ge=0.0)
-    eval_steps: int | None = Field(
+    list_depth: Annotated[int | None, Flag()] = Field(
         default=None,
-        ge=1,
-        description="Evaluate and checkpoint every N steps (default: each epoch).",
+        ge=2,
+        description="Each query's first N passages by first-stage rank (all when unset).",
     )
-    logging_steps: int = Field(default=50, ge=1)
-    dev_dataset: str | None = Field(
+    temperature: Annotated[float, Flag()] = Field(
+        default=1.0,
+        gt=0.0,
+        description="listwise: the teacher's (normalized) scores are divided by it before the "
+        "softmax; below 1 sharpens the target towards the teacher's top passages.",
+    )
+    base_model: Annotated[str, Flag()] = Field(
+        default="all-MiniLM-L6-v2", description="Student initialisation: Hugging Face id or folder."
+    )
+    epochs: Annotated[float, Flag()] = Field(default=2.0, gt=0.0)
+    learning_rate: Annotated[float, Flag()] = Field(default=2e-4, gt=0.0)
+    batch_size: Annotated[int, Flag()] = Field(default=32, ge=1, description="Pairs per step.")
+    max_length: Annotated[int, Flag()] = Field(
+        default=256, ge=8, description="Student token limit."
+    )
+    normalize: Annotated[Normalize, Flag()] = Field(
+        default="query",
+        description="'query': standardize teacher scores per query; 'none': raw.",
+    )
+    loss: Annotated[Loss, Flag()] = Field(default="mse", description=loss_help())
+    dev_dataset: Annotated[str | None, Flag()] = Field(
         default="trec-dl21",
         description="Judged dataset for checkpoint selection by nDCG@10; 'none' to skip.",
     )
     """Loaded by the caller (the CLI, `distill_run`); `train` takes the loaded dataset."""
-    dev_depth: int = Field(default=30, ge=1, description="Dev candidates reranked.")
-    seed: int = 12
+    dev_depth: Annotated[int, Flag()] = Field(
+        default=30, ge=1, description="Dev candidates reranked."
+    )
+    eval_steps: Annotated[int | None, Flag()] = Field(
+        default=None,
+        ge=1,
+        description="Evaluate and checkpoint every N steps (default: each epoch).",
+    )
+    seed: Annotated[int, Flag()] = 12
+    warmup_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    logging_steps: int = Field(default=50, ge=1)
     margin_pairs: int = Field(default=1, ge=1)
 
     @field_validator("dev_dataset")

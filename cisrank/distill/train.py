@@ -1,7 +1,9 @@
 """`distill train`: fit a sentence-transformers CrossEncoder to teacher scores.
 
-The student regresses the teacher's raw scores (`MSELoss`, identity activation) or the margins
-between two passages of one query (`MarginMSELoss`). With `normalize="query"` each query's
+The student regresses the teacher's raw scores (`mse`, identity activation), the margins between
+two passages of one query (`margin-mse`) or each query's distribution (`listwise`): the losses of
+`cisrank.distill.losses`, picked by `TrainConfig.loss`, each saying what examples it trains on,
+its sentence-transformers loss and its batch sampler. With `normalize="query"` each query's
 labels are standardized first: rerankers only need the order within a query, and CIS or cosine
 scores carry a per-query offset that a regression would otherwise spend capacity on.
 
@@ -13,11 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ import numpy as np
 
 from cisrank.data.types import Dataset
 from cisrank.distill import rows as R
-from cisrank.distill.config import Loss, Normalize, TrainConfig
+from cisrank.distill.config import TrainConfig
 from cisrank.distill.evaluate import ndcg10, score_dataset
+from cisrank.distill.losses import Query, load_loss
 from cisrank.errors import DataError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
 from cisrank.models.resolve import resolve_model
@@ -37,25 +38,6 @@ log = logging.getLogger(__name__)
 
 TRAINING_FILE = "distill-training.json"
 CURVE_FILE = "learning_curve.tsv"
-
-
-@dataclass
-class Examples:
-    """Training inputs as parallel columns, one per loss input plus the label."""
-
-    columns: dict[str, list[Any]]
-
-    def __len__(self) -> int:
-        return len(self.columns["labels" if "labels" in self.columns else "label"])
-
-    @property
-    def listwise(self) -> bool:
-        return "docs" in self.columns
-
-    def text_lengths(self) -> list[int]:
-        texts = [v for k, v in self.columns.items() if k != "label"]
-        # Pairs share the query: the longest passage decides the padded length of a row.
-        return [len(t[0]) + max(len(x) for x in t[1:]) for t in zip(*texts, strict=True)]
 
 
 def load_teacher_rows(folders: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -165,106 +147,6 @@ def cut_depth(queries: list[dict[str, Any]], depth: int | None) -> list[dict[str
     return [{k: (v if k == "query" else v[:depth]) for k, v in q.items()} for q in queries]
 
 
-def normalized_labels(scores: Sequence[float], normalize: Normalize) -> list[float]:
-    """Per-query standardization (population std); a query with constant scores gets zeros,
-    which still teaches the student that its passages are tied."""
-    arr = np.asarray(scores, dtype=np.float64)
-    if not np.all(np.isfinite(arr)):
-        raise DataError("teacher scores contain NaN or infinity")
-    if normalize == "none":
-        return arr.tolist()
-    std = arr.std()
-    return ((arr - arr.mean()) / std if std > 0 else np.zeros_like(arr)).tolist()
-
-
-def build_examples(
-    queries: list[dict[str, Any]],
-    loss: Loss,
-    normalize: Normalize,
-    margin_pairs: int,
-    seed: int,
-    temperature: float = 1.0,
-) -> Examples:
-    rng = random.Random(seed)
-    if loss == "listwise":
-        # one example per query: its list and the teacher's normalized scores / temperature,
-        # ListNet's target distribution after the loss's softmax
-        cols: dict[str, list[Any]] = {"query": [], "docs": [], "labels": []}
-        for q in queries:
-            if len(q["passages"]) < 2:
-                continue
-            labels = normalized_labels(q["scores"], normalize)
-            cols["query"].append(q["query"])
-            cols["docs"].append(list(q["passages"]))
-            cols["labels"].append([v / temperature for v in labels])
-        if not cols["labels"]:
-            raise DataError("listwise needs queries with two or more passages")
-        return Examples(cols)
-    if loss == "mse":
-        cols = {"query": [], "passage": [], "label": []}
-        for q in queries:
-            labels = normalized_labels(q["scores"], normalize)
-            cols["query"] += [q["query"]] * len(labels)
-            cols["passage"] += q["passages"]
-            cols["label"] += labels
-        return Examples(cols)
-    # margin-mse: each passage against `margin_pairs` random others of its query; label is the
-    # teacher's margin (normalization only rescales margins per query).
-    cols = {"query": [], "positive": [], "negative": [], "label": []}
-    for q in queries:
-        labels = normalized_labels(q["scores"], normalize)
-        n = len(labels)
-        if n < 2:
-            continue
-        for i in range(n):
-            for _ in range(margin_pairs):
-                j = rng.randrange(n - 1)
-                j += j >= i
-                cols["query"].append(q["query"])
-                cols["positive"].append(q["passages"][i])
-                cols["negative"].append(q["passages"][j])
-                cols["label"].append(labels[i] - labels[j])
-    if not cols["label"]:
-        raise DataError("margin-mse needs queries with two or more passages")
-    return Examples(cols)
-
-
-def length_grouped_batches(
-    lengths: Sequence[int], batch_size: int, seed: int, mega: int = 50
-) -> list[list[int]]:
-    """Shuffled batches of similar lengths: shuffle, sort within windows of `mega` batches,
-    cut, shuffle the batches. Padding falls to a fraction while batches stay random in order and
-    in which examples meet (the trick of HF's LengthGroupedSampler)."""
-    rng = random.Random(seed)
-    idx = list(range(len(lengths)))
-    rng.shuffle(idx)
-    window = batch_size * mega
-    batches = []
-    for start in range(0, len(idx), window):
-        chunk = sorted(idx[start : start + window], key=lambda i: lengths[i])
-        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def _make_sampler_class(lengths: list[int]):
-    from sentence_transformers.base.sampler import DefaultBatchSampler
-
-    class LengthGroupedBatchSampler(DefaultBatchSampler):
-        epoch = 0
-
-        def set_epoch(self, epoch: int) -> None:
-            self.epoch = epoch
-
-        def __iter__(self):
-            yield from length_grouped_batches(lengths, self.batch_size, self.seed + self.epoch)
-
-        def __len__(self) -> int:
-            return -(-len(lengths) // self.batch_size)
-
-    return LengthGroupedBatchSampler
-
-
 class _PredictScorer(BaseReranker):
     """A live CrossEncoder as a reranker (raw scores) for the dev evaluator."""
 
@@ -351,15 +233,6 @@ def train(
     dataset; None: no dev evaluation, the last checkpoint is kept)."""
     require("datasets", "train", "training a cross-encoder")
     from datasets import Dataset as HFDataset
-    from sentence_transformers.cross_encoder import (
-        CrossEncoder,
-        CrossEncoderTrainer,
-        CrossEncoderTrainingArguments,
-        losses,
-    )
-    from transformers import TrainerCallback, set_seed
-
-    from cisrank.distill.listwise import LengthSortedListNetLoss
 
     out = Path(out)
     if (out / TRAINING_FILE).is_file() and not resume:
@@ -367,99 +240,24 @@ def train(
     if not data and not teacher_sets:
         raise DataError("give --data (a distill generate output) or --teacher-set (repeatable)")
     manifests = [R.read_manifest(f) for f in data]
-    queries = load_teacher_rows(data) if data else []
-    if teacher_sets:
-        queries += load_teacher_sets(teacher_sets, config.teacher_fuse, config.teacher_fusion, pool)
-    queries = cut_depth(queries, config.list_depth)
-    if config.list_depth is not None:
-        depth = f"the training lists cut to --list-depth {config.list_depth}"
-        refuse_degenerate(depth, {"label": [q["scores"] for q in queries]})
-    examples = build_examples(
-        queries,
-        config.loss,
-        config.normalize,
-        config.margin_pairs,
-        config.seed,
-        config.temperature,
-    )
+    queries = training_queries(data, teacher_sets, pool, config)
+    loss = load_loss(config.loss)
+    examples = loss.examples(queries, config)
     if not len(examples):  # transformers would fail on max_steps 0 with a traceback
         raise DataError(f"no training examples from {len(queries)} queries ({config.loss})")
     log.info("%d queries, %d training examples (%s)", len(queries), len(examples), config.loss)
 
-    path = resolve_model(config.base_model)
-    # Seeded before the model is made: its classification head is initialised at random when
-    # loaded, and the trainer seeds only after that, so an unseeded head made every run another
-    # student (`make student` promises the same one from a clean clone).
-    set_seed(config.seed)
-    try:
-        model = CrossEncoder(path, num_labels=1, max_length=config.max_length, device=device)
-    except OSError as exc:
-        raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
-    loss: Any
-    if config.loss == "listwise":
-        loss = LengthSortedListNetLoss(model, mini_batch_size=32)
-    else:
-        loss = (losses.MSELoss if config.loss == "mse" else losses.MarginMSELoss)(model)
-
+    model = _student(config, device)
     evaluator = _dev_evaluator(dev, config.dev_depth, config.batch_size) if dev else None
-    strategy = "steps" if config.eval_steps else "epoch"
     checkpoints = out / "checkpoints"
-    args = CrossEncoderTrainingArguments(
-        output_dir=str(checkpoints),
-        num_train_epochs=config.epochs,
-        per_device_train_batch_size=config.batch_size,
-        learning_rate=config.learning_rate,
-        warmup_ratio=config.warmup_ratio,
-        weight_decay=config.weight_decay,
-        lr_scheduler_type="linear",
-        eval_strategy=strategy if dev else "no",
-        eval_steps=config.eval_steps,
-        save_strategy=strategy,
-        save_steps=config.eval_steps or 500,  # read only with "steps"; 500 is HF's default
-        save_total_limit=2,
-        load_best_model_at_end=dev is not None,
-        metric_for_best_model=f"eval_{evaluator.name}_ndcg@10" if evaluator else None,
-        greater_is_better=True,
-        logging_steps=config.logging_steps,
-        report_to="none",
-        seed=config.seed,
-        data_seed=config.seed,
-        dataloader_drop_last=False,
-        disable_tqdm=False,
-    )
-    sampler_class = None if examples.listwise else _make_sampler_class(examples.text_lengths())
-
-    class _Trainer(CrossEncoderTrainer):
-        def get_batch_sampler(
-            self,
-            dataset: Any,
-            batch_size: int,
-            drop_last: bool,
-            valid_label_columns: list[str] | None = None,
-            generator: Any = None,
-            seed: int = 0,
-        ) -> Any:
-            extra = {"valid_label_columns": valid_label_columns, "generator": generator}
-            if dataset is self.train_dataset and sampler_class is not None:
-                return sampler_class(
-                    dataset, batch_size=batch_size, drop_last=drop_last, seed=seed, **extra
-                )
-            return super().get_batch_sampler(dataset, batch_size, drop_last, seed=seed, **extra)
-
-    folder = out
-
-    class _Log(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            _write_curve(folder, state.log_history)
-
     out.mkdir(parents=True, exist_ok=True)
-    trainer = _Trainer(
+    trainer = _trainer_class(loss.sampler(examples))(
         model=model,
-        args=args,
+        args=_arguments(config, checkpoints, evaluator),
         train_dataset=HFDataset.from_dict(examples.columns),
-        loss=loss,
+        loss=loss.module(model),
         evaluator=evaluator,
-        callbacks=[_Log()],
+        callbacks=[_curve_writer(out)],
     )
     started = time.perf_counter()
     has_checkpoint = resume and checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))
@@ -489,3 +287,104 @@ def train(
     if not keep_checkpoints:
         shutil.rmtree(checkpoints, ignore_errors=True)
     return record
+
+
+def training_queries(
+    data: Sequence[str | Path],
+    teacher_sets: Sequence[str | Path],
+    pool: str | Path | None,
+    config: TrainConfig,
+) -> list[Query]:
+    """Every query's list to train on: those of the teacher rows `data`, then of the teacher
+    sets, each cut to `config.list_depth` passages."""
+    queries = load_teacher_rows(data) if data else []
+    if teacher_sets:
+        queries += load_teacher_sets(teacher_sets, config.teacher_fuse, config.teacher_fusion, pool)
+    queries = cut_depth(queries, config.list_depth)
+    if config.list_depth is not None:
+        depth = f"the training lists cut to --list-depth {config.list_depth}"
+        refuse_degenerate(depth, {"label": [q["scores"] for q in queries]})
+    return queries
+
+
+def _student(config: TrainConfig, device: str | None) -> Any:
+    """The student: `config.base_model` with a one-logit head."""
+    from sentence_transformers.cross_encoder import CrossEncoder
+    from transformers import set_seed
+
+    path = resolve_model(config.base_model)
+    # Seeded before the model is made: its classification head is initialised at random when
+    # loaded, and the trainer seeds only after that, so an unseeded head made every run another
+    # student (`make student` promises the same one from a clean clone).
+    set_seed(config.seed)
+    try:
+        return CrossEncoder(path, num_labels=1, max_length=config.max_length, device=device)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
+
+
+def _arguments(config: TrainConfig, checkpoints: Path, evaluator: Any) -> Any:
+    """The trainer's arguments: checkpoints evaluated (with a dev set) and kept each epoch or
+    each `config.eval_steps`, the best by dev nDCG@10 loaded at the end."""
+    from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
+
+    strategy = "steps" if config.eval_steps else "epoch"
+    return CrossEncoderTrainingArguments(
+        output_dir=str(checkpoints),
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        lr_scheduler_type="linear",
+        eval_strategy=strategy if evaluator else "no",
+        eval_steps=config.eval_steps,
+        save_strategy=strategy,
+        save_steps=config.eval_steps or 500,  # read only with "steps"; 500 is HF's default
+        save_total_limit=2,
+        load_best_model_at_end=evaluator is not None,
+        metric_for_best_model=f"eval_{evaluator.name}_ndcg@10" if evaluator else None,
+        greater_is_better=True,
+        logging_steps=config.logging_steps,
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_drop_last=False,
+        disable_tqdm=False,
+    )
+
+
+def _trainer_class(sampler_class: type | None) -> Any:
+    """sentence-transformers' trainer, its training set batched by `sampler_class` (the loss's;
+    None: its default)."""
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer
+
+    class _Trainer(CrossEncoderTrainer):
+        def get_batch_sampler(
+            self,
+            dataset: Any,
+            batch_size: int,
+            drop_last: bool,
+            valid_label_columns: list[str] | None = None,
+            generator: Any = None,
+            seed: int = 0,
+        ) -> Any:
+            extra = {"valid_label_columns": valid_label_columns, "generator": generator}
+            if dataset is self.train_dataset and sampler_class is not None:
+                return sampler_class(
+                    dataset, batch_size=batch_size, drop_last=drop_last, seed=seed, **extra
+                )
+            return super().get_batch_sampler(dataset, batch_size, drop_last, seed=seed, **extra)
+
+    return _Trainer
+
+
+def _curve_writer(folder: Path) -> Any:
+    """A trainer callback that rewrites the learning curve at every log."""
+    from transformers import TrainerCallback
+
+    class _Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            _write_curve(folder, state.log_history)
+
+    return _Log()

@@ -8,7 +8,11 @@ import math
 import pytest
 import torch
 
-from cisrank.distill.listwise import LengthSortedListNetLoss, length_sorted_chunks, listnet_loss
+from cisrank.distill.losses.listwise import (
+    LengthSortedListNetLoss,
+    length_sorted_chunks,
+    listnet_loss,
+)
 
 QUERIES = ["red apples", "a river in france", "pianos"]
 LISTS = [

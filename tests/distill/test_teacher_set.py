@@ -9,10 +9,12 @@ import pytest
 
 from cisrank.data.fusion import fuse
 from cisrank.distill import teacher_set as TS
+from cisrank.distill.config import TrainConfig
 from cisrank.distill.generate import generate
+from cisrank.distill.losses import load_loss
 from cisrank.distill.sources import load_source
 from cisrank.distill.teachers import load_teacher
-from cisrank.distill.train import TrainConfig, build_examples, load_teacher_sets, train
+from cisrank.distill.train import load_teacher_sets, train
 from cisrank.errors import DataError
 
 
@@ -97,7 +99,8 @@ def test_listwise_examples_are_each_querys_list_with_tempered_labels():
         {"query": "a", "passages": ["p1", "p2", "p3"], "scores": [3.0, 1.0, 2.0]},
         {"query": "b", "passages": ["x"], "scores": [1.0]},  # a list of one teaches nothing
     ]
-    ex = build_examples(queries, "listwise", "query", 1, 0, temperature=0.5)
+    options = TrainConfig(loss="listwise", normalize="query", seed=0, temperature=0.5)
+    ex = load_loss("listwise").examples(queries, options)
     z = (np.array([3.0, 1.0, 2.0]) - 2.0) / np.std([3.0, 1.0, 2.0])
     assert ex.columns["query"] == ["a"] and ex.columns["docs"] == [["p1", "p2", "p3"]]
     assert ex.columns["labels"][0] == pytest.approx((z / 0.5).tolist()) and len(ex) == 1

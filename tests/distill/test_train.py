@@ -12,19 +12,14 @@ from scipy.stats import spearmanr
 
 from cisrank.data.datasets import load_folder
 from cisrank.distill import rows as R
+from cisrank.distill.config import TrainConfig
 from cisrank.distill.evaluate import spearman_to_teacher
 from cisrank.distill.generate import generate
+from cisrank.distill.losses import load_loss, normalized_labels
+from cisrank.distill.losses.sampling import length_grouped_batches
 from cisrank.distill.sources import load_source
 from cisrank.distill.teachers import load_teacher
-from cisrank.distill.train import (
-    CURVE_FILE,
-    TRAINING_FILE,
-    TrainConfig,
-    build_examples,
-    length_grouped_batches,
-    normalized_labels,
-    train,
-)
+from cisrank.distill.train import CURVE_FILE, TRAINING_FILE, train
 from cisrank.errors import DataError
 
 
@@ -43,12 +38,13 @@ def test_margin_examples_are_teacher_differences_within_one_query():
         {"query": "a", "passages": ["p1", "p2", "p3"], "scores": [3.0, 1.0, 2.0]},
         {"query": "b", "passages": ["x", "y"], "scores": [0.0, 5.0]},
     ]
-    ex = build_examples(queries, "margin-mse", "none", margin_pairs=2, seed=1)
+    margin = TrainConfig(loss="margin-mse", normalize="none", margin_pairs=2, seed=1)
+    ex = load_loss("margin-mse").examples(queries, margin)
     score = {("a", "p1"): 3.0, ("a", "p2"): 1.0, ("a", "p3"): 2.0, ("b", "x"): 0.0, ("b", "y"): 5.0}
     assert len(ex) == 10
     for q, pos, neg, label in zip(*ex.columns.values(), strict=True):
         assert pos != neg and label == score[(q, pos)] - score[(q, neg)]
-    mse = build_examples(queries, "mse", "query", margin_pairs=1, seed=1)
+    mse = load_loss("mse").examples(queries, TrainConfig(normalize="query", seed=1))
     assert mse.columns["passage"] == ["p1", "p2", "p3", "x", "y"]
     assert mse.columns["label"][3:] == [-1.0, 1.0]
 

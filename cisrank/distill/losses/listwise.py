@@ -23,6 +23,12 @@ import torch
 from sentence_transformers.util import batch_to_device
 from torch import Tensor, nn
 
+from cisrank.distill.losses.base import Examples, LossOptions, Query, StudentLoss, normalized_labels
+from cisrank.errors import DataError
+
+MINI_BATCH_PAIRS = 32
+"""(query, passage) pairs per forward pass of a step's lists."""
+
 
 def length_sorted_chunks(lengths: Sequence[int], size: int) -> list[list[int]]:
     """Indices cut into chunks of at most `size`, shortest first, so each chunk pads little."""
@@ -45,7 +51,7 @@ class LengthSortedListNetLoss(nn.Module):
     Called by sentence-transformers' CrossEncoderTrainer as `loss(inputs, labels)` with
     inputs = [queries, lists of passages] and labels one list of floats per query."""
 
-    def __init__(self, model: Any, mini_batch_size: int = 32) -> None:
+    def __init__(self, model: Any, mini_batch_size: int = MINI_BATCH_PAIRS) -> None:
         super().__init__()
         self.model, self.mini_batch_size = model, mini_batch_size
 
@@ -77,3 +83,31 @@ class LengthSortedListNetLoss(nn.Module):
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"mini_batch_size": self.mini_batch_size, "length_sorted": True}
+
+
+class ListNet(StudentLoss):
+    """One row per query with two passages or more: its list and the teacher's (normalized)
+    scores divided by `temperature`, ListNet's target distribution after the loss's softmax.
+    Lists are taken whole, in the default (random) sampler's batches."""
+
+    name = "listwise"
+    columns = ("query", "docs", "labels")
+
+    def examples(self, queries: Sequence[Query], options: LossOptions) -> Examples:
+        cols: dict[str, list[Any]] = {c: [] for c in self.columns}
+        for q in queries:
+            if len(q["passages"]) < 2:
+                continue
+            labels = normalized_labels(q["scores"], options.normalize)
+            cols["query"].append(q["query"])
+            cols["docs"].append(list(q["passages"]))
+            cols["labels"].append([v / options.temperature for v in labels])
+        if not cols["labels"]:
+            raise DataError(f"{self.name} needs queries with two or more passages")
+        return Examples(cols)
+
+    def module(self, model: Any) -> nn.Module:
+        return LengthSortedListNetLoss(model, mini_batch_size=MINI_BATCH_PAIRS)
+
+    def sampler(self, examples: Examples) -> type | None:
+        return None
