@@ -11,7 +11,7 @@ import typer
 
 from cisrank.cli.config_flags import config_flags
 from cisrank.cli.defaults import field_help
-from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, takes
+from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
 from cisrank.distill.teachers import teacher_list
@@ -46,20 +46,6 @@ DepthOpt = Annotated[int, typer.Option("--depth", min=1, help="Candidates scored
 RunDepthOpt = Annotated[int | None, typer.Option("--depth", help=field_help(RunPlan, "depth"))]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 
-T = TrainConfig
-ListDepthOpt = Annotated[
-    int | None, typer.Option("--list-depth", min=2, help=field_help(T, "list_depth"))
-]
-TemperatureOpt = Annotated[
-    float | None, typer.Option("--temperature", help=field_help(T, "temperature"))
-]
-TeacherFuseOpt = Annotated[
-    str | None, typer.Option("--teacher-fuse", help=field_help(T, "teacher_fuse"))
-]
-TeacherFusionOpt = Annotated[
-    str | None, typer.Option("--teacher-fusion", help=field_help(T, "teacher_fusion"))
-]
-
 
 def _config(flags: dict) -> TrainConfig:
     """The training flags of a command as a TrainConfig; flags left out (None) keep the
@@ -72,26 +58,25 @@ def _config(flags: dict) -> TrainConfig:
     )
 
 
-TRAIN_FLAGS = config_flags(
-    TrainConfig,
-    (
-        "base_model",
-        "epochs",
-        "learning_rate",
-        "batch_size",
-        "max_length",
-        "normalize",
-        "loss",
-        "dev_dataset",
-        "dev_depth",
-        "eval_steps",
-        "seed",
-    ),
-    renamed=TrainConfig.flags,
-    aliases={"learning_rate": ["--learning-rate"]},
+def _training_flags(omit: tuple[str, ...] = ()) -> FlagGroup[dict[str, Any]]:
+    """The student's training flags: the `Flag()` fields of `TrainConfig` but `omit`, as given
+    (None: left out); `_config` makes them a TrainConfig."""
+    return config_flags(
+        TrainConfig,
+        omit=omit,
+        renamed=TrainConfig.flags,
+        aliases={"learning_rate": ["--learning-rate"]},
+        ranged=["list_depth"],
+    )
+
+
+TRAIN_FLAGS = _training_flags()
+"""`distill train`'s."""
+RUN_TRAIN_FLAGS = _training_flags(
+    omit=("teacher_fuse", "teacher_fusion", "list_depth", "temperature")
 )
-"""The student's training flags of `distill train` and `distill run`, as given (None: left
-out); `_config` makes them a TrainConfig."""
+"""`distill run`'s: the same but for the teacher sets' and the lists' (`run` trains on the rows
+it scores, each query's list whole)."""
 
 teacher_flags = reranker_flags(role="teacher", kinds=[CIS.name], omit=["normalize"])
 """The CIS teacher's flags, the set distill has always offered (no --normalize). They go to
@@ -331,10 +316,6 @@ def train_cmd(
             "each set recorded).",
         ),
     ] = None,
-    teacher_fuse: TeacherFuseOpt = None,
-    teacher_fusion: TeacherFusionOpt = None,
-    list_depth: ListDepthOpt = None,
-    temperature: TemperatureOpt = None,
     *,
     training: dict[str, Any],
     resume: Annotated[
@@ -353,10 +334,7 @@ def train_cmd(
     """Train a CrossEncoder on teacher rows or teacher sets (MSE, margin-MSE or listwise)."""
     from cisrank.distill.train import train
 
-    teacher_sets = {"teacher_fuse": teacher_fuse, "teacher_fusion": teacher_fusion}
-    cfg = _config(
-        {**teacher_sets, "list_depth": list_depth, "temperature": temperature, **training}
-    )
+    cfg = _config(training)
     record = train(
         data or [],
         out,
@@ -376,7 +354,7 @@ def train_cmd(
 
 @distill_app.command("run")
 @teacher_flags
-@takes(training=TRAIN_FLAGS)
+@takes(training=RUN_TRAIN_FLAGS)
 def run_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for every stage's output.")],
     train_dataset: Annotated[

@@ -4,6 +4,7 @@ and a BERT student (tiny BERT), through the real command line."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -120,3 +121,48 @@ def test_training_flags_left_out_are_the_config_defaults():
     res = invoke("distill", "train", "--help")
     assert res.exit_code == 0
     assert f"(default {TrainConfig.model_fields['learning_rate'].default})" in res.output
+
+
+def _flags(verb: str) -> list[str]:
+    import typer.main
+
+    group: Any = typer.main.get_command(app)
+    return [p.opts[0] for p in group.commands["distill"].commands[verb].params]
+
+
+STUDENT_FLAGS = [
+    "--base-model", "--epochs", "--lr", "--train-batch-size", "--max-length", "--label-norm",
+    "--loss", "--dev-dataset", "--dev-depth", "--eval-steps", "--seed",
+]  # fmt: skip
+"""The student's flags of `distill train` and `distill run`, in the order they always had."""
+
+
+def test_training_flags_are_the_marked_config_fields_in_the_order_they_had():
+    from cisrank.config import flag_fields, flag_name
+    from cisrank.distill.config import TrainConfig
+
+    teacher_sets = ["--teacher-fuse", "--teacher-fusion", "--list-depth", "--temperature"]
+    assert _flags("train") == [
+        "--out", "--data", "--teacher-set", "--pool", *teacher_sets, *STUDENT_FLAGS,
+        "--resume", "--keep-checkpoints", "--device",
+    ]  # fmt: skip
+    run = _flags("run")
+    assert run[run.index("--depth") + 1 : run.index("--device")] == STUDENT_FLAGS
+    # generated: each `Flag()` field of TrainConfig is one, named as TrainConfig.flags says
+    marked = [flag_name(TrainConfig.flags.get(f, f)) for f in flag_fields(TrainConfig)]
+    assert marked == teacher_sets + STUDENT_FLAGS
+    res = invoke("distill", "train", "--out", "x", "--data", "y", "--list-depth", "1")
+    assert res.exit_code == 2  # a usage error naming the flag, as it always was
+    assert "Invalid value for '--list-depth': Input should be greater than or equal to 2" in (
+        res.output
+    )
+
+
+def test_the_teacher_set_flags_reach_the_training_config():
+    from cisrank.cli.distill import _config
+    from cisrank.distill.config import TrainConfig
+
+    given = {"teacher_fuse": "cis:1,dense:0.5", "teacher_fusion": "minmax", "list_depth": 4}
+    cfg = _config({**given, "temperature": 0.5, "label_norm": "none", "loss": "listwise"})
+    want = TrainConfig(**given, temperature=0.5, normalize="none", loss="listwise")
+    assert cfg == want
