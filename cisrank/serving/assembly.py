@@ -1,8 +1,9 @@
-"""`POST /v1/context` (and `/v1/generate`): arrange a query's passages into a RAG prompt with a
-served reranker's causal LM (and answer over them), apart from HTTP (no web framework here,
-like `cisrank.api.service`). `ContextService` is composed from the same shared parts as the
-ranking service (`cisrank.api.serving.Serving`) and does its model work through the same helper
-(`cisrank.api.model_thread.ModelThread`).
+"""Context and generation (`POST /v1/context`, `/v1/generate`): arrange a query's passages into
+a RAG prompt with a served reranker's causal LM (and answer over them), apart from HTTP.
+`ContextService` takes a `ContextQuery` or `GenerateQuery` and returns an `ArrangedContext` or
+`GeneratedAnswer` (`cisrank.serving.types`; the wire shape is `cisrank.api.shapes.native`). It is
+composed from the same shared parts as the ranking service (`cisrank.serving.engine.Serving`) and
+does its model work through the same helper (`cisrank.serving.model_thread.ModelThread`).
 
 What a request means is `cisrank.context.ContextAssembler.arrange` (the library; this module
 adds nothing to its results): the same order, per-passage scores, scored candidates, gauge and
@@ -50,31 +51,25 @@ import functools
 import string
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cisrank.api.model_thread import FieldFault
-from cisrank.api.schemas import (
-    ContextCandidate,
-    ContextDocumentIn,
-    ContextGauge,
-    ContextRequest,
-    ContextResponse,
-    ContextUsage,
-    GenerateRequest,
-    GenerateResponse,
-    GenerateUsage,
-    NoiseOut,
-    RerankChoice,
-)
-from cisrank.api.service_errors import BackendFailed, ClientGone, InvalidField, TimedOut
-from cisrank.api.serving import Serving
-from cisrank.api.token_count import CountCancelled, OverBudget, TokenCounter
 from cisrank.data.types import Passage, rank_order
 from cisrank.errors import CisrankError, DataError
+from cisrank.serving.engine import Serving
+from cisrank.serving.errors import BackendFailed, ClientGone, InvalidField, TimedOut
+from cisrank.serving.model_thread import FieldFault
+from cisrank.serving.token_count import CountCancelled, OverBudget, TokenCounter
+from cisrank.serving.types import (
+    ArrangedContext,
+    ContextQuery,
+    Document,
+    GeneratedAnswer,
+    GenerateQuery,
+    RerankPick,
+)
 
 if TYPE_CHECKING:
     from cisrank.context import (
@@ -93,7 +88,7 @@ character, the densest text a BPE vocabulary packs, about 16)."""
 
 
 def _passages(
-    docs: Sequence[str | ContextDocumentIn],
+    docs: Sequence[Document],
     field: str,
     max_chars: int,
     max_id_chars: int,
@@ -102,10 +97,7 @@ def _passages(
     """The request's passages; one without an id is known by `id_prefix` + its position."""
     out = []
     for i, doc in enumerate(docs):
-        if isinstance(doc, ContextDocumentIn):
-            text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
-        else:
-            text, title, doc_id, where = doc, "", None, f"{field}.{i}"
+        text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
         if not text.strip():
             raise InvalidField(where, "must not be empty or whitespace only")
         if len(text) + len(title) > max_chars:
@@ -127,7 +119,7 @@ RESERVED_FIELDS = ("documents", "question")
 """Template fields the request fills itself (`cisrank.context.templates.REQUIRED_FIELDS`)."""
 
 
-def _fields(body: ContextRequest | GenerateRequest, max_chars: int) -> None:
+def _fields(body: ContextQuery | GenerateQuery, max_chars: int) -> None:
     """The template's named fields: none reserved, each value at most `max_chars`."""
     for name, value in body.fields.items():
         if name in RESERVED_FIELDS:
@@ -142,7 +134,7 @@ def _fields(body: ContextRequest | GenerateRequest, max_chars: int) -> None:
             )
 
 
-def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> ContextTemplate:
+def _template(body: ContextQuery | GenerateQuery, max_chars: int) -> ContextTemplate:
     from cisrank.context import resolve_template
 
     if len(body.template) > max_chars:
@@ -277,7 +269,7 @@ def _check_prompt(size: PromptSize, engine: CausalLMEngine) -> None:
 
 
 def context_shapes(
-    body: ContextRequest,
+    body: ContextQuery,
     template: ContextTemplate,
     passages: Sequence[Passage],
     noise: Sequence[Passage],
@@ -335,7 +327,7 @@ async def prompt_tokens(
     timeout: float,
     cancel: threading.Event | None = None,
 ) -> tuple[list[PromptSize], int, str]:
-    """The prompts `shapes` describes, in the model's tokens (`cisrank.api.token_count`):
+    """The prompts `shapes` describes, in the model's tokens (`cisrank.serving.token_count`):
     (each prompt's size, their total, the field that makes most of it).
 
     First in characters, which refuses a prompt that cannot fit the context before anything is
@@ -393,9 +385,9 @@ def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
     return out
 
 
-def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
+def _search(body: ContextQuery | GenerateQuery) -> dict[str, Any]:
     """The request's search settings (only /v1/context takes `shuffles` and a `seed`)."""
-    if isinstance(body, ContextRequest):
+    if isinstance(body, ContextQuery):
         return {"shuffles_n": body.shuffles, "seed": body.seed}
     return {"shuffles_n": None, "seed": 0}
 
@@ -403,7 +395,7 @@ def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
 def _prepare(
     engine: CausalLMEngine,
     template: ContextTemplate,
-    body: ContextRequest | GenerateRequest,
+    body: ContextQuery | GenerateQuery,
     passages: list[Passage],
 ) -> tuple[ContextAssembler, list[Prompt]]:
     """In the model thread: the assembler (a fresh memo per request) and the search prompts."""
@@ -420,7 +412,7 @@ def _prepare(
 
 
 def _arrange(
-    asm: ContextAssembler, body: ContextRequest, passages: list[Passage], noise: list[Passage]
+    asm: ContextAssembler, body: ContextQuery, passages: list[Passage], noise: list[Passage]
 ) -> AssembledContext:
     return asm.arrange(
         body.query, passages, body.arrange, noise=noise, pmi=body.pmi, **_search(body)
@@ -429,7 +421,7 @@ def _arrange(
 
 def _generate(
     asm: ContextAssembler,
-    body: GenerateRequest,
+    body: GenerateQuery,
     passages: list[Passage],
     scores: list[float] | None,
     deadline: float,
@@ -538,7 +530,7 @@ class ContextService:
         return name, engine
 
     def _common(
-        self, body: ContextRequest | GenerateRequest, max_documents: int
+        self, body: ContextQuery | GenerateQuery, max_documents: int
     ) -> tuple[str, CausalLMEngine, list[Passage], ContextTemplate]:
         """The checks both routes make before any model work: (reranker, its LM, the passages,
         the template)."""
@@ -556,7 +548,7 @@ class ContextService:
         return name, engine, passages, _template(body, limits.max_query_chars)
 
     async def _rerank_plan(
-        self, body: ContextRequest | GenerateRequest, passages: list[Passage]
+        self, body: ContextQuery | GenerateQuery, passages: list[Passage]
     ) -> RerankPlan | None:
         """The request's `rerank`, checked and costed before any work (None without one): its
         pairs counted with the ranking reranker's tokenizer (`Serving.pair_costs`)."""
@@ -567,18 +559,18 @@ class ContextService:
         _, tokens, _ = await self.serving.pair_costs(name, body.query, texts, "documents")
         return RerankPlan(name, tokens, min(body.rerank.top_k, len(passages)))
 
-    async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankChoice:
+    async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankPick:
         """Rank every passage (title and text, as `cisrank eval rag` does) with the planned
         reranker, through its batcher like a rerank request; its best `k`, best first."""
         scorer = self.serving.model_thread(plan.name)
         texts = [p.contents for p in passages]
         raw = await scorer.score(query, texts, "documents", plan.tokens)
         best = rank_order(raw)[: plan.k]
-        return RerankChoice(
+        return RerankPick(
             reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
         )
 
-    async def _noise(self, body: ContextRequest, passages: list[Passage]) -> list[Passage]:
+    async def _noise(self, body: ContextQuery, passages: list[Passage]) -> list[Passage]:
         from cisrank.context import sample_noise, sample_store_noise
 
         spec = body.noise
@@ -631,8 +623,8 @@ class ContextService:
             raise InvalidField("noise.n", str(exc)) from None
 
     async def context(
-        self, body: ContextRequest, cancel: threading.Event | None = None
-    ) -> ContextResponse:
+        self, body: ContextQuery, cancel: threading.Event | None = None
+    ) -> ArrangedContext:
         """Arrange, pad, render and gauge one request's passages (see the module docstring);
         once `cancel` is set (the client hung up), stop at the next model step."""
         config = self.serving.config
@@ -669,36 +661,29 @@ class ContextService:
                 tokens = sum(len(p.ids) for p in chunk)
                 await model.run_slice(tokens, asm.question_logprobs, chunk)
             result = await model.run(_arrange, asm, body, chosen, noise)
-        doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
+        doc_ids = [d.id for d in body.documents]
         ids: list[str | int | None] = [p.docid for p in noise]
         ids += [doc_ids[index[i]] for i in result.order]
-        return ContextResponse(
-            id=str(uuid.uuid4()),
-            model=name,
+        return ArrangedContext(
+            reranker=name,
             arrange=result.method,
             template=template.name,
             order=[index[i] for i in result.order],
             ids=ids,
             scores=result.scores,
-            candidates=[
-                ContextCandidate(order=c.order, mean_logprob=c.mean_logprob)
-                for c in result.candidates
-            ],
-            noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in noise],
-            gauge=ContextGauge(**result.gauge.to_json()),
+            candidates=result.candidates,
+            noise=noise,
+            gauge=result.gauge,
             prompt=result.prompt.text,
             rerank=choice,
-            usage=ContextUsage(
-                documents=len(chosen),
-                noise=len(noise),
-                prompts_scored=asm.scored_prompts,
-                prompt_tokens=len(result.prompt.ids),
-            ),
+            documents=len(chosen),
+            prompts_scored=asm.scored_prompts,
+            prompt_tokens=len(result.prompt.ids),
         )
 
     async def generate(
-        self, body: GenerateRequest, cancel: threading.Event | None = None
-    ) -> GenerateResponse:
+        self, body: GenerateQuery, cancel: threading.Event | None = None
+    ) -> GeneratedAnswer:
         """Greedy RAG generation over the request's passages, bounded in passages
         (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
         (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the
@@ -794,15 +779,11 @@ class ContextService:
             answer, longest = await model.run(
                 _generate, asm, body, chosen, scores, deadline, cancel
             )
-        doc_ids = [
-            d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
-            for i, d in enumerate(body.documents)
-        ]
+        doc_ids = [d.id if d.id is not None else i for i, d in enumerate(body.documents)]
         order, gen = [index[i] for i in answer.order], answer.generation
         ordered_ids = [doc_ids[i] for i in order]
-        return GenerateResponse(
-            id=str(uuid.uuid4()),
-            model=name,
+        return GeneratedAnswer(
+            reranker=name,
             decoding=body.decoding,
             order=order,
             answer=gen.text,
@@ -813,7 +794,7 @@ class ContextService:
             weights=[s.weights for s in gen.steps],
             layers=[s.layer for s in gen.steps],
             rerank=choice,
-            usage=GenerateUsage(
-                documents=len(chosen), prompt_tokens=longest, generated_tokens=len(gen.tokens)
-            ),
+            documents=len(chosen),
+            prompt_tokens=longest,
+            generated_tokens=len(gen.tokens),
         )
