@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from cisrank.data.types import Passage, rank_order
 from cisrank.errors import CisrankError, DataError
+from cisrank.serving.config import Limits
 from cisrank.serving.engine import Serving
 from cisrank.serving.errors import BackendFailed, ClientGone, InvalidField, TimedOut
 from cisrank.serving.model_thread import FieldFault
@@ -297,6 +298,74 @@ def context_shapes(
         return sizes
 
     return shapes
+
+
+def _generation_limits(body: GenerateQuery, limits: Limits) -> int:
+    """A generation's own limits (new tokens, `rerank.top_k`), checked before its documents;
+    the documents it may send: with `rerank` they are ranked (as many as a rerank request's)
+    and only its top_k are generated over."""
+    if body.max_new_tokens > limits.max_new_tokens:
+        raise InvalidField(
+            "max_new_tokens",
+            f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
+        )
+    most = limits.max_generate_documents
+    if body.rerank is not None and body.rerank.top_k > most:
+        raise InvalidField("rerank.top_k", f"{body.rerank.top_k} is over the limit of {most}")
+    return limits.max_documents if body.rerank is not None else most
+
+
+def _check_decoding(body: GenerateQuery, documents: int, engine: CausalLMEngine) -> None:
+    """The decoding's inputs against the documents and the model: replug's weights, one score
+    per document, CLeHe's layers."""
+    if body.decoding == "replug" and body.scores is None and body.rerank is None:
+        raise InvalidField("scores", "replug needs one score per document")
+    if body.scores is not None and len(body.scores) != documents:
+        raise InvalidField(
+            "scores",
+            f"{len(body.scores)} scores for {documents} documents: give one score per document",
+        )
+    if body.layers is not None and len(body.layers) > engine.num_layers + 1:
+        raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+
+
+def generate_shapes(
+    body: GenerateQuery,
+    template: ContextTemplate,
+    passages: Sequence[Passage],
+    k: int | None = None,
+) -> tuple[int, Callable[[Measure], list[PromptSize]]]:
+    """The rows a generation decodes and the prompts it scores, for `prompt_tokens`: naive, one
+    row, its prompt once per searched order (K rotations, or K - 1 shuffles and the input, for a
+    scored arrangement); document-parallel, a row per passage and one without any. Over `k` of
+    the passages where a ranking picks them (those whose prompts cost most: `costliest`)."""
+    from cisrank.context import Arrangement
+
+    custom = body.document_format is not None
+    query = body.query
+    n = len(passages) if k is None else k
+
+    def generated(measure: Measure) -> list[Passage]:
+        if k is None:
+            return list(passages)
+        return costliest(template, query, passages, k, custom, measure)
+
+    if body.decoding == "naive":
+        searched = 1 + n if Arrangement(body.arrange).scored else 1
+
+        def prompt(measure: Measure) -> list[PromptSize]:
+            return [prompt_size(template, query, generated(measure), custom, measure)] * searched
+
+        return 1, prompt
+    single = template.single()
+
+    def rows(measure: Measure) -> list[PromptSize]:
+        sizes = [prompt_size(template, query, [], custom, measure)]
+        return sizes + [
+            prompt_size(single, query, [p], custom, measure) for p in generated(measure)
+        ]
+
+    return n + 1, rows
 
 
 def _total(sizes: Sequence[PromptSize]) -> tuple[int, str]:
@@ -689,65 +758,16 @@ class ContextService:
         (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the
         model thread, so a timed-out request holds the model for at most one more step). Once
         `cancel` is set (the client hung up), the decoding loop stops at its next token."""
-        from cisrank.context import Arrangement
         from cisrank.context.decoding import DecodingTimeout
 
         config = self.serving.config
         limits = config.limits
-        if body.max_new_tokens > limits.max_new_tokens:
-            raise InvalidField(
-                "max_new_tokens",
-                f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
-            )
-        most = limits.max_generate_documents
-        if body.rerank is not None and body.rerank.top_k > most:
-            raise InvalidField("rerank.top_k", f"{body.rerank.top_k} is over the limit of {most}")
-        # with `rerank`, the documents are ranked (as many as a rerank request's) and only its
-        # top_k are generated over
-        name, engine, passages, template = self._common(
-            body, limits.max_documents if body.rerank is not None else most
-        )
-        if body.decoding == "replug" and body.scores is None and body.rerank is None:
-            raise InvalidField("scores", "replug needs one score per document")
-        if body.scores is not None and len(body.scores) != len(passages):
-            raise InvalidField(
-                "scores",
-                f"{len(body.scores)} scores for {len(passages)} documents: give one score per "
-                "document",
-            )
-        if body.layers is not None and len(body.layers) > engine.num_layers + 1:
-            raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+        name, engine, passages, template = self._common(body, _generation_limits(body, limits))
+        _check_decoding(body, len(passages), engine)
         budget = limits.max_request_cost
         timeout = config.batching.request_timeout_s
         plan = await self._rerank_plan(body, passages)
-        k = plan.k if plan is not None else len(passages)
-        custom = body.document_format is not None
-        query = body.query
-
-        def generated(measure: Measure) -> list[Passage]:
-            """The passages generated over; with `rerank`, the k whose prompts cost most."""
-            if plan is None:
-                return passages
-            return costliest(template, query, passages, plan.k, custom, measure)
-
-        if body.decoding == "naive":
-            rows = 1
-            # K rotations (or K - 1 shuffles and the input) for a scored arrangement
-            searched = 1 + k if Arrangement(body.arrange).scored else 1
-
-            def shapes(measure: Measure) -> list[PromptSize]:
-                chosen = generated(measure)
-                return [prompt_size(template, query, chosen, custom, measure)] * searched
-
-        else:
-            rows = k + 1
-            single = template.single()
-
-            def shapes(measure: Measure) -> list[PromptSize]:
-                sizes = [prompt_size(template, query, [], custom, measure)]
-                chosen = generated(measure)
-                return sizes + [prompt_size(single, query, [p], custom, measure) for p in chosen]
-
+        rows, shapes = generate_shapes(body, template, passages, plan.k if plan else None)
         counter = self.serving.counter(name, lm=True)
         _, prefill, culprit = await prompt_tokens(shapes, engine, counter, budget, timeout, cancel)
         cost = prefill + rows * body.max_new_tokens
