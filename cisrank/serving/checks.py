@@ -78,7 +78,7 @@ def check_model(spec: RerankerSpec) -> None:
     """The reranker's model (named, or its kind's default) hashed in full where its files were
     recorded: a damaged file stops the start with one line naming it and the command that
     repairs it."""
-    if ":" in spec.kind:  # a `module:factory` of the user's: its model is its own business
+    if spec.factory:  # a `module:factory` of the user's: its model is its own business
         return
     from cisrank.models.integrity import require_intact_model
     from cisrank.models.resolve import recorded_folder
