@@ -3,7 +3,7 @@ same cost (issue 48, finding 3, acceptance 2).
 
 A request's cost is what admission, slicing and the per-request limit count. It was characters /
 4; SmolLM2 reads a character from U+10000 up as 4 tokens, so such text cost 16x its estimate in
-model time. Now the cost is the model's own token count (`cisrank.api.token_count`). This builds,
+model time. Now the cost is the model's own token count (`cisrank.serving.token_count`). This builds,
 for each script, `/v1/rerank` requests of the same cost as the server counts it (documents grown
 until the counter reaches `--tokens`), and `/v1/context` curvature requests likewise, sends them
 in-process to an app serving a CIS reranker on the real model, interleaved by script, and
@@ -103,8 +103,8 @@ def main() -> None:
     from fastapi.testclient import TestClient
 
     from cisrank.api.app import create_app
-    from cisrank.api.config import BatchingConfig, Limits, RerankerSpec, ServerConfig
     from cisrank.rerank.registry import load_reranker
+    from cisrank.serving.config import BatchingConfig, Limits, RerankerSpec, ServerConfig
 
     started = time.perf_counter()
     model = random_init(args.model) if args.random_init else args.model

@@ -8,8 +8,6 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README'
 | `CISRANK_DATA_DIR` | root holding one folder per dataset (`trec-dl19/`, ...), like `../shared/data` |
 | `CISRANK_LOG_LEVEL` | logging level of the CLI and the server (default INFO) |
 | `CISRANK_API_KEYS` | comma-separated API keys; set, they require `Authorization: Bearer <key>` |
-| `CISRANK_SERVER_CONFIG` | the server config as JSON, handed from `cisrank serve` to its workers |
-| `CISRANK_SERVE_STATUS` | a folder where `cisrank serve`'s workers report their models loaded or failed |
 | `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
 | `CISRANK_LM_BACKEND` | the causal LM's runtime where `--backend auto` (the default) is asked: torch, onnx or ctranslate2 |
 | `CISRANK_CPU_BF16` | `0`: treat this CPU as having no native bf16 (float32 defaults everywhere); `1`: as having it; unset: detect (AVX512-BF16 or AMX) |
@@ -26,8 +24,6 @@ from pathlib import Path
 DATA_DIR = "CISRANK_DATA_DIR"
 LOG_LEVEL = "CISRANK_LOG_LEVEL"
 API_KEYS = "CISRANK_API_KEYS"
-SERVER_CONFIG = "CISRANK_SERVER_CONFIG"
-SERVE_STATUS = "CISRANK_SERVE_STATUS"
 MODEL_HOME = "CISRANK_MODEL_HOME"
 LM_BACKEND = "CISRANK_LM_BACKEND"
 CPU_BF16 = "CISRANK_CPU_BF16"
@@ -54,25 +50,6 @@ def api_keys(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The configured API keys; empty when auth is off. Blank entries are ignored."""
     raw = _get(API_KEYS, environ) or ""
     return tuple(k.strip() for k in raw.split(",") if k.strip())
-
-
-def server_config_json() -> str | None:
-    return _get(SERVER_CONFIG)
-
-
-def set_server_config_json(text: str) -> None:
-    """Hand the server config to uvicorn's worker processes, which inherit the environment."""
-    os.environ[SERVER_CONFIG] = text
-
-
-def serve_status_dir() -> Path | None:
-    value = _get(SERVE_STATUS)
-    return Path(value) if value else None
-
-
-def set_serve_status_dir(path: Path) -> None:
-    """Tell `cisrank serve`'s workers where to report that loading ended (inherited)."""
-    os.environ[SERVE_STATUS] = str(path)
 
 
 def model_home() -> Path | None:

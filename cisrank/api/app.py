@@ -4,12 +4,16 @@
 server has started, so `/healthz` answers at once and `/readyz` turns ready when the models are
 in. Tests and embedders can pass ready-made `rerankers=` and `retrievers=` instead.
 
-Where things live (no web framework in the first four): the parts every service shares (loaded
-rerankers, batchers, indexes, readiness) in `cisrank.api.serving`, ranking in
-`cisrank.api.service`, RAG context and generation in `cisrank.api.assembly`, model work and its
-errors in `cisrank.api.model_thread` and `cisrank.api.service_errors`; routes in
-`cisrank.api.routes`, error bodies in `cisrank.api.errors`, body limit and metrics in
-`cisrank.api.middleware`, reading bodies in `cisrank.api.body`. Status codes: 400 a body that is
+An app runs the pre-start checks (`cisrank.serving.preflight`: every index, prior store and
+recorded model in full) before it loads what its config names, in the same background thread: an
+app whose checks fail answers 503 `load_failed` like one whose loading fails. `cisrank serve` runs
+them before it binds its port and builds its workers' apps with `preflight=False`.
+
+Where things live: the engine, without the web, in `cisrank.serving` (the parts every service
+shares, ranking, RAG context and generation, model work and its errors); the converter of each
+wire shape in `cisrank.api.shapes`; routes in `cisrank.api.routes`, error bodies in
+`cisrank.api.errors`, body limit and metrics in `cisrank.api.middleware`, reading bodies in
+`cisrank.api.body`. Status codes: 400 a body that is
 not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 408 body not received
 within `body_read_timeout_s`, 413 body over `max_body_bytes`, 415 a body that is not JSON, 422 a
 field out of its limits or holding a lone surrogate (the body names it), 503 + Retry-After while
@@ -30,21 +34,20 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from cisrank import env
-from cisrank.api.assembly import ContextService
 from cisrank.api.auth import KeyChecker, keys_from_env
-from cisrank.api.config import ServerConfig
 from cisrank.api.docs import install_docs
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
-from cisrank.api.metrics import Metrics
 from cisrank.api.middleware import BodyBudgetMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from cisrank.api.routes import router
 from cisrank.api.schemas import ErrorBody
-from cisrank.api.service import RankingService
-from cisrank.api.serving import Serving
 from cisrank.rerank.base import Reranker
 from cisrank.retrieval.base import Retriever
+from cisrank.serving.assembly import ContextService
+from cisrank.serving.config import ServerConfig
+from cisrank.serving.engine import Serving
+from cisrank.serving.metrics import Metrics
+from cisrank.serving.ranking import RankingService
 
 
 def create_app(
@@ -54,14 +57,16 @@ def create_app(
     retrievers: Mapping[str, Retriever] | None = None,
     api_keys: Sequence[str] | None = None,
     on_loaded: Callable[[str | None], None] | None = None,
+    preflight: bool = True,
 ) -> FastAPI:
-    """The app. Without `rerankers`, the configured ones load in the background at startup;
-    `on_loaded` is called once that has ended (`Serving.on_loaded`). An app whose loading fails
+    """The app. Without `rerankers`, the configured ones load in the background at startup,
+    after the pre-start checks (`preflight`: unless they have run already); `on_loaded` is
+    called once that has ended (`Serving.on_loaded`). An app whose checks or loading fail
     answers 503 `load_failed` on every route until it is stopped."""
     config = config or ServerConfig()
     serving: Serving | None = None
     metrics = Metrics(lambda: serving.rerankers if serving is not None else {})
-    serving = Serving(config, metrics, rerankers, retrievers, on_loaded)
+    serving = Serving(config, metrics, rerankers, retrievers, on_loaded, preflight)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -132,14 +137,12 @@ def report_loading_to(folder: Path) -> Callable[[str | None], None]:
     return report
 
 
-def create_app_from_env() -> FastAPI:
-    """The uvicorn factory used by `cisrank serve` (also under --workers N, one app per worker):
-    the config from `CISRANK_SERVER_CONFIG`, the end of loading reported to the folder
-    `CISRANK_SERVE_STATUS` names (`cisrank serve` stops when a worker's loading fails)."""
+def served_app(config: ServerConfig, status: Path) -> FastAPI:
+    """The app of one `cisrank serve` worker (the uvicorn factory, with `config` and `status`
+    bound; under --workers N each worker process unpickles them and builds its own): the config
+    checked already (no pre-start checks again), the end of loading reported to the folder
+    `status` (`cisrank serve` stops when a worker's loading fails)."""
     from cisrank.log import setup_logging
 
     setup_logging()
-    raw = env.server_config_json()
-    config = ServerConfig.model_validate_json(raw) if raw else ServerConfig()
-    status = env.serve_status_dir()
-    return create_app(config, on_loaded=report_loading_to(status) if status else None)
+    return create_app(config, on_loaded=report_loading_to(status), preflight=False)

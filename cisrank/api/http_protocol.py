@@ -36,14 +36,14 @@ import asyncio
 import functools
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from cisrank import env
-from cisrank.api.config import ServerConfig
 from cisrank.api.schemas import ErrorBody, FieldError
+from cisrank.serving.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +108,9 @@ class ConnectionLimits:
 
 
 @functools.lru_cache(maxsize=1)
-def _limits_from_env() -> ConnectionLimits:
-    """The limits of the config `cisrank serve` hands its workers (`CISRANK_SERVER_CONFIG`)."""
-    raw = env.server_config_json()
-    config = ServerConfig.model_validate_json(raw) if raw else ServerConfig()
-    return ConnectionLimits.from_config(config)
+def _default_limits() -> ConnectionLimits:
+    """The limits of a default config, for a protocol built without any."""
+    return ConnectionLimits.from_config(ServerConfig())
 
 
 def _response(status: int, reason: str, error: str, message: str, extra: str = "") -> bytes:
@@ -149,19 +147,18 @@ _refusals = _RefusalLog()
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded head, a head deadline and a connection cap.
-    Its limits are `limits` (a subclass made by `with_limits`), else those of the server config
-    in the environment (`cisrank serve`)."""
-
-    limits: ConnectionLimits | None = None
+    Its limits are `limits` (bound by `with_limits`), else those of a default config."""
 
     @classmethod
-    def with_limits(cls, limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
-        """This protocol with `limits` (for a server run in-process: uvicorn.Config(http=...))."""
-        return type(cls.__name__, (cls,), {"limits": limits})
+    def with_limits(cls, limits: ConnectionLimits) -> Callable[..., GuardedHttpToolsProtocol]:
+        """This protocol with `limits`, for uvicorn.Config(http=...): a partial, which pickles
+        (by this class's import path and the limits' values), so that every worker process of
+        `cisrank serve --workers N` builds it with the same limits."""
+        return functools.partial(cls, limits=limits)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: ConnectionLimits | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.guard = self.limits or _limits_from_env()
+        self.guard = limits or _default_limits()
         self._refused = False
         self._in_head = True  # reading a request's head (or waiting for the first one)
         self._head_bytes = 0  # bytes received while in the head, read by the parser or not
@@ -296,13 +293,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
-    """What `cisrank serve` passes uvicorn for these limits: the guarded protocol (by import
-    path, so that every worker process builds it), the accept backlog, and h11's head limit for
-    the fallback where httptools is missing."""
+    """What `cisrank serve` passes uvicorn for these limits: the guarded protocol with the
+    config's limits (`with_limits`, which every worker process unpickles), the accept backlog,
+    and h11's head limit for the fallback where httptools is missing."""
+    http: Any
     try:
         import httptools  # noqa: F401
 
-        http = f"{__name__}:GuardedHttpToolsProtocol"
+        http = GuardedHttpToolsProtocol.with_limits(ConnectionLimits.from_config(config))
     except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
         http = "h11"
     return {

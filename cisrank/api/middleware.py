@@ -14,8 +14,8 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cisrank.api.metrics import CLIENT_CLOSED_REQUEST, Metrics
 from cisrank.api.schemas import ErrorBody, FieldError
+from cisrank.serving.metrics import CLIENT_CLOSED_REQUEST, Metrics
 
 
 class HttpMiddleware:

@@ -1,6 +1,7 @@
-"""The HTTP routes. Thin on purpose: validate (pydantic, through FastAPI), call a service
-(`cisrank.api.service` for rerank and search, `cisrank.api.assembly` for context and generate),
-and map its errors (`cisrank.api.service_errors`) to status codes, which only this module knows.
+"""The HTTP routes. Thin on purpose: validate (pydantic, through FastAPI), call the serving engine
+through the converter of the request's wire shape (`cisrank.api.shapes`: `cohere`, `tei`,
+`openai`, and `native` for cisrank's own search, context and generation), and map the engine's
+errors (`cisrank.serving.errors`) to status codes, which only this module knows.
 
 Status codes: 400 a body that is not UTF-8 JSON (the body says why), 401 missing/wrong API key,
 415 a body sent as something else than JSON, 422 a field out of its limits, unknown, or holding a
@@ -39,11 +40,9 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
-from cisrank.api.assembly import ContextService
 from cisrank.api.auth import KeyChecker
 from cisrank.api.body import BodyError, read_json_body
 from cisrank.api.errors import ApiError
-from cisrank.api.metrics import CLIENT_CLOSED_REQUEST
 from cisrank.api.schemas import (
     ContextRequest,
     ContextResponse,
@@ -62,8 +61,10 @@ from cisrank.api.schemas import (
     TeiRank,
     TeiRerankRequest,
 )
-from cisrank.api.service import RankingService
-from cisrank.api.service_errors import (
+from cisrank.api.shapes import cohere, native, openai, tei
+from cisrank.serving.assembly import ContextService
+from cisrank.serving.engine import Serving
+from cisrank.serving.errors import (
     BackendFailed,
     ClientGone,
     InvalidField,
@@ -73,7 +74,8 @@ from cisrank.api.service_errors import (
     ServiceError,
     TimedOut,
 )
-from cisrank.api.serving import Serving
+from cisrank.serving.metrics import CLIENT_CLOSED_REQUEST
+from cisrank.serving.ranking import RankingService
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -290,13 +292,13 @@ async def info(request: Request) -> TeiInfo:
     """Hugging Face TEI's endpoint info, for the default reranker (every reranker served is in
     `GET /v1/models`)."""
     with _answering(request):
-        return _ranking(request).info()
+        return tei.info(_ranking(request))
 
 
 @router.get("/v1/models", response_model=ModelList, dependencies=protected, tags=["meta"])
 async def models(request: Request) -> ModelList:
     """The rerankers (by the name a request's `model` takes) and indexes served here."""
-    return _ranking(request).models()
+    return native.models(_ranking(request))
 
 
 @router.get("/metrics", dependencies=protected, tags=["ops"], response_class=Response)
@@ -312,7 +314,7 @@ async def prometheus(request: Request) -> Response:
 async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
     """Rank `documents` for `query`, most relevant first (Cohere v1/v2, Jina, vLLM shape)."""
     with _answering(request):
-        return await _ranking(request).rerank(body)
+        return await cohere.rerank(_ranking(request), body)
 
 
 _rerank_kwargs: dict[str, Any] = {
@@ -372,11 +374,10 @@ async def rerank_any_shape(
     """Cohere's rerank (as /v1/rerank), or Hugging Face TEI's when the body has `texts`
     instead of `documents` (`TeiRerankRequest`): TEI's JSON list of `{index, score, text?}`."""
     with _answering(request):
-        if "texts" in body and "documents" not in body:
-            tei = _validated(TeiRerankRequest, body)
-            ranks = await _ranking(request).rerank_tei(tei)
+        if tei.claims(body):
+            ranks = await tei.rerank(_ranking(request), _validated(TeiRerankRequest, body))
             return JSONResponse([r.model_dump(mode="json", exclude_none=True) for r in ranks])
-        answer = await _ranking(request).rerank(_validated(RerankRequest, body))
+        answer = await cohere.rerank(_ranking(request), _validated(RerankRequest, body))
         return JSONResponse(answer.model_dump(mode="json", exclude_none=True))
 
 
@@ -390,7 +391,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> EmbeddingsRes
     """OpenAI's embeddings (as infinity and TEI serve them) with a served dense reranker's
     bi-encoder: unit-length vectors, bounded like a rerank request."""
     with _answering(request):
-        return await _ranking(request).embeddings(body)
+        return await openai.embeddings(_ranking(request), body)
 
 
 # ---- search
@@ -400,7 +401,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> EmbeddingsRes
 async def search(body: SearchRequest, request: Request) -> SearchResponse:
     """First-stage search over a configured index, optionally reranked."""
     with _answering(request):
-        return await _ranking(request).search(body)
+        return await native.search(_ranking(request), body)
 
 
 # ---- RAG context assembly
@@ -414,7 +415,7 @@ async def context(body: ContextRequest, request: Request) -> ContextResponse:
     per-passage scores (curvature), the question-likelihood gauge and the prompt."""
     with _answering(request):
         async with _hang_up_watch(request) as gone:
-            return await _context(request).context(body, gone)
+            return await native.context(_context(request), body, gone)
 
 
 @router.post(
@@ -425,4 +426,4 @@ async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
     004), bounded in passages, new tokens and time."""
     with _answering(request):
         async with _hang_up_watch(request) as gone:
-            return await _context(request).generate(body, gone)
+            return await native.generate(_context(request), body, gone)

@@ -2,7 +2,7 @@
 
 The rerank shape is the Cohere/Jina one that vLLM, LiteLLM, infinity and the official Cohere SDKs
 speak, so cisrank is a drop-in for them. Static limits live here; limits that an operator can
-change (`Limits` in `cisrank.api.config`) are checked by the routes against the running config.
+change (`Limits` in `cisrank.serving.config`) are checked by the routes against the running config.
 
 Unknown request fields are refused (422 naming them: a misspelled `top_k` used to be ignored
 silently, and the default count came back), except the documented fields of the shapes clients

@@ -4,25 +4,26 @@ Two ways to say what to serve: `--reranker KIND --model M [--index PATH ...]` fo
 without a config file (the quick start of infinity or TEI), or `--config FILE` for several models,
 limits and batching. Giving both is an error: which one wins would be a guess.
 
-The config is checked here (one-line error, exit 2) before uvicorn starts, then handed to every
-worker through an environment variable, so `--workers N` builds N identical apps. Checked means
-every configured index completely (its manifest and the checksum of every file: a half-built or
-damaged index refuses the start, since it would never become ready), every existing prior store
-row by row (`index verify`'s check: SQLite's integrity_check and every row's checksum), and every
-pulled model's files against the sha256 its pull recorded; a server that cannot serve what it is
-configured to never starts.
+The config is checked here (one-line error, exit 2) before uvicorn starts: its reranker kinds, and
+the server's pre-start checks (`cisrank.serving.preflight`: every configured index completely,
+every existing prior store row by row, every pulled model's files against the sha256 its pull
+recorded); a server that cannot serve what it is configured to never starts. Every worker's app
+is then built from that config itself (`cisrank.api.app.served_app`, with the config bound: under
+`--workers N` uvicorn pickles it into each worker process), so `--workers N` builds N identical
+apps, which do not run the checks again.
 
 Then the port is bound here, before uvicorn runs (a port in use is one line and exit 2, not
 uvicorn's log and exit 3), and the workers load their models. Each worker reports how loading
-ended to a status folder (`CISRANK_SERVE_STATUS`): once every worker has loaded, one line says
-`ready on http://HOST:PORT`; if any worker's model cannot load, the server stops and the command
-exits 2 with one line saying why (an app embedded without `cisrank serve` keeps answering 503
+ended to a status folder: once every worker has loaded, one line says `ready on
+http://HOST:PORT`; if any worker's model cannot load, the server stops and the command exits 2
+with one line saying why (an app embedded without `cisrank serve` keeps answering 503
 `load_failed` instead, for its host to decide).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -37,15 +38,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cisrank import env
 from cisrank.cli.options import ModelOpt
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
-from cisrank.errors import CisrankError, DamagedFileError, require
+from cisrank.errors import CisrankError, require
 from cisrank.rerank.registry import factory_path, servable
 
 if TYPE_CHECKING:
-    from cisrank.api.config import RerankerSpec, ServerConfig
+    from cisrank.serving.config import ServerConfig
 
 SERVED_KINDS = ", ".join(k.name for k in servable())
 """The registry's kinds that can be served (every one but `none`), for the help."""
@@ -73,7 +73,7 @@ def quick_config(
     serve`."""
     from pydantic import ValidationError
 
-    from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
+    from cisrank.serving.config import IndexSpec, RerankerSpec, ServerConfig
 
     given = {k: v for k, v in (options or {}).items() if v is not None}
     if (model is not None or given) and reranker is None:
@@ -109,9 +109,9 @@ def server_config(
     options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
     """The config `cisrank serve` runs: from --config, from the quick-start options, or the
-    default (each reranker spec checked as the config is made); every reranker servable and
-    every index path checked."""
-    from cisrank.api.config import ServerConfig
+    default (each reranker spec checked as the config is made); every reranker servable, then
+    everything it names (`cisrank.serving.preflight`)."""
+    from cisrank.serving.config import ServerConfig
 
     quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
     quick += ["--index"] if indexes else []
@@ -130,16 +130,9 @@ def server_config(
     for name, spec in cfg.rerankers.items():
         if spec.record is not None and not spec.record.servable:
             raise CisrankError(f"reranker '{name}': kind '{spec.kind}' cannot be served")
-    for name, index in cfg.indexes.items():
-        if not index.path.exists():
-            raise CisrankError(f"index '{name}': path '{index.path}' does not exist")
-        check_index(name, index.path)
-    for name, spec in cfg.rerankers.items():
-        store = spec.options.get("prior_store")
-        parts = [Path(p.strip()).expanduser() for p in str(store or "").split(",") if p.strip()]
-        if any(p.exists() for p in parts):
-            check_prior_store(name, str(store))
-        check_model(name, spec)
+    from cisrank.serving import preflight
+
+    preflight(cfg)
     return cfg
 
 
@@ -148,76 +141,6 @@ def _stopped_by_sigterm(signum: int, frame: FrameType | None) -> None:
     signal again for the handler it found, this one, and the process exits 0. A SIGTERM that
     arrives before uvicorn has started exits 0 at once."""
     raise SystemExit(0)
-
-
-def check_index(name: str, path: Path) -> None:
-    """The whole index, before the server starts: a permanent fault is a one-line error now,
-    not a server whose readiness never comes. Its files found intact are not hashed again when
-    the server (in this process) opens them."""
-    from cisrank.indexes.integrity import require_intact
-
-    try:
-        require_intact(path)
-    except CisrankError as exc:
-        raise CisrankError(f"index '{name}': {exc}") from None
-
-
-def check_prior_store(name: str, spec: str | Path) -> None:
-    """The prior store in full, as `cisrank index verify` checks it: a store SQLite cannot
-    open (damaged header, not a database), one whose `integrity_check` fails or whose rows fail
-    their checksums (a flipped bit of one stored value, which SQLite does not see), a Parquet
-    prior table that cannot be read, or a prior index folder whose files fail their manifest's
-    checksums stops the start. Reads every row: about 235k rows/s (37 s at 8.8M rows)."""
-    from cisrank.rerank.prior_store import PriorStore
-    from cisrank.rerank.prior_table import TieredPriors, open_prior_store
-
-    try:
-        store = open_prior_store(spec)
-        try:
-            sqlite = store.cache if isinstance(store, TieredPriors) else store
-            if isinstance(sqlite, PriorStore):
-                _, _, problems = sqlite.verify()
-                if problems:
-                    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-                    raise DamagedFileError(sqlite.path, problems[0] + more)
-        finally:
-            store.close()
-    except CisrankError as exc:
-        raise CisrankError(f"reranker '{name}': {exc}") from None
-
-
-def check_model(name: str, spec: RerankerSpec) -> None:
-    """A pulled or shipped model (by catalogue name, by its folder, or as the kind's default
-    model) hashed in full against the sha256 its pull recorded: a damaged file stops the start
-    with one line naming it and the command that repairs it; a catalogue model not pulled yet is
-    pulled first (on first use, with one line saying so). Other models are checked when they
-    load."""
-    if spec.factory:
-        return
-    from cisrank.rerank.registry import default_model
-
-    model = spec.model or default_model(spec.kind)
-    if model is None:
-        return
-    try:
-        from cisrank.models.catalogue import resolve_catalogue_name
-        from cisrank.models.integrity import PROVENANCE_FILE, require_intact_model
-        from cisrank.models.shipped import shipped_model
-    except ImportError:  # pragma: no cover - a build without model integrity checks
-        return
-    try:
-        path = Path(model).expanduser()
-        if path.exists():
-            folder = path if (path / PROVENANCE_FILE).is_file() else None
-        elif (shipped := shipped_model(model)) is not None:
-            folder = shipped.folder
-        else:
-            pulled = resolve_catalogue_name(model)
-            folder = Path(pulled) if pulled is not None else None
-        if folder is not None:
-            require_intact_model(folder, full=True)
-    except CisrankError as exc:
-        raise CisrankError(f"reranker '{name}': {exc}") from None
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -283,17 +206,20 @@ class LoadWatch(threading.Thread):
                 print(f"ready on {self.url}", file=sys.stderr, flush=True)
 
 
-def run_uvicorn(target: str, sock: socket.socket, **options: Any) -> str | None:
-    """Serve `target` (a uvicorn app factory) on `sock` until stopped, with `options` as
-    `uvicorn.run` takes them (host, port, workers, ...); returns why loading failed, if it
-    did (the server was stopped for it), else None."""
+def run_uvicorn(cfg: ServerConfig, sock: socket.socket, **options: Any) -> str | None:
+    """Serve the apps of `cfg` (`cisrank.api.app.served_app`, one per worker) on `sock` until
+    stopped, with `options` as `uvicorn.run` takes them (host, port, workers, ...); returns why
+    loading failed, if it did (the server was stopped for it), else None."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
+    from cisrank.api.app import served_app
+
     workers = int(options.get("workers", 1))
-    config = uvicorn.Config(target, **options)
     folder = Path(tempfile.mkdtemp(prefix="cisrank-serve-"))
-    env.set_serve_status_dir(folder)
+    # The config and the status folder go to every worker with the factory (pickled into each
+    # process under --workers N), not through the environment.
+    config = uvicorn.Config(functools.partial(served_app, cfg, folder), factory=True, **options)
     watch: LoadWatch | None = None
     try:
         if workers > 1:
@@ -396,13 +322,11 @@ def serve(
     from cisrank.api.http_protocol import uvicorn_options
 
     sock = listen(host, port)
-    env.set_server_config_json(cfg.model_dump_json())
     signal.signal(signal.SIGTERM, _stopped_by_sigterm)
     try:
         failure = run_uvicorn(
-            "cisrank.api.app:create_app_from_env",
+            cfg,
             sock,
-            factory=True,
             host=host,
             port=sock.getsockname()[1],
             workers=workers,

@@ -1,8 +1,9 @@
 """Is an index folder intact? Every file against its manifest, and the prior store row by row.
 
-`cisrank index verify` prints `verify_index`'s report; `cisrank serve` calls `require_intact` on
-every configured index before the server starts, so a damaged or half-built index stops the start
-with one line instead of a server that answers 503 forever. `open_index` checks the same
+`cisrank index verify` prints `verify_index`'s report; the server's pre-start checks
+(`cisrank.serving.preflight`) call `require_intact` on every configured index and
+`require_intact_priors` on every reranker's prior store, so a damaged or half-built index stops
+the start with one line instead of a server that answers 503 forever. `open_index` checks the same
 checksums (`cisrank.data.manifest.verify_files`) each time it opens an index.
 
 The prior store is the one file readers may change after the build (a CIS reranker with
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cisrank.data.manifest import FileCheck, Manifest, check_files
 from cisrank.errors import CisrankError, DamagedFileError
 from cisrank.indexes.kinds import open_index, read_index_manifest
+
+if TYPE_CHECKING:
+    from cisrank.rerank.prior_store import PriorStore
 
 
 @dataclass(frozen=True)
@@ -38,24 +43,51 @@ class IndexReport:
         return [c for c in self.checks if c.bad]
 
 
+def _verified_rows(store: PriorStore) -> tuple[int, int]:
+    """(rows checked, rows without a checksum) of a whole prior store (SQLite's
+    `integrity_check`, then every row's checksum); `DamagedFileError` naming the store and its
+    first problem otherwise."""
+    rows, unverified, problems = store.verify()
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DamagedFileError(store.path, problems[0] + more)
+    return rows, unverified
+
+
 def _prior_rows(path: Path, name: str, changed: str) -> FileCheck:
     from cisrank.rerank.prior_store import PriorStore
 
     try:
         store = PriorStore(path / name)
+        try:
+            rows, unverified = _verified_rows(store)
+        finally:
+            store.close()
     except DamagedFileError as exc:
         return FileCheck(name, "damaged", exc.detail)
-    try:
-        rows, unverified, problems = store.verify()
-    finally:
-        store.close()
-    if problems:
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        return FileCheck(name, "damaged", problems[0] + more)
     note = f"{rows} rows match their checksums"
     if unverified:
         note += f", {unverified} rows have none (stored before row checksums)"
     return FileCheck(name, "ok", f"{changed}; {note}" if changed else note)
+
+
+def require_intact_priors(spec: str | Path) -> None:
+    """The priors a `--prior-store` names, in full, as `cisrank index verify` checks a prior
+    index: a store SQLite cannot open (damaged header, not a database), one whose
+    `integrity_check` fails or whose rows fail their checksums (a flipped bit of one stored
+    value, which SQLite does not see), a Parquet prior table that cannot be read, or a prior
+    index folder whose files fail their manifest's checksums is a `DamagedFileError` (or the
+    `CisrankError` of opening it). Reads every row: about 235k rows/s (37 s at 8.8M rows)."""
+    from cisrank.rerank.prior_store import PriorStore
+    from cisrank.rerank.prior_table import TieredPriors, open_prior_store
+
+    store = open_prior_store(spec)
+    try:
+        sqlite = store.cache if isinstance(store, TieredPriors) else store
+        if isinstance(sqlite, PriorStore):
+            _verified_rows(sqlite)
+    finally:
+        store.close()
 
 
 def verify_index(path: str | Path) -> IndexReport:

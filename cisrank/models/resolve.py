@@ -65,10 +65,8 @@ def resolve_model(name_or_path: str) -> str:
                 f"model path '{name_or_path}' is not a model folder (no config.json in it)"
             )
         return _checked(path.resolve())
-    if (shipped := shipped_model(name_or_path)) is not None:
-        return _checked(shipped.folder)
-    if (pulled := resolve_catalogue_name(name_or_path)) is not None:
-        return _checked(Path(pulled))
+    if (recorded := recorded_folder(name_or_path)) is not None:  # shipped, or a catalogue name
+        return _checked(recorded)
     if name_or_path.lower() in _MINILM_ALIASES and (packaged := _packaged_minilm()):
         return str(packaged)
     if _looks_like_path(name_or_path):
@@ -94,6 +92,22 @@ def resolve_model(name_or_path: str) -> str:
                 f"Hugging Face cache: {hint}"
             ) from exc
     return name_or_path
+
+
+def recorded_folder(name_or_path: str) -> Path | None:
+    """The folder of a model whose files were recorded when it was written, and are checked
+    against that record whenever it loads: a folder `cisrank models pull` wrote (by its path), a
+    model shipped with cisrank, or a catalogue model by name (pulled on first use); None for any
+    other name or folder. The server's pre-start checks (`cisrank.serving.preflight`) hash these
+    in full."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path if (path / PROVENANCE_FILE).is_file() else None
+    if (shipped := shipped_model(name_or_path)) is not None:
+        return shipped.folder
+    if (pulled := resolve_catalogue_name(name_or_path)) is not None:
+        return Path(pulled)
+    return None
 
 
 def _checked(folder: Path) -> str:

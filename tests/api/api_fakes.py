@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cisrank.api.config import RerankerSpec, ServerConfig
 from cisrank.data.types import SearchHit
 from cisrank.rerank.base import BaseReranker
+from cisrank.serving.config import RerankerSpec, ServerConfig
 
 _WORD = re.compile(r"\w+")
 

@@ -155,9 +155,9 @@ def test_search_on_a_real_bm25_index_opened_from_the_config(tmp_path):
     from fastapi.testclient import TestClient
 
     from cisrank.api.app import create_app
-    from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
     from cisrank.indexes.build import build_index
     from cisrank.indexes.kinds import open_index
+    from cisrank.serving.config import IndexSpec, RerankerSpec, ServerConfig
 
     corpus = tmp_path / "corpus.jsonl"
     rows = {f"p{i}": t for i, t in enumerate(CORPUS.values())}

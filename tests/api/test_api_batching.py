@@ -8,8 +8,8 @@ import threading
 import pytest
 from api_fakes import OverlapReranker, overlap
 
-from cisrank.api.batching import BatchScorer, QueueFullError
-from cisrank.api.config import BatchingConfig
+from cisrank.serving.batching import BatchScorer, QueueFullError
+from cisrank.serving.config import BatchingConfig
 
 
 def test_large_request_is_chunked_and_scores_match():

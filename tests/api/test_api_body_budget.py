@@ -16,7 +16,7 @@ import httpx
 from api_fakes import OverlapReranker, config_for
 
 from cisrank.api.app import create_app
-from cisrank.api.config import BatchingConfig, Limits
+from cisrank.serving.config import BatchingConfig, Limits
 
 DOCS = ["word " * 6000] * 3  # 90,000 characters
 BODY = json.dumps({"query": "word", "documents": DOCS}).encode()  # 90,042 bytes

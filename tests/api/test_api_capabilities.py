@@ -8,10 +8,10 @@ import pytest
 from api_fakes import ListRetriever, OverlapReranker
 
 from cisrank import testing
-from cisrank.api.config import BatchingConfig, Limits, RerankerSpec
-from cisrank.api.serving import build_reranker
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import IdentityReranker, Reranker
+from cisrank.serving.config import BatchingConfig, Limits, RerankerSpec
+from cisrank.serving.engine import build_reranker
 
 QUESTION = "when was the author of hamlet born ?"
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import BatchingConfig, Limits, RerankerSpec, ServerConfig
+from cisrank.serving.config import BatchingConfig, Limits, RerankerSpec, ServerConfig
 from cisrank.version import __version__
 
 TEXTS = testing.SAMPLE_SENTENCES[:3]

@@ -12,9 +12,9 @@ from api_fakes import OverlapReranker, config_for
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import BatchingConfig
 from cisrank.context import ContextAssembler, sample_noise
 from cisrank.data.types import Passage
+from cisrank.serving.config import BatchingConfig
 
 QUESTION = "when was the author of hamlet born ?"
 TITLES = ["Hamlet", "Shakespeare", "Denmark", "Paris", "Fleas"]
@@ -177,7 +177,7 @@ def _error(r) -> tuple[int, str, str]:
 def test_bad_requests_get_4xx_naming_the_field(cis, tiny_gpt2_dir):
     from fastapi.testclient import TestClient
 
-    from cisrank.api.config import RerankerSpec, ServerConfig
+    from cisrank.serving.config import RerankerSpec, ServerConfig
 
     # the served spec names the model's folder, as `cisrank serve` has it: never shown to clients
     specs = {
@@ -219,7 +219,7 @@ def test_bad_requests_get_4xx_naming_the_field(cis, tiny_gpt2_dir):
 
 
 def test_cost_budget_and_default_model(make_client, cis):
-    from cisrank.api.config import Limits
+    from cisrank.serving.config import Limits
 
     # a dense default: a request naming no model goes to the CIS reranker
     client = make_client(
@@ -274,7 +274,7 @@ def test_noise_from_a_served_index(make_client, cis):
 
 
 def test_reserve_admits_like_a_score_request():
-    from cisrank.api.batching import BatchScorer, QueueFullError
+    from cisrank.serving.batching import BatchScorer, QueueFullError
 
     scorer = BatchScorer(OverlapReranker(), "m", BatchingConfig(max_queue=2, max_inflight_cost=100))
 
@@ -314,7 +314,7 @@ def test_fuzzed_context_requests_never_get_a_5xx(cis, mode):
     from hypothesis import HealthCheck, example, given, settings
     from schemathesis.generation import GenerationMode
 
-    from cisrank.api.config import Limits
+    from cisrank.serving.config import Limits
 
     limits = Limits(max_documents=4, max_document_chars=120, max_query_chars=60)
     app = create_app(config_for(["cis"], limits=limits), rerankers={"cis": cis}, api_keys=[])

@@ -9,9 +9,9 @@ from api_fakes import config_for
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import Limits
 from cisrank.context.templates import TEMPLATES, resolve_template
 from cisrank.data.types import Passage
+from cisrank.serving.config import Limits
 
 QUESTION = "when was the author of hamlet born ?"
 ROUTES = ["/v1/context", "/v1/generate"]
@@ -129,7 +129,7 @@ def _rendered(template, query, passages) -> int:
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_the_estimate_is_the_rendered_length_exactly(name):
-    from cisrank.api.assembly import prompt_size
+    from cisrank.serving.assembly import prompt_size
 
     passages = [Passage(f"id-{i}", "text " * i + "é", f"title {i}") for i in range(12)]
     formats = [None, "{text}" * 3, "[{index}] {id}: {title} {{x}} {text} {id}"]

@@ -8,8 +8,8 @@ import pytest
 from api_fakes import OverlapReranker, overlap
 from test_api_context import _docs, _passages
 
-from cisrank.api.config import Limits
 from cisrank.context import ContextAssembler, EnsembleDecoder
+from cisrank.serving.config import Limits
 
 QUESTION = "when was the author of hamlet born ?"
 
@@ -126,9 +126,9 @@ def test_the_rerank_cost_counts_in_the_budget_before_any_work(make_client, cis, 
     body = {"query": QUESTION, "documents": docs, "rerank": {"reranker": "overlap", "top_k": 1}}
     if route == "/v1/generate":
         body["max_new_tokens"] = 1
-    from cisrank.api.assembly import costliest, prompt_size
-    from cisrank.api.token_count import utf8_bytes
     from cisrank.context.templates import TEMPLATES, resolve_template
+    from cisrank.serving.assembly import costliest, prompt_size
+    from cisrank.serving.token_count import utf8_bytes
 
     template = resolve_template(TEMPLATES["qa" if route == "/v1/context" else "entropy"], {})
     chosen = costliest(template, QUESTION, _passages(docs), 1, False)

@@ -15,14 +15,14 @@ import httpx
 from api_fakes import ListRetriever, MultiOverlapReranker, OverlapReranker, config_for, overlap
 
 from cisrank.api.app import create_app
-from cisrank.api.batching import (
+from cisrank.serving.batching import (
     BatchScorer,
     ScoringFailed,
     ScoringTimeout,
     byte_pair_tokens,
     pair_tokens,
 )
-from cisrank.api.config import BatchingConfig, Limits
+from cisrank.serving.config import BatchingConfig, Limits
 
 LONG = "lorem ipsum dolor sit amet " * 148  # 3,996 characters, as many bytes
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cisrank.api.config import ServerConfig
+from cisrank.serving.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ from api_fakes import ListRetriever, OverlapReranker, config_for
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import Limits
+from cisrank.serving.config import Limits
 
 GOOD = {"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet.", "Paris"]}
 CORPUS = {f"d{i}": s for i, s in enumerate(testing.SAMPLE_SENTENCES)}

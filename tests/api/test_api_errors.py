@@ -10,7 +10,7 @@ import pytest
 from api_fakes import OverlapReranker, config_for
 
 from cisrank.api.app import create_app
-from cisrank.api.config import BatchingConfig, Limits
+from cisrank.serving.config import BatchingConfig, Limits
 
 LIMITS = Limits(max_documents=5, max_document_chars=50, max_query_chars=40, max_body_bytes=2048)
 
@@ -156,7 +156,7 @@ def test_a_failing_reranker_fails_only_its_request(make_client):
 
 
 def test_not_ready_while_loading_answers_503():
-    from cisrank.api.config import RerankerSpec, ServerConfig
+    from cisrank.serving.config import RerankerSpec, ServerConfig
 
     cfg = ServerConfig(rerankers={"x": RerankerSpec(kind="api_fakes:slow_reranker")})
     app = create_app(cfg)  # models load only when the lifespan starts: not yet

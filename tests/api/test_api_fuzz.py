@@ -17,7 +17,7 @@ from schemathesis.generation import GenerationMode
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import Limits
+from cisrank.serving.config import Limits
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import pytest
 from api_fakes import OverlapReranker
 
 from cisrank import testing
-from cisrank.api.config import BatchingConfig, Limits
 from cisrank.context import ContextAssembler
 from cisrank.context.decoding import DecodingTimeout, EnsembleDecoder
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
+from cisrank.serving.config import BatchingConfig, Limits
 
 QUESTION = "when was the author of hamlet born ?"
 

@@ -13,8 +13,8 @@ import pytest
 from api_fakes import MultiOverlapReranker, OverlapReranker, config_for, overlap
 
 from cisrank.api.app import create_app
-from cisrank.api.batching import BatchScorer, ScoringFailed
-from cisrank.api.config import BatchingConfig
+from cisrank.serving.batching import BatchScorer, ScoringFailed
+from cisrank.serving.config import BatchingConfig
 
 POISON = "\u2620POISON\u2620"  # valid text that passes every edge check; only the fake rejects it
 

@@ -19,10 +19,10 @@ from fastapi.testclient import TestClient
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
 from cisrank.errors import CisrankError
 from cisrank.indexes.build import build_index
 from cisrank.retrieval.docstore import DOCSTORE_FILE
+from cisrank.serving.config import IndexSpec, RerankerSpec, ServerConfig
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_a_damaged_docstore_row_is_a_500_naming_the_index_not_the_file(tmp_path,
         assert client.app.state.serving.wait_ready(30), client.app.state.serving.error
         with sqlite3.connect(index / DOCSTORE_FILE) as con:  # every passage's row is gone
             con.execute("DELETE FROM docs")
-        with caplog.at_level(logging.ERROR, logger="cisrank.api.service"):
+        with caplog.at_level(logging.ERROR, logger="cisrank.serving.ranking"):
             answers = _answers(client)
         search = answers[5]
         assert search.status_code == 500, search.text

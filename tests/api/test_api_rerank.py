@@ -11,8 +11,8 @@ from api_fakes import MultiOverlapReranker, OverlapReranker, config_for, overlap
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import BatchingConfig
-from cisrank.api.service import normalize_scores
+from cisrank.serving.config import BatchingConfig
+from cisrank.serving.ranking import normalize_scores
 
 DOCS = testing.SAMPLE_SENTENCES[:6]
 QUERY = "who wrote hamlet"
@@ -183,8 +183,8 @@ def test_a_configured_cross_encoder_student_is_served(tiny_bert_dir, tmp_path):
     from fastapi.testclient import TestClient
     from sentence_transformers import CrossEncoder
 
-    from cisrank.api.config import RerankerSpec, ServerConfig
     from cisrank.rerank.registry import load_reranker
+    from cisrank.serving.config import RerankerSpec, ServerConfig
 
     torch.manual_seed(0)
     student = CrossEncoder(str(tiny_bert_dir), num_labels=1)

@@ -1,28 +1,28 @@
 """`cisrank serve` without a config file: `--reranker KIND --model M [--index PATH ...]` builds the
-ServerConfig handed to the workers; `--config` and the quick-start options exclude each other."""
+ServerConfig handed to the workers; `--config` and the quick-start options exclude each other; the
+config reaches the workers bound to their app factory, not through the environment."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 from typer.testing import CliRunner
 
-from cisrank import env
-from cisrank.api.config import IndexSpec, RerankerSpec, ServerConfig
 from cisrank.cli import app
 from cisrank.cli.serve import server_config
 from cisrank.errors import CisrankError
+from cisrank.serving.config import IndexSpec, RerankerSpec, ServerConfig
 
 
 @pytest.fixture
 def served(monkeypatch):
     """Runs `cisrank serve ARGS` up to uvicorn; returns (the config the workers get, kwargs)."""
-    monkeypatch.setenv(env.SERVER_CONFIG, "")  # restored after the test
     # These tests are about the config's shape (empty folders stand for indexes); the complete
     # check of each index at start has its own tests (tests/indexes/test_serve_check.py).
-    monkeypatch.setattr("cisrank.cli.serve.check_index", lambda name, path: None)
+    monkeypatch.setattr("cisrank.serving.checks.check_index", lambda path: None)
     calls = []
 
     class Bound:
@@ -37,8 +37,8 @@ def served(monkeypatch):
 
     monkeypatch.setattr("cisrank.cli.serve.listen", lambda host, port: Bound(port))
 
-    def run_uvicorn(target, sock, **kw):
-        calls.append((target, kw))
+    def run_uvicorn(cfg, sock, **kw):
+        calls.append((cfg, kw))
 
     monkeypatch.setattr("cisrank.cli.serve.run_uvicorn", run_uvicorn)
 
@@ -48,9 +48,7 @@ def served(monkeypatch):
             raise result.exception
         assert result.exit_code == 0, result.output
         assert len(calls) == 1
-        target, kwargs = calls.pop()
-        assert target == "cisrank.api.app:create_app_from_env"
-        return ServerConfig.model_validate_json(env.server_config_json()), kwargs
+        return calls.pop()
 
     return run
 
@@ -228,3 +226,44 @@ def test_serve_help_lists_every_kinds_options_by_kind():
                  "--models", "--backend", "--dtype", "--quantize", "--query-prefix",
                  "--max-doc-tokens", "--prior-store", "--rrf-k", "--no-prior"):  # fmt: skip
         assert flag in text, flag
+
+
+def test_the_workers_get_the_config_bound_to_their_factory(monkeypatch, tmp_path):
+    """`run_uvicorn` hands uvicorn `served_app` with the config and the status folder bound,
+    and the guarded protocol with the config's limits bound: both survive pickling (what
+    uvicorn does to start each worker of --workers N) with their values, and no `CISRANK_`
+    variable carries them."""
+    import pickle
+
+    import uvicorn
+
+    from cisrank.api.app import served_app
+    from cisrank.api.http_protocol import uvicorn_options
+    from cisrank.cli.serve import run_uvicorn
+    from cisrank.serving.config import Limits
+
+    seen = []
+
+    class FakeServer:
+        def __init__(self, config: uvicorn.Config) -> None:
+            seen.append(config)
+            self.started = True
+
+        def run(self, sockets=None) -> None:
+            pass
+
+    monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    before = {k for k in os.environ if k.startswith("CISRANK_")}
+    cfg = ServerConfig(
+        rerankers={"overlap": RerankerSpec(kind="api_fakes:slow_reranker", model="m")},
+        limits=Limits(max_header_bytes=4096, max_headers=7),
+    )
+    assert run_uvicorn(cfg, None, host="127.0.0.1", port=1, **uvicorn_options(cfg)) is None
+    (config,) = seen
+    factory = pickle.loads(pickle.dumps(config.app))
+    assert config.factory and factory.func is served_app
+    assert factory.args[0] == cfg and factory.args[0] is not cfg
+    protocol = pickle.loads(pickle.dumps(config.http))
+    assert protocol.keywords["limits"].max_header_bytes == 4096
+    assert protocol.keywords["limits"].max_headers == 7
+    assert {k for k in os.environ if k.startswith("CISRANK_")} == before

@@ -128,8 +128,8 @@ def test_a_prior_store_damaged_while_served_is_a_500_naming_reranker_and_store(
     from fastapi.testclient import TestClient
 
     from cisrank.api.app import create_app
-    from cisrank.api.config import RerankerSpec, ServerConfig
     from cisrank.rerank.cis import CISReranker
+    from cisrank.serving.config import RerankerSpec, ServerConfig
 
     store = tmp_path / "priors.sqlite"
     options = {"estimator": "forward", "prior_store": str(store)}
@@ -229,7 +229,7 @@ def test_serve_help_lists_the_real_kinds_and_every_route():
     assert "(cis, cross-encoder, dense, hybrid, student, or package.module:factory" in row, row
     assert "first-stage" not in row and "..." not in row, row
     # the server config's schema (OpenAPI-like docs of `kind`) offers no 'distilled' kind either
-    from cisrank.api.config import RerankerSpec
+    from cisrank.serving.config import RerankerSpec
 
     kind_help = RerankerSpec.model_fields["kind"].description or ""
     assert "(cis, cross-encoder, dense, hybrid, student:" in kind_help

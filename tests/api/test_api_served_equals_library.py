@@ -26,11 +26,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cisrank.api.app import create_app
-from cisrank.api.config import BatchingConfig, RerankerSpec, ServerConfig
-from cisrank.api.serving import build_reranker, text_embedder
 from cisrank.rerank.base import Reranker
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.rerank.registry import KINDS, load_reranker
+from cisrank.serving.config import BatchingConfig, RerankerSpec, ServerConfig
+from cisrank.serving.engine import build_reranker, text_embedder
 from cisrank.testing import SAMPLE_SENTENCES
 
 QUERY = "When was the author of Hamlet born?"

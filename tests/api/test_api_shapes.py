@@ -13,7 +13,7 @@ from api_fakes import OverlapReranker, config_for, overlap
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.config import Limits
+from cisrank.serving.config import Limits
 
 QUERY = "who wrote hamlet"
 TEXTS = testing.SAMPLE_SENTENCES[:5]

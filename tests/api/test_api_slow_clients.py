@@ -22,7 +22,7 @@ import uvicorn
 from api_fakes import OverlapReranker, config_for
 
 from cisrank.api.app import create_app
-from cisrank.api.config import Limits
+from cisrank.serving.config import Limits
 
 TIMEOUT_S = 0.5
 BODY = json.dumps({"query": "who wrote hamlet", "documents": ["Shakespeare wrote Hamlet."] * 4})

@@ -17,9 +17,9 @@ from transformers import AutoTokenizer
 
 from cisrank import testing
 from cisrank.api.app import create_app
-from cisrank.api.batching import BatchScorer
-from cisrank.api.config import BatchingConfig, Limits
-from cisrank.api.token_count import (
+from cisrank.serving.batching import BatchScorer
+from cisrank.serving.config import BatchingConfig, Limits
+from cisrank.serving.token_count import (
     SLICE_CHARS,
     OverBudget,
     TokenCounter,
@@ -229,9 +229,9 @@ def test_a_context_costs_its_prompts_tokens(cis, bpe):
     from U+10000 up: estimated at characters / 4 like English (and held the model thread 58.8
     s); its prompts are counted in tokens now: refused under a budget that English of the same
     length passes, naming `documents`."""
-    from cisrank.api.assembly import prompt_size
     from cisrank.context.templates import resolve_template
     from cisrank.data.types import Passage
+    from cisrank.serving.assembly import prompt_size
 
     client = _client(cis, max_request_cost=8000)
     english = [ENGLISH[i * 200 : (i + 1) * 200] for i in range(4)]
@@ -254,9 +254,10 @@ def test_a_context_costs_its_prompts_tokens(cis, bpe):
 
 
 def test_a_hang_up_while_counting_stops_the_request_before_model_work(cis):
-    from cisrank.api.assembly import ContextService
     from cisrank.api.schemas import ContextRequest
-    from cisrank.api.service_errors import ClientGone
+    from cisrank.api.shapes import native
+    from cisrank.serving.assembly import ContextService
+    from cisrank.serving.errors import ClientGone
 
     app = create_app(config_for(["cis"]), rerankers={"cis": cis})
     service: ContextService = app.state.context
@@ -267,7 +268,7 @@ def test_a_hang_up_while_counting_stops_the_request_before_model_work(cis):
 
     async def run():
         try:
-            await service.context(body, gone)
+            await native.context(service, body, gone)
         finally:
             await app.state.serving.aclose()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cisrank.api.config import RerankerSpec
-from cisrank.api.serving import build_reranker
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.pooled import PooledReranker
+from cisrank.serving.config import RerankerSpec
+from cisrank.serving.engine import build_reranker
 from cisrank.testing import SAMPLE_SENTENCES
 from cisrank.workers import cores
 

@@ -297,8 +297,8 @@ def test_none_is_a_record_that_keeps_order_and_is_not_served(tmp_path):
     assert NONE.keeps_order and not NONE.servable and NONE.name == available()[0]
     assert [k.servable for k in KINDS.values()] == [True] * len(KINDS)
     assert load_reranker("none", "ignored", estimator="reverse").keeps_order
-    from cisrank.api.serving import build_reranker
     from cisrank.cli.serve import server_config
+    from cisrank.serving.engine import build_reranker
 
     with pytest.raises(CisrankError, match="kind 'none' cannot be served: pick cis, "):
         build_reranker(RerankerSpec(kind="none"))

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from cisrank.api.config import RerankerSpec as ServedSpec
-from cisrank.api.config import ServerConfig
 from cisrank.errors import CisrankError
 from cisrank.rerank.spec import RerankerSpec, parse_specs, read_specs
+from cisrank.serving.config import RerankerSpec as ServedSpec
+from cisrank.serving.config import ServerConfig
 
 GOOD = {
     "first-stage": {"kind": "none"},

@@ -1,8 +1,9 @@
-"""`POST /v1/context` (and `/v1/generate`): arrange a query's passages into a RAG prompt with a
-served reranker's causal LM (and answer over them), apart from HTTP (no web framework here,
-like `cisrank.api.service`). `ContextService` is composed from the same shared parts as the
-ranking service (`cisrank.api.serving.Serving`) and does its model work through the same helper
-(`cisrank.api.model_thread.ModelThread`).
+"""Context and generation (`POST /v1/context`, `/v1/generate`): arrange a query's passages into
+a RAG prompt with a served reranker's causal LM (and answer over them), apart from HTTP.
+`ContextService` takes a `ContextQuery` or `GenerateQuery` and returns an `ArrangedContext` or
+`GeneratedAnswer` (`cisrank.serving.types`; the wire shape is `cisrank.api.shapes.native`). It is
+composed from the same shared parts as the ranking service (`cisrank.serving.engine.Serving`) and
+does its model work through the same helper (`cisrank.serving.model_thread.ModelThread`).
 
 What a request means is `cisrank.context.ContextAssembler.arrange` (the library; this module
 adds nothing to its results): the same order, per-passage scores, scored candidates, gauge and
@@ -50,31 +51,26 @@ import functools
 import string
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cisrank.api.model_thread import FieldFault
-from cisrank.api.schemas import (
-    ContextCandidate,
-    ContextDocumentIn,
-    ContextGauge,
-    ContextRequest,
-    ContextResponse,
-    ContextUsage,
-    GenerateRequest,
-    GenerateResponse,
-    GenerateUsage,
-    NoiseOut,
-    RerankChoice,
-)
-from cisrank.api.service_errors import BackendFailed, ClientGone, InvalidField, TimedOut
-from cisrank.api.serving import Serving
-from cisrank.api.token_count import CountCancelled, OverBudget, TokenCounter
 from cisrank.data.types import Passage, rank_order
 from cisrank.errors import CisrankError, DataError
+from cisrank.serving.config import Limits
+from cisrank.serving.engine import Serving
+from cisrank.serving.errors import BackendFailed, ClientGone, InvalidField, TimedOut
+from cisrank.serving.model_thread import FieldFault
+from cisrank.serving.token_count import CountCancelled, OverBudget, TokenCounter
+from cisrank.serving.types import (
+    ArrangedContext,
+    ContextQuery,
+    Document,
+    GeneratedAnswer,
+    GenerateQuery,
+    RerankPick,
+)
 
 if TYPE_CHECKING:
     from cisrank.context import (
@@ -93,7 +89,7 @@ character, the densest text a BPE vocabulary packs, about 16)."""
 
 
 def _passages(
-    docs: Sequence[str | ContextDocumentIn],
+    docs: Sequence[Document],
     field: str,
     max_chars: int,
     max_id_chars: int,
@@ -102,10 +98,7 @@ def _passages(
     """The request's passages; one without an id is known by `id_prefix` + its position."""
     out = []
     for i, doc in enumerate(docs):
-        if isinstance(doc, ContextDocumentIn):
-            text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
-        else:
-            text, title, doc_id, where = doc, "", None, f"{field}.{i}"
+        text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
         if not text.strip():
             raise InvalidField(where, "must not be empty or whitespace only")
         if len(text) + len(title) > max_chars:
@@ -127,7 +120,7 @@ RESERVED_FIELDS = ("documents", "question")
 """Template fields the request fills itself (`cisrank.context.templates.REQUIRED_FIELDS`)."""
 
 
-def _fields(body: ContextRequest | GenerateRequest, max_chars: int) -> None:
+def _fields(body: ContextQuery | GenerateQuery, max_chars: int) -> None:
     """The template's named fields: none reserved, each value at most `max_chars`."""
     for name, value in body.fields.items():
         if name in RESERVED_FIELDS:
@@ -142,7 +135,7 @@ def _fields(body: ContextRequest | GenerateRequest, max_chars: int) -> None:
             )
 
 
-def _template(body: ContextRequest | GenerateRequest, max_chars: int) -> ContextTemplate:
+def _template(body: ContextQuery | GenerateQuery, max_chars: int) -> ContextTemplate:
     from cisrank.context import resolve_template
 
     if len(body.template) > max_chars:
@@ -277,7 +270,7 @@ def _check_prompt(size: PromptSize, engine: CausalLMEngine) -> None:
 
 
 def context_shapes(
-    body: ContextRequest,
+    body: ContextQuery,
     template: ContextTemplate,
     passages: Sequence[Passage],
     noise: Sequence[Passage],
@@ -305,6 +298,74 @@ def context_shapes(
         return sizes
 
     return shapes
+
+
+def _generation_limits(body: GenerateQuery, limits: Limits) -> int:
+    """A generation's own limits (new tokens, `rerank.top_k`), checked before its documents;
+    the documents it may send: with `rerank` they are ranked (as many as a rerank request's)
+    and only its top_k are generated over."""
+    if body.max_new_tokens > limits.max_new_tokens:
+        raise InvalidField(
+            "max_new_tokens",
+            f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
+        )
+    most = limits.max_generate_documents
+    if body.rerank is not None and body.rerank.top_k > most:
+        raise InvalidField("rerank.top_k", f"{body.rerank.top_k} is over the limit of {most}")
+    return limits.max_documents if body.rerank is not None else most
+
+
+def _check_decoding(body: GenerateQuery, documents: int, engine: CausalLMEngine) -> None:
+    """The decoding's inputs against the documents and the model: replug's weights, one score
+    per document, CLeHe's layers."""
+    if body.decoding == "replug" and body.scores is None and body.rerank is None:
+        raise InvalidField("scores", "replug needs one score per document")
+    if body.scores is not None and len(body.scores) != documents:
+        raise InvalidField(
+            "scores",
+            f"{len(body.scores)} scores for {documents} documents: give one score per document",
+        )
+    if body.layers is not None and len(body.layers) > engine.num_layers + 1:
+        raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+
+
+def generate_shapes(
+    body: GenerateQuery,
+    template: ContextTemplate,
+    passages: Sequence[Passage],
+    k: int | None = None,
+) -> tuple[int, Callable[[Measure], list[PromptSize]]]:
+    """The rows a generation decodes and the prompts it scores, for `prompt_tokens`: naive, one
+    row, its prompt once per searched order (K rotations, or K - 1 shuffles and the input, for a
+    scored arrangement); document-parallel, a row per passage and one without any. Over `k` of
+    the passages where a ranking picks them (those whose prompts cost most: `costliest`)."""
+    from cisrank.context import Arrangement
+
+    custom = body.document_format is not None
+    query = body.query
+    n = len(passages) if k is None else k
+
+    def generated(measure: Measure) -> list[Passage]:
+        if k is None:
+            return list(passages)
+        return costliest(template, query, passages, k, custom, measure)
+
+    if body.decoding == "naive":
+        searched = 1 + n if Arrangement(body.arrange).scored else 1
+
+        def prompt(measure: Measure) -> list[PromptSize]:
+            return [prompt_size(template, query, generated(measure), custom, measure)] * searched
+
+        return 1, prompt
+    single = template.single()
+
+    def rows(measure: Measure) -> list[PromptSize]:
+        sizes = [prompt_size(template, query, [], custom, measure)]
+        return sizes + [
+            prompt_size(single, query, [p], custom, measure) for p in generated(measure)
+        ]
+
+    return n + 1, rows
 
 
 def _total(sizes: Sequence[PromptSize]) -> tuple[int, str]:
@@ -335,7 +396,7 @@ async def prompt_tokens(
     timeout: float,
     cancel: threading.Event | None = None,
 ) -> tuple[list[PromptSize], int, str]:
-    """The prompts `shapes` describes, in the model's tokens (`cisrank.api.token_count`):
+    """The prompts `shapes` describes, in the model's tokens (`cisrank.serving.token_count`):
     (each prompt's size, their total, the field that makes most of it).
 
     First in characters, which refuses a prompt that cannot fit the context before anything is
@@ -393,9 +454,9 @@ def slices(prompts: Sequence[Prompt], max_tokens: int) -> list[list[Prompt]]:
     return out
 
 
-def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
+def _search(body: ContextQuery | GenerateQuery) -> dict[str, Any]:
     """The request's search settings (only /v1/context takes `shuffles` and a `seed`)."""
-    if isinstance(body, ContextRequest):
+    if isinstance(body, ContextQuery):
         return {"shuffles_n": body.shuffles, "seed": body.seed}
     return {"shuffles_n": None, "seed": 0}
 
@@ -403,7 +464,7 @@ def _search(body: ContextRequest | GenerateRequest) -> dict[str, Any]:
 def _prepare(
     engine: CausalLMEngine,
     template: ContextTemplate,
-    body: ContextRequest | GenerateRequest,
+    body: ContextQuery | GenerateQuery,
     passages: list[Passage],
 ) -> tuple[ContextAssembler, list[Prompt]]:
     """In the model thread: the assembler (a fresh memo per request) and the search prompts."""
@@ -420,7 +481,7 @@ def _prepare(
 
 
 def _arrange(
-    asm: ContextAssembler, body: ContextRequest, passages: list[Passage], noise: list[Passage]
+    asm: ContextAssembler, body: ContextQuery, passages: list[Passage], noise: list[Passage]
 ) -> AssembledContext:
     return asm.arrange(
         body.query, passages, body.arrange, noise=noise, pmi=body.pmi, **_search(body)
@@ -429,7 +490,7 @@ def _arrange(
 
 def _generate(
     asm: ContextAssembler,
-    body: GenerateRequest,
+    body: GenerateQuery,
     passages: list[Passage],
     scores: list[float] | None,
     deadline: float,
@@ -538,7 +599,7 @@ class ContextService:
         return name, engine
 
     def _common(
-        self, body: ContextRequest | GenerateRequest, max_documents: int
+        self, body: ContextQuery | GenerateQuery, max_documents: int
     ) -> tuple[str, CausalLMEngine, list[Passage], ContextTemplate]:
         """The checks both routes make before any model work: (reranker, its LM, the passages,
         the template)."""
@@ -556,7 +617,7 @@ class ContextService:
         return name, engine, passages, _template(body, limits.max_query_chars)
 
     async def _rerank_plan(
-        self, body: ContextRequest | GenerateRequest, passages: list[Passage]
+        self, body: ContextQuery | GenerateQuery, passages: list[Passage]
     ) -> RerankPlan | None:
         """The request's `rerank`, checked and costed before any work (None without one): its
         pairs counted with the ranking reranker's tokenizer (`Serving.pair_costs`)."""
@@ -567,18 +628,18 @@ class ContextService:
         _, tokens, _ = await self.serving.pair_costs(name, body.query, texts, "documents")
         return RerankPlan(name, tokens, min(body.rerank.top_k, len(passages)))
 
-    async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankChoice:
+    async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankPick:
         """Rank every passage (title and text, as `cisrank eval rag` does) with the planned
         reranker, through its batcher like a rerank request; its best `k`, best first."""
         scorer = self.serving.model_thread(plan.name)
         texts = [p.contents for p in passages]
         raw = await scorer.score(query, texts, "documents", plan.tokens)
         best = rank_order(raw)[: plan.k]
-        return RerankChoice(
+        return RerankPick(
             reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
         )
 
-    async def _noise(self, body: ContextRequest, passages: list[Passage]) -> list[Passage]:
+    async def _noise(self, body: ContextQuery, passages: list[Passage]) -> list[Passage]:
         from cisrank.context import sample_noise, sample_store_noise
 
         spec = body.noise
@@ -631,8 +692,8 @@ class ContextService:
             raise InvalidField("noise.n", str(exc)) from None
 
     async def context(
-        self, body: ContextRequest, cancel: threading.Event | None = None
-    ) -> ContextResponse:
+        self, body: ContextQuery, cancel: threading.Event | None = None
+    ) -> ArrangedContext:
         """Arrange, pad, render and gauge one request's passages (see the module docstring);
         once `cancel` is set (the client hung up), stop at the next model step."""
         config = self.serving.config
@@ -669,100 +730,44 @@ class ContextService:
                 tokens = sum(len(p.ids) for p in chunk)
                 await model.run_slice(tokens, asm.question_logprobs, chunk)
             result = await model.run(_arrange, asm, body, chosen, noise)
-        doc_ids = [d.id if isinstance(d, ContextDocumentIn) else None for d in body.documents]
+        doc_ids = [d.id for d in body.documents]
         ids: list[str | int | None] = [p.docid for p in noise]
         ids += [doc_ids[index[i]] for i in result.order]
-        return ContextResponse(
-            id=str(uuid.uuid4()),
-            model=name,
+        return ArrangedContext(
+            reranker=name,
             arrange=result.method,
             template=template.name,
             order=[index[i] for i in result.order],
             ids=ids,
             scores=result.scores,
-            candidates=[
-                ContextCandidate(order=c.order, mean_logprob=c.mean_logprob)
-                for c in result.candidates
-            ],
-            noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in noise],
-            gauge=ContextGauge(**result.gauge.to_json()),
+            candidates=result.candidates,
+            noise=noise,
+            gauge=result.gauge,
             prompt=result.prompt.text,
             rerank=choice,
-            usage=ContextUsage(
-                documents=len(chosen),
-                noise=len(noise),
-                prompts_scored=asm.scored_prompts,
-                prompt_tokens=len(result.prompt.ids),
-            ),
+            documents=len(chosen),
+            prompts_scored=asm.scored_prompts,
+            prompt_tokens=len(result.prompt.ids),
         )
 
     async def generate(
-        self, body: GenerateRequest, cancel: threading.Event | None = None
-    ) -> GenerateResponse:
+        self, body: GenerateQuery, cancel: threading.Event | None = None
+    ) -> GeneratedAnswer:
         """Greedy RAG generation over the request's passages, bounded in passages
         (`limits.max_generate_documents`), new tokens (`limits.max_new_tokens`), cost and time
         (`batching.request_timeout_s`: the decoding loop itself stops at the deadline, in the
         model thread, so a timed-out request holds the model for at most one more step). Once
         `cancel` is set (the client hung up), the decoding loop stops at its next token."""
-        from cisrank.context import Arrangement
         from cisrank.context.decoding import DecodingTimeout
 
         config = self.serving.config
         limits = config.limits
-        if body.max_new_tokens > limits.max_new_tokens:
-            raise InvalidField(
-                "max_new_tokens",
-                f"{body.max_new_tokens} is over the limit of {limits.max_new_tokens}",
-            )
-        most = limits.max_generate_documents
-        if body.rerank is not None and body.rerank.top_k > most:
-            raise InvalidField("rerank.top_k", f"{body.rerank.top_k} is over the limit of {most}")
-        # with `rerank`, the documents are ranked (as many as a rerank request's) and only its
-        # top_k are generated over
-        name, engine, passages, template = self._common(
-            body, limits.max_documents if body.rerank is not None else most
-        )
-        if body.decoding == "replug" and body.scores is None and body.rerank is None:
-            raise InvalidField("scores", "replug needs one score per document")
-        if body.scores is not None and len(body.scores) != len(passages):
-            raise InvalidField(
-                "scores",
-                f"{len(body.scores)} scores for {len(passages)} documents: give one score per "
-                "document",
-            )
-        if body.layers is not None and len(body.layers) > engine.num_layers + 1:
-            raise InvalidField("layers", f"at most {engine.num_layers + 1} layers")
+        name, engine, passages, template = self._common(body, _generation_limits(body, limits))
+        _check_decoding(body, len(passages), engine)
         budget = limits.max_request_cost
         timeout = config.batching.request_timeout_s
         plan = await self._rerank_plan(body, passages)
-        k = plan.k if plan is not None else len(passages)
-        custom = body.document_format is not None
-        query = body.query
-
-        def generated(measure: Measure) -> list[Passage]:
-            """The passages generated over; with `rerank`, the k whose prompts cost most."""
-            if plan is None:
-                return passages
-            return costliest(template, query, passages, plan.k, custom, measure)
-
-        if body.decoding == "naive":
-            rows = 1
-            # K rotations (or K - 1 shuffles and the input) for a scored arrangement
-            searched = 1 + k if Arrangement(body.arrange).scored else 1
-
-            def shapes(measure: Measure) -> list[PromptSize]:
-                chosen = generated(measure)
-                return [prompt_size(template, query, chosen, custom, measure)] * searched
-
-        else:
-            rows = k + 1
-            single = template.single()
-
-            def shapes(measure: Measure) -> list[PromptSize]:
-                sizes = [prompt_size(template, query, [], custom, measure)]
-                chosen = generated(measure)
-                return sizes + [prompt_size(single, query, [p], custom, measure) for p in chosen]
-
+        rows, shapes = generate_shapes(body, template, passages, plan.k if plan else None)
         counter = self.serving.counter(name, lm=True)
         _, prefill, culprit = await prompt_tokens(shapes, engine, counter, budget, timeout, cancel)
         cost = prefill + rows * body.max_new_tokens
@@ -794,15 +799,11 @@ class ContextService:
             answer, longest = await model.run(
                 _generate, asm, body, chosen, scores, deadline, cancel
             )
-        doc_ids = [
-            d.id if isinstance(d, ContextDocumentIn) and d.id is not None else i
-            for i, d in enumerate(body.documents)
-        ]
+        doc_ids = [d.id if d.id is not None else i for i, d in enumerate(body.documents)]
         order, gen = [index[i] for i in answer.order], answer.generation
         ordered_ids = [doc_ids[i] for i in order]
-        return GenerateResponse(
-            id=str(uuid.uuid4()),
-            model=name,
+        return GeneratedAnswer(
+            reranker=name,
             decoding=body.decoding,
             order=order,
             answer=gen.text,
@@ -813,7 +814,7 @@ class ContextService:
             weights=[s.weights for s in gen.steps],
             layers=[s.layer for s in gen.steps],
             rerank=choice,
-            usage=GenerateUsage(
-                documents=len(chosen), prompt_tokens=longest, generated_tokens=len(gen.tokens)
-            ),
+            documents=len(chosen),
+            prompt_tokens=longest,
+            generated_tokens=len(gen.tokens),
         )

@@ -14,7 +14,7 @@ admitted, bounded in time and has its failures named the same way:
   behind it waits for that one call (slice), never for the whole request;
 - a full queue or cost budget is `Overloaded` (503 + Retry-After), a request past its deadline
   `TimedOut`; the model failing on the request's own text is `InvalidField` naming the field to
-  blame (an input error, `cisrank.api.batching.is_input_error`, or a `FieldFault`); a damaged file
+  blame (an input error, `cisrank.serving.batching.is_input_error`, or a `FieldFault`); a damaged file
   the reranker reads (its prior store: a `DataError`) is `BackendFailed` naming the reranker and
   the file (500, never a generic one); anything else goes on as it is (a server fault: 500,
   logged);
@@ -35,7 +35,8 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cisrank.api.batching import (
+from cisrank.errors import CisrankError, DamagedFileError, DataError
+from cisrank.serving.batching import (
     BatchScorer,
     QueueFullError,
     ScoringFailed,
@@ -43,14 +44,13 @@ from cisrank.api.batching import (
     is_input_error,
     timed,
 )
-from cisrank.api.service_errors import (
+from cisrank.serving.errors import (
     BackendFailed,
     ClientGone,
     InvalidField,
     Overloaded,
     TimedOut,
 )
-from cisrank.errors import CisrankError, DamagedFileError, DataError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
-"""What the services of one app share: the loaded rerankers and their batchers, the indexes, the
-configuration, the metrics, readiness, the request checks every route makes, and the redaction of
+"""What the services of one server share: the loaded rerankers and their batchers, the indexes,
+the configuration, the metrics, readiness, the checks every request gets, and the redaction of
 server paths.
 
-Why apart: the ranking service (`cisrank.api.service`) and the context service
-(`cisrank.api.assembly`) are both composed from these parts, so neither reaches into the other.
+Why apart: the ranking service (`cisrank.serving.ranking`) and the context service
+(`cisrank.serving.assembly`) are both composed from these parts, so neither reaches into the other.
 `cisrank.api.app` builds one `Serving` per app and both services over it. No web framework here
 (an import-linter contract).
 """
@@ -18,15 +18,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cisrank.api.batching import BatchScorer, pair_tokens
-from cisrank.api.config import RerankerSpec, ServerConfig
-from cisrank.api.metrics import Metrics
-from cisrank.api.model_thread import ModelThread
-from cisrank.api.service_errors import InvalidField, LoadFailed, NotReady, TimedOut
-from cisrank.api.token_count import OverBudget, TokenCounter
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker, fast_only
 from cisrank.retrieval.base import Retriever
+from cisrank.serving.batching import BatchScorer, pair_tokens
+from cisrank.serving.checks import PreflightError, preflight
+from cisrank.serving.config import RerankerSpec, ServerConfig
+from cisrank.serving.errors import InvalidField, LoadFailed, NotReady, TimedOut
+from cisrank.serving.metrics import Metrics
+from cisrank.serving.model_thread import ModelThread
+from cisrank.serving.token_count import OverBudget, TokenCounter
 
 if TYPE_CHECKING:
     import numpy as np
@@ -131,9 +132,13 @@ class Serving:
         rerankers: Mapping[str, Reranker] | None = None,
         retrievers: Mapping[str, Retriever] | None = None,
         on_loaded: Callable[[str | None], None] | None = None,
+        preflight: bool = True,
     ) -> None:
         self.config = config
         self.metrics = metrics
+        self.preflight = preflight
+        """Whether loading starts with the pre-start checks (`cisrank.serving.preflight`);
+        False where they have run already (`cisrank serve` runs them before it binds its port)."""
         self.on_loaded = on_loaded
         """Called once loading has ended, from the loader thread: None when everything loaded,
         else one line saying what failed and why (with the exception's text: for the operator
@@ -185,6 +190,8 @@ class Serving:
         component = "the server"
         failure: str | None = None
         try:
+            if self.preflight:
+                preflight(self.config)
             loaded: dict[str, Reranker] = {}
             for name, spec in self.config.rerankers.items():
                 component = f"reranker '{name}'"
@@ -204,6 +211,12 @@ class Serving:
                 log.info("opened index %s", name)
             self._install(loaded)
             self.retrievers = retrievers
+        except PreflightError as exc:
+            self.error = (
+                f"{exc.component} failed its pre-start check; details are in the server log"
+            )
+            log.error("pre-start check failed: %s", exc)
+            failure = str(exc)
         except Exception as exc:
             # The exception's text (paths, file names) goes to the log; clients see the component.
             self.error = f"{component} failed to load; details are in the server log"
@@ -255,7 +268,7 @@ class Serving:
         (the texts to score, cut to `per_doc` tokens where asked; each (query, text) pair's
         tokens, capped at the model's length; how many texts were cut), counted with the
         reranker's own tokenizer off the event loop and the model thread
-        (`cisrank.api.token_count`). Refused as soon as the pairs pass
+        (`cisrank.serving.token_count`). Refused as soon as the pairs pass
         `limits.max_request_cost` (422 naming `field`), or not counted within the request
         timeout (503)."""
         budget = self.config.limits.max_request_cost

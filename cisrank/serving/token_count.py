@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cisrank.api.truncate import truncate_words
+from cisrank.serving.truncate import truncate_words
 
 T = TypeVar("T")
 

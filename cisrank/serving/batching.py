@@ -35,7 +35,7 @@ How a round works (`BatchScorer._run`):
 
 Cost: a request costs the sum over its passages of the tokens of (query, passage), the pair a
 cross-encoder reads, counted with the reranker's own tokenizer by the service before the request
-is admitted (`cisrank.api.token_count`: off the event loop and off the model thread, which is
+is admitted (`cisrank.serving.token_count`: off the event loop and off the model thread, which is
 the resource being protected). Where the reranker declares a `pair_token_limit` (a
 cross-encoder's `max_length`, the dense encoder's `max_seq_length`), a pair is capped at that
 many tokens, since the model never reads more. `pair_tokens` is the one place a pair's cost is
@@ -69,9 +69,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from cisrank.api.config import BatchingConfig
-from cisrank.api.token_count import utf8_bytes
 from cisrank.rerank.base import Part, Reranker
+from cisrank.serving.config import BatchingConfig
+from cisrank.serving.token_count import utf8_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,7 +141,7 @@ def byte_pair_tokens(query: str, passages: Sequence[str], cap: int | None = None
 
 
 class BatchObserver(Protocol):
-    """What the batcher reports (implemented by `cisrank.api.metrics.Metrics`)."""
+    """What the batcher reports (implemented by `cisrank.serving.metrics.Metrics`)."""
 
     def observe_batch(
         self, reranker: str, passages: int, requests: int, seconds: float
@@ -342,7 +342,7 @@ class BatchScorer:
     @contextlib.asynccontextmanager
     async def reserve(self, cost: int) -> AsyncIterator[None]:
         """Admit work that runs in this model's thread through `call` instead of the batch
-        queue (`cisrank.api.model_thread.ModelThread.admitted`: the `max_tokens_per_doc` cut,
+        queue (`cisrank.serving.model_thread.ModelThread.admitted`: the `max_tokens_per_doc` cut,
         RAG context assembly with prompts of their own shape, scored in slices), under the
         rules of `score`: inside the block it counts as one request toward `max_queue` and as
         `cost` tokens toward `max_inflight_cost`; `QueueFullError` when either is

@@ -22,7 +22,7 @@ Example (JSON)::
 Memory and cost bounds (issues 15 and 48): `limits.max_inflight_body_bytes` bounds the request
 bodies held by one server process at once (503 + Retry-After beyond it, before the body is read),
 a request costs the tokens of its (query, passage) pairs, counted with the model's own tokenizer
-(`cisrank.api.token_count`; `cisrank.api.batching.pair_tokens` caps a pair at the model's
+(`cisrank.serving.token_count`; `cisrank.serving.batching.pair_tokens` caps a pair at the model's
 `max_length`), with `limits.max_request_cost` per request (422 naming `documents`) and
 `batching.max_inflight_cost` per reranker (503 + Retry-After), and `batching.max_batch_tokens`
 and `batching.max_slice_s` bound one model call so a heavy request is scored in slices
@@ -130,7 +130,7 @@ class Limits(ComponentConfig):
 
 
 class BatchingConfig(ComponentConfig):
-    """How concurrent requests share model batches (see `cisrank.api.batching`)."""
+    """How concurrent requests share model batches (see `cisrank.serving.batching`)."""
 
     max_batch_passages: int = _count(
         256,

@@ -1,7 +1,7 @@
 """`max_tokens_per_doc` for a reranker without a tokenizer: documents cut to N words.
 
 A reranker with a fast tokenizer has its documents cut to N of its own tokens while they are
-counted (`cisrank.api.token_count`, at the character offset where token N ends, so the reranker
+counted (`cisrank.serving.token_count`, at the character offset where token N ends, so the reranker
 scores the exact prefix the user sent); one without falls back to whitespace-separated words as
 tokens, here.
 """

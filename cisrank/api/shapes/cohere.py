@@ -1,0 +1,70 @@
+"""Cohere's and Jina's rerank shape (`POST /v1/rerank`, `/v2/rerank`, and `/rerank` for a body
+that is not TEI's), the one vLLM, LiteLLM, infinity and the Cohere SDKs speak.
+
+A document is a string or an object `{text, id?, ...}`: its text is ranked; its id, and with
+`return_documents` its other fields, come back with its result. A document's text over the limit
+is blamed as the client sent it: `documents.3` for a string, `documents.3.text` for an object.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from cisrank.api.schemas import (
+    DocumentIn,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    Usage,
+)
+from cisrank.api.shapes.renaming import fields_renamed, item_texts
+from cisrank.serving.ranking import RankingService
+from cisrank.serving.types import Ranking, RerankQuery
+
+
+def text_of(document: str | DocumentIn) -> str:
+    return document.text if isinstance(document, DocumentIn) else document
+
+
+def query_of(body: RerankRequest) -> RerankQuery:
+    return RerankQuery(
+        query=body.query,
+        documents=[text_of(d) for d in body.documents],
+        model=body.model,
+        top_n=body.top_n,
+        max_tokens_per_doc=body.max_tokens_per_doc,
+        normalize=body.normalize,
+    )
+
+
+def response_of(ranking: Ranking, body: RerankRequest) -> RerankResponse:
+    """The answer: each result with its document's id, and the document itself (its text and
+    every field it was sent with) when `return_documents` asks."""
+    results = []
+    for ranked in ranking.results:
+        doc = body.documents[ranked.index]
+        doc_id = doc.id if isinstance(doc, DocumentIn) else None
+        document = None
+        if body.return_documents:
+            fields = dict(doc.model_extra or {}) if isinstance(doc, DocumentIn) else {}
+            if doc_id is not None:
+                fields["id"] = doc_id
+            document = RerankDocument(text=text_of(doc), **fields)
+        results.append(
+            RerankResult(
+                index=ranked.index, relevance_score=ranked.score, id=doc_id, document=document
+            )
+        )
+    return RerankResponse(
+        id=str(uuid.uuid4()),
+        model=ranking.reranker,
+        results=results,
+        usage=Usage(documents=ranking.documents, truncated_documents=ranking.truncated),
+    )
+
+
+async def rerank(service: RankingService, body: RerankRequest) -> RerankResponse:
+    with fields_renamed(item_texts({"documents": body.documents}, objects=False)):
+        ranking = await service.rerank(query_of(body))
+    return response_of(ranking, body)

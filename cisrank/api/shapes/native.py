@@ -1,0 +1,204 @@
+"""cisrank's own shapes: search (`POST /v1/search`), RAG context and generation (`POST
+/v1/context`, `/v1/generate`) and the model list (`GET /v1/models`).
+
+A context's documents (and its noise pool's) are strings or objects `{text, title?, id?}`; a
+document's text is blamed as the client sent it (`documents.3` for a string, `documents.3.text`
+for an object).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+
+from cisrank.api.schemas import (
+    ContextCandidate,
+    ContextDocumentIn,
+    ContextGauge,
+    ContextRequest,
+    ContextResponse,
+    ContextUsage,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateUsage,
+    IndexCard,
+    ModelCard,
+    ModelList,
+    NoiseIn,
+    NoiseOut,
+    RerankChoice,
+    RerankFirst,
+    SearchRequest,
+    SearchResponse,
+    SearchResult,
+    Usage,
+)
+from cisrank.api.shapes.renaming import Rename, fields_renamed, item_texts
+from cisrank.serving import types
+from cisrank.serving.assembly import ContextService
+from cisrank.serving.ranking import RankingService
+
+
+def models(service: RankingService) -> ModelList:
+    catalog = service.catalog()
+    return ModelList(
+        data=[
+            ModelCard(id=r.name, kind=r.kind, model=r.model, ready=r.ready)
+            for r in catalog.rerankers
+        ],
+        indexes=[IndexCard(id=i.name, kind=i.kind) for i in catalog.indexes],
+        default=catalog.default,
+    )
+
+
+async def search(service: RankingService, body: SearchRequest) -> SearchResponse:
+    found = await service.search(
+        types.SearchQuery(
+            query=body.query,
+            top_n=body.top_n,
+            index=body.index,
+            rerank=body.rerank,
+            depth=body.depth,
+            normalize=body.normalize,
+        )
+    )
+    return SearchResponse(
+        id=str(uuid.uuid4()),
+        index=found.index,
+        model=found.reranker,
+        results=[
+            SearchResult(
+                rank=r.rank,
+                docid=r.docid,
+                text=r.text,
+                score=r.score,
+                retrieval_score=r.retrieval_score,
+                rerank_score=r.rerank_score,
+            )
+            for r in found.results
+        ],
+        usage=Usage(documents=found.documents),
+    )
+
+
+# ---- context and generation
+
+
+def _documents(docs: Sequence[str | ContextDocumentIn]) -> list[types.Document]:
+    return [
+        types.Document(d.text, d.title, d.id)
+        if isinstance(d, ContextDocumentIn)
+        else types.Document(d)
+        for d in docs
+    ]
+
+
+def _noise(noise: NoiseIn | None) -> types.NoiseSpec | None:
+    if noise is None:
+        return None
+    pool = _documents(noise.documents) if noise.documents is not None else None
+    return types.NoiseSpec(n=noise.n, seed=noise.seed, documents=pool, index=noise.index)
+
+
+def _first(rerank: RerankFirst | None) -> types.RerankFirst | None:
+    return types.RerankFirst(rerank.reranker, rerank.top_k) if rerank is not None else None
+
+
+def _choice(pick: types.RerankPick | None) -> RerankChoice | None:
+    if pick is None:
+        return None
+    return RerankChoice(reranker=pick.reranker, indexes=pick.indexes, scores=pick.scores)
+
+
+def _texts_as_sent(body: ContextRequest | GenerateRequest) -> Rename:
+    lists: dict[str, Sequence[object]] = {"documents": body.documents}
+    if isinstance(body, ContextRequest) and body.noise and body.noise.documents is not None:
+        lists["noise.documents"] = body.noise.documents
+    return item_texts(lists, objects=True)
+
+
+async def context(
+    service: ContextService, body: ContextRequest, cancel: threading.Event | None = None
+) -> ContextResponse:
+    query = types.ContextQuery(
+        query=body.query,
+        documents=_documents(body.documents),
+        arrange=body.arrange,
+        template=body.template,
+        fields=body.fields,
+        document_format=body.document_format,
+        chat=body.chat,
+        noise=_noise(body.noise),
+        shuffles=body.shuffles,
+        seed=body.seed,
+        pmi=body.pmi,
+        model=body.model,
+        rerank=_first(body.rerank),
+    )
+    with fields_renamed(_texts_as_sent(body)):
+        arranged = await service.context(query, cancel)
+    return ContextResponse(
+        id=str(uuid.uuid4()),
+        model=arranged.reranker,
+        arrange=arranged.arrange,
+        template=arranged.template,
+        order=arranged.order,
+        ids=arranged.ids,
+        scores=arranged.scores,
+        candidates=[
+            ContextCandidate(order=c.order, mean_logprob=c.mean_logprob)
+            for c in arranged.candidates
+        ],
+        noise=[NoiseOut(id=p.docid, title=p.title, text=p.text) for p in arranged.noise],
+        gauge=ContextGauge(**arranged.gauge.to_json()),
+        prompt=arranged.prompt,
+        rerank=_choice(arranged.rerank),
+        usage=ContextUsage(
+            documents=arranged.documents,
+            noise=len(arranged.noise),
+            prompts_scored=arranged.prompts_scored,
+            prompt_tokens=arranged.prompt_tokens,
+        ),
+    )
+
+
+async def generate(
+    service: ContextService, body: GenerateRequest, cancel: threading.Event | None = None
+) -> GenerateResponse:
+    query = types.GenerateQuery(
+        query=body.query,
+        documents=_documents(body.documents),
+        decoding=body.decoding,
+        arrange=body.arrange,
+        template=body.template,
+        fields=body.fields,
+        document_format=body.document_format,
+        chat=body.chat,
+        scores=body.scores,
+        tau=body.tau,
+        beta=body.beta,
+        layers=body.layers,
+        max_new_tokens=body.max_new_tokens,
+        model=body.model,
+        rerank=_first(body.rerank),
+    )
+    with fields_renamed(_texts_as_sent(body)):
+        answer = await service.generate(query, cancel)
+    return GenerateResponse(
+        id=str(uuid.uuid4()),
+        model=answer.reranker,
+        decoding=answer.decoding,
+        order=answer.order,
+        answer=answer.answer,
+        tokens=answer.tokens,
+        attribution=answer.attribution,
+        weights=answer.weights,
+        layers=answer.layers,
+        rerank=_choice(answer.rerank),
+        usage=GenerateUsage(
+            documents=answer.documents,
+            prompt_tokens=answer.prompt_tokens,
+            generated_tokens=answer.generated_tokens,
+        ),
+    )
