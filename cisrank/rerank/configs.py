@@ -33,16 +33,18 @@ cross-validation over families of fusions, the family with the best held-out nDC
 all of DL21): linear min-max, CIS 0.3 and the dense bi-encoder 0.7 (bench/RESULTS.md, 'A stronger
 bi-encoder: all-mpnet-base-v2', hybrid_select_d20_minilm.json)."""
 
-CPU_BATCH_SIZE = {"torch": 32, "onnx": 8}
+CPU_BATCH_SIZE = {"torch": 32, "onnx": 8, "int8": 1}
 """Cross-encoder pairs per model batch on a CPU, by runtime (bench/RESULTS.md, "The
 cross-encoder's batch on a CPU", bench/cross_encoder_batch.py): pairs sorted by length pad little
 at any size, so the choice is about the runtime. torch at 32 never trails sentence-transformers'
 CrossEncoder.rank on the same weights: 1.12x in float32 and 3.19x in bf16 on a quiet 2-core
 AVX-512 host, 1.05-1.19x in float32 with the other core busy, where 8 pairs fell to 0.70x (each
-batch is a sync point of torch's threads, and a busy core stalls every one). ONNX Runtime's
-dynamic int8 does best with small batches (8 pairs 2.82x the peer quiet, 32 pairs 1.69x); 8 also
-keeps its scores those of every int8 figure recorded, since int8 activation scales are taken per
-batch."""
+batch is a sync point of torch's threads, and a busy core stalls every one). ONNX Runtime float32
+at 8. Dynamic int8 (ONNX Runtime's, or torch's `quantize="int8"`) scores one pair at a time: its
+activation scale is taken over the whole batch tensor, so at 8 pairs a passage's score moved by
+up to 0.135 with the passages batched beside it (its request's order, the other requests a
+server batches with it); alone, a pair's score is a function of the pair, as the float runtimes'
+are, at 0.90x the throughput of 8 pairs (2.51x the peer, with the other core busy)."""
 GPU_BATCH_SIZE = 128
 """Cross-encoder pairs per model batch when unset: small on CPU (less padding), large on GPU."""
 
@@ -203,8 +205,9 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     batch_size: int | None = Field(
         default=None,
         ge=1,
-        description=f"Pairs per model batch; on a CPU {CPU_BATCH_SIZE['torch']} with torch and "
-        f"{CPU_BATCH_SIZE['onnx']} with onnx (measured, bench/RESULTS.md), "
+        description=f"Pairs per model batch; on a CPU {CPU_BATCH_SIZE['torch']} with torch, "
+        f"{CPU_BATCH_SIZE['onnx']} with onnx and {CPU_BATCH_SIZE['int8']} in int8 (a dynamic "
+        "int8 score then depends on its pair alone; measured, bench/RESULTS.md), "
         f"{GPU_BATCH_SIZE} on GPU when unset.",
     )
     max_length: int | None = Field(

@@ -20,7 +20,8 @@ Speed, on top of what `CrossEncoder.predict` already does (length sorting, infer
 Agreement with float32 on real DL19 passages (MiniLM-L6 encoder, untrained head, see
 bench/cross_encoder.py): bf16 scores correlate 0.9999 (Pearson, per query); int8 only 0.97-0.98
 per query, 0.98-0.99 over all pairs, which is why int8 is opt-in. int8 activation scales are
-taken per batch, so an int8 score can also move slightly with the pairs it is batched with.
+taken per batch, so on a CPU int8 scores one pair a batch (`CPU_BATCH_SIZE`): a pair's score
+then never moves with the pairs beside it (a `batch_size` set by hand gives that up).
 `dtype="float32"` matches `CrossEncoder.predict(..., activation_fn=Identity())` to float32
 rounding.
 
@@ -524,7 +525,11 @@ class CrossEncoderReranker(BaseReranker):
         else:
             self._init_torch()
         on_gpu = self.device.type == "cuda"
-        cpu_batch = CPU_BATCH_SIZE["onnx" if self.onnx is not None else "torch"]
+        dynamic_int8 = self.config.quantize == "int8" or (
+            self.onnx is not None and self.compute_type == "int8"
+        )
+        runtime = "int8" if dynamic_int8 else "onnx" if self.onnx is not None else "torch"
+        cpu_batch = CPU_BATCH_SIZE[runtime]
         self.batch_size = self.config.batch_size or (GPU_BATCH_SIZE if on_gpu else cpu_batch)
         self._input_names = model_input_names(self.tokenizer)
         self._pads = _Pads(self.tokenizer)

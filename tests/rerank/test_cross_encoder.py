@@ -274,7 +274,7 @@ def test_onnx_float32_scores_as_torch_in_any_batch(ce_dir, onnx_cache):
         reference.tokenize([(QUERY, PASSAGES[4])])
     )
     short = CrossEncoderReranker(model=str(ce_dir), backend="onnx", max_length=12)
-    assert short.batch_size == CPU_BATCH_SIZE["onnx"] == 8  # int8 ONNX Runtime's measured best
+    assert short.batch_size == CPU_BATCH_SIZE["onnx"] == 8  # ONNX Runtime float32
     want12 = CrossEncoderReranker(model=str(ce_dir), dtype="float32", max_length=12)
     assert short.pair_token_limit == 12
     assert short.score(QUERY, PASSAGES) == pytest.approx(want12.score(QUERY, PASSAGES), abs=1e-4)
@@ -311,6 +311,33 @@ def test_onnx_int8_is_close_to_float32_and_keeps_a_learned_ranking(trained_ce_di
     assert attention == ["QAttention"] * 2
     assert len(integer) + 3 * len(attention) == 2 * 6
     assert not [n for n in integer if "pooler" in n or "classifier" in n]
+
+
+@needs_onnxruntime
+def test_int8_scores_a_pair_alone_so_no_neighbour_moves_it(trained_ce_dir, onnx_cache):
+    """Dynamic int8 takes its activation scale over the whole batch tensor: at 8 pairs a
+    passage's score moves with the passages batched beside it (the request's order, another
+    client's request in a served batch; 0.135 on the shipped student over DL19). By default
+    int8 scores one pair a batch, so a pair's score is the same in any order, any subset and
+    any company of other requests, as the float runtimes' are."""
+    passages = [*testing.SAMPLE_SENTENCES, *PASSAGES]
+    order = list(range(len(passages)))[::-1]
+    for options in ({"backend": "onnx", "dtype": "int8"}, {"quantize": "int8"}):
+        r8 = CrossEncoderReranker(model=str(trained_ce_dir), **options)
+        assert r8.batch_size == CPU_BATCH_SIZE["int8"] == 1
+        alone = [r8.score(QUERY, [p])[0] for p in passages]
+        assert r8.score(QUERY, passages) == alone, options
+        assert r8.score(QUERY, [passages[i] for i in order]) == [alone[i] for i in order]
+        _, mixed = r8.score_batch([(next(iter(RELEVANT)), passages[:3]), (QUERY, passages)])
+        assert mixed == alone
+    # what one batch of 8 did instead: the same passages, other numbers in another company
+    batched = CrossEncoderReranker(
+        model=str(trained_ce_dir), backend="onnx", dtype="int8", batch_size=8
+    )
+    moved = np.array(batched.score(QUERY, passages)) - np.array(
+        [batched.score(QUERY, [p])[0] for p in passages]
+    )
+    assert np.abs(moved).max() > 1e-4
 
 
 @needs_onnxruntime
