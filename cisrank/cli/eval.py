@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -33,6 +33,10 @@ from cisrank.cli.options import (
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
 from cisrank.workers import WorkerOptions
+
+if TYPE_CHECKING:
+    from cisrank.data.runs import Run
+    from cisrank.data.types import Dataset
 
 eval_app = typer.Typer(
     help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
@@ -238,11 +242,8 @@ def eval_fuse(
     from rich.console import Console
 
     from cisrank.data import datasets
-    from cisrank.data.fusion import fuse_runs, input_order, parse_weights
-    from cisrank.data.runs import Run
     from cisrank.eval import metrics as M
     from cisrank.eval.coverage import check_missing, describe, judged_to_evaluate
-    from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
     from cisrank.eval.report import metrics_table, write_metrics_json
 
     check_missing(missing)
@@ -252,26 +253,8 @@ def eval_fuse(
     else:
         ds = datasets.load_named(dataset, data_dir)
     qrels, coverage = judged_to_evaluate(ds, missing)
-    runs = {FIRST_STAGE: first_stage_run(ds)}
-    for spec in run:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise CisrankError(f"--run {spec!r}: give NAME=RUN.trec")
-        if name in runs:
-            raise CisrankError(f"--run {name}: given twice (or it is the first stage's name)")
-        runs[name] = Run.read_trec(path, name=name)
-    try:
-        weights = parse_weights(fuse)
-    except ValueError as exc:
-        raise CisrankError(f"--fuse: {exc}") from None
-    unknown = [n for n in weights if n not in runs]
-    if unknown:
-        raise CisrankError(f"--fuse names {', '.join(unknown)}: not among {', '.join(runs)}")
-    try:
-        parts = [input_order(runs[n]) if n == FIRST_STAGE else runs[n] for n in weights]
-        fused = fuse_runs(parts, list(weights.values()), fusion, normalize, rrf_k, depth)
-    except ValueError as exc:
-        raise CisrankError(str(exc)) from None
+    runs = _saved_runs(ds, run)
+    fused = _fuse_saved(runs, fuse, fusion, normalize, rrf_k, depth)
     runs["hybrid"] = fused
     figures = {name: M.evaluate(r, qrels) for name, r in runs.items()}
     report: dict[str, Any] = {"dataset": ds.name, "fuse": fuse, "fusion": fusion, "runs": figures}
@@ -289,6 +272,44 @@ def eval_fuse(
     note = describe(coverage)
     title = f"{ds.name}: {fuse} ({fusion})" + (f"; {note}" if note else "")
     Console().print(metrics_table(figures, title=title))
+
+
+def _saved_runs(dataset: Dataset, specs: list[str]) -> dict[str, Run]:
+    """`--run NAME=RUN.trec` (repeated) read, after the dataset's own first stage."""
+    from cisrank.data.runs import Run
+    from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
+
+    runs = {FIRST_STAGE: first_stage_run(dataset)}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise CisrankError(f"--run {spec!r}: give NAME=RUN.trec")
+        if name in runs:
+            raise CisrankError(f"--run {name}: given twice (or it is the first stage's name)")
+        runs[name] = Run.read_trec(path, name=name)
+    return runs
+
+
+def _fuse_saved(
+    runs: dict[str, Run], fuse: str, fusion: str, normalize: str, rrf_k: float, depth: int
+) -> Run:
+    """The runs `--fuse` names, fused as the hybrid reranker fuses its components (the first
+    stage in its input order, as the hybrid sees the candidates)."""
+    from cisrank.data.fusion import fuse_runs, input_order, parse_weights
+    from cisrank.eval.pipeline import FIRST_STAGE
+
+    try:
+        weights = parse_weights(fuse)
+    except ValueError as exc:
+        raise CisrankError(f"--fuse: {exc}") from None
+    unknown = [n for n in weights if n not in runs]
+    if unknown:
+        raise CisrankError(f"--fuse names {', '.join(unknown)}: not among {', '.join(runs)}")
+    try:
+        parts = [input_order(runs[n]) if n == FIRST_STAGE else runs[n] for n in weights]
+        return fuse_runs(parts, list(weights.values()), fusion, normalize, rrf_k, depth)
+    except ValueError as exc:
+        raise CisrankError(str(exc)) from None
 
 
 def _rag_flag(field: str, *names: str, **option: Any) -> Any:
