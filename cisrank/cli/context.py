@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,6 +23,7 @@ from cisrank.context.config import ArrangeConfig, Arrangement, AssemblerConfig
 from cisrank.errors import CisrankError
 
 if TYPE_CHECKING:
+    from cisrank.context import ContextAssembler
     from cisrank.data.types import Passage
 
 
@@ -135,12 +136,6 @@ def context(
 ) -> None:
     """Arrange passages into a RAG prompt with the language model's question likelihood (JSON)."""
     from cisrank.context import ContextAssembler
-    from cisrank.context.noise import (
-        RANDOM_WORDS,
-        random_word_passages,
-        sample_noise,
-        vocabulary_words,
-    )
 
     settings = arrangement(arrange, shuffles, seed)
     docs, _, prompt = load_inputs(
@@ -154,30 +149,47 @@ def context(
         chat=chat,
     )
     assembler = ContextAssembler(model, config=prompt, device=device, batch_size=batch_size)
-    noise_passages: list[Passage] = []
-    if noise:
-        if noise_from == RANDOM_WORDS:
-            words = vocabulary_words(assembler.engine.tokenizer)
-            noise_passages = random_word_passages(words, noise, settings.seed)
-        else:
-            from cisrank.data.corpus import iter_corpus
-
-            noise_passages = sample_noise(
-                iter_corpus(noise_from), noise, settings.seed, exclude=docs
-            )
     result = assembler.arrange(
         query,
         docs,
         settings.arrange,
         shuffles_n=settings.shuffles,
         seed=settings.seed,
-        noise=noise_passages,
+        noise=_noise_passages(noise, noise_from, assembler, settings.seed, docs),
         pmi=pmi,
     )
+    echo_json(query, assembler, result.to_json())
+
+
+def _noise_passages(
+    n: int, source: str, assembler: ContextAssembler, seed: int, docs: list[Passage]
+) -> list[Passage]:
+    """`--noise` passages: random words of the model's vocabulary, or passages drawn from a
+    corpus file, none of them one of the retrieved `docs`."""
+    from cisrank.context.noise import (
+        RANDOM_WORDS,
+        random_word_passages,
+        sample_noise,
+        vocabulary_words,
+    )
+
+    if not n:
+        return []
+    if source == RANDOM_WORDS:
+        words = vocabulary_words(assembler.engine.tokenizer)
+        return random_word_passages(words, n, seed)
+    from cisrank.data.corpus import iter_corpus
+
+    return sample_noise(iter_corpus(source), n, seed, exclude=docs)
+
+
+def echo_json(query: str, assembler: ContextAssembler, result: dict[str, Any]) -> None:
+    """Print what `context` and `generate` answer: the query, the model and template that made
+    the prompt, then the result's own fields."""
     out = {
         "query": query,
         "model": assembler.engine.model_name,
         "template": assembler.template.name,
-        **result.to_json(),
+        **result,
     }
     typer.echo(json.dumps(out, indent=2))

@@ -14,7 +14,7 @@ from cisrank.cli.defaults import field_help
 from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, TrainConfig
-from cisrank.distill.teachers import teacher_list
+from cisrank.distill.teachers import TeacherSpec, teacher_kind, teacher_list
 from cisrank.rerank.registry import CIS
 from cisrank.workers import WorkerOptions
 
@@ -163,8 +163,6 @@ def generate_cmd(
     """Score every (query, passage) pair with the teacher into Parquet shards (resumable)."""
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import load_source
-    from cisrank.distill.teachers import TeacherSpec, teacher_kind
-    from cisrank.workers import for_device, set_threads
 
     ray = engine.ray
     source = load_source(
@@ -176,16 +174,10 @@ def generate_cmd(
         first_stage=first_stage,
         depth=depth,
     )
-    pool = for_device(workers, device)
-    if teacher_kind(teacher).reads_file:  # scores read from a file: no model to spread
-        pool = WorkerOptions(workers=1, threads_per_worker=pool.threads_per_worker)
-    # Each Ray actor or worker builds its own teacher from the spec; alone, it is built now.
     spec = TeacherSpec.of(
         teacher, model, scores_file, batch_size=batch_size, device=device, **options
     )
-    if ray is None and pool.count == 1:
-        set_threads(pool.threads_per_worker)
-    t: Any = spec if ray is not None or pool.count > 1 else spec.load()
+    t, pool = _teacher_on(spec, engine, workers, device)
     res = generate(
         source,
         t,
@@ -203,6 +195,22 @@ def generate_cmd(
         f"({res.shards_written} written, {res.shards_reused} reused); "
         f"teacher score mean {m['score_stats']['mean']:.4g} std {m['score_stats']['std']:.4g}"
     )
+
+
+def _teacher_on(
+    spec: TeacherSpec, engine: Engine, workers: WorkerOptions, device: str | None
+) -> tuple[Any, WorkerOptions]:
+    """The teacher as `generate` takes it, and the worker pool that scores: each Ray actor or
+    worker builds its own teacher from the spec; alone, it is built now, on this process's
+    threads. A teacher that reads its scores from a file has no model to spread: one worker."""
+    from cisrank.workers import for_device, set_threads
+
+    pool = for_device(workers, device)
+    if teacher_kind(spec.name).reads_file:
+        pool = WorkerOptions(workers=1, threads_per_worker=pool.threads_per_worker)
+    if engine.ray is None and pool.count == 1:
+        set_threads(pool.threads_per_worker)
+    return (spec if engine.ray is not None or pool.count > 1 else spec.load()), pool
 
 
 @distill_app.command("pack")

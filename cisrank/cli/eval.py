@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -32,7 +32,13 @@ from cisrank.cli.options import (
 )
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
+from cisrank.rerank.spec import RerankerSpec
 from cisrank.workers import WorkerOptions
+
+if TYPE_CHECKING:
+    from cisrank.data.runs import Run
+    from cisrank.data.types import Dataset
+    from cisrank.eval.rag.run import RagEvalConfig
 
 eval_app = typer.Typer(
     help="Evaluate a reranker on TREC DL: first stage and reranked run side by side "
@@ -238,11 +244,8 @@ def eval_fuse(
     from rich.console import Console
 
     from cisrank.data import datasets
-    from cisrank.data.fusion import fuse_runs, input_order, parse_weights
-    from cisrank.data.runs import Run
     from cisrank.eval import metrics as M
     from cisrank.eval.coverage import check_missing, describe, judged_to_evaluate
-    from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
     from cisrank.eval.report import metrics_table, write_metrics_json
 
     check_missing(missing)
@@ -252,26 +255,8 @@ def eval_fuse(
     else:
         ds = datasets.load_named(dataset, data_dir)
     qrels, coverage = judged_to_evaluate(ds, missing)
-    runs = {FIRST_STAGE: first_stage_run(ds)}
-    for spec in run:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise CisrankError(f"--run {spec!r}: give NAME=RUN.trec")
-        if name in runs:
-            raise CisrankError(f"--run {name}: given twice (or it is the first stage's name)")
-        runs[name] = Run.read_trec(path, name=name)
-    try:
-        weights = parse_weights(fuse)
-    except ValueError as exc:
-        raise CisrankError(f"--fuse: {exc}") from None
-    unknown = [n for n in weights if n not in runs]
-    if unknown:
-        raise CisrankError(f"--fuse names {', '.join(unknown)}: not among {', '.join(runs)}")
-    try:
-        parts = [input_order(runs[n]) if n == FIRST_STAGE else runs[n] for n in weights]
-        fused = fuse_runs(parts, list(weights.values()), fusion, normalize, rrf_k, depth)
-    except ValueError as exc:
-        raise CisrankError(str(exc)) from None
+    runs = _saved_runs(ds, run)
+    fused = _fuse_saved(runs, fuse, fusion, normalize, rrf_k, depth)
     runs["hybrid"] = fused
     figures = {name: M.evaluate(r, qrels) for name, r in runs.items()}
     report: dict[str, Any] = {"dataset": ds.name, "fuse": fuse, "fusion": fusion, "runs": figures}
@@ -291,6 +276,44 @@ def eval_fuse(
     Console().print(metrics_table(figures, title=title))
 
 
+def _saved_runs(dataset: Dataset, specs: list[str]) -> dict[str, Run]:
+    """`--run NAME=RUN.trec` (repeated) read, after the dataset's own first stage."""
+    from cisrank.data.runs import Run
+    from cisrank.eval.pipeline import FIRST_STAGE, first_stage_run
+
+    runs = {FIRST_STAGE: first_stage_run(dataset)}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise CisrankError(f"--run {spec!r}: give NAME=RUN.trec")
+        if name in runs:
+            raise CisrankError(f"--run {name}: given twice (or it is the first stage's name)")
+        runs[name] = Run.read_trec(path, name=name)
+    return runs
+
+
+def _fuse_saved(
+    runs: dict[str, Run], fuse: str, fusion: str, normalize: str, rrf_k: float, depth: int
+) -> Run:
+    """The runs `--fuse` names, fused as the hybrid reranker fuses its components (the first
+    stage in its input order, as the hybrid sees the candidates)."""
+    from cisrank.data.fusion import fuse_runs, input_order, parse_weights
+    from cisrank.eval.pipeline import FIRST_STAGE
+
+    try:
+        weights = parse_weights(fuse)
+    except ValueError as exc:
+        raise CisrankError(f"--fuse: {exc}") from None
+    unknown = [n for n in weights if n not in runs]
+    if unknown:
+        raise CisrankError(f"--fuse names {', '.join(unknown)}: not among {', '.join(runs)}")
+    try:
+        parts = [input_order(runs[n]) if n == FIRST_STAGE else runs[n] for n in weights]
+        return fuse_runs(parts, list(weights.values()), fusion, normalize, rrf_k, depth)
+    except ValueError as exc:
+        raise CisrankError(str(exc)) from None
+
+
 def _rag_flag(field: str, *names: str, **option: Any) -> Any:
     from cisrank.cli.defaults import config_flag
     from cisrank.eval.rag.run import RagEvalConfig
@@ -298,14 +321,22 @@ def _rag_flag(field: str, *names: str, **option: Any) -> Any:
     return config_flag(RagEvalConfig, field, *names, **option)
 
 
-@eval_app.command("rag")
-@takes(pool=WORKER_FLAGS)
-def eval_rag(
-    questions: Annotated[Path, _rag_flag("questions", "--questions")],
-    first: Annotated[int | None, _rag_flag("first", "--first", min=0)] = None,
-    limit: Annotated[int | None, _rag_flag("limit", "--limit", min=1)] = None,
-    candidates: Annotated[int | None, _rag_flag("candidates", "--candidates", min=1)] = None,
-    distractors: Annotated[str | None, _rag_flag("distractors", "--distractors")] = None,
+class _RagSample:
+    """`eval rag`'s flags that pick the questions and their candidates (`RagEvalConfig` fields;
+    None keeps the config's default)."""
+
+    first: Annotated[int | None, _rag_flag("first", "--first", min=0)] = None
+    limit: Annotated[int | None, _rag_flag("limit", "--limit", min=1)] = None
+    candidates: Annotated[int | None, _rag_flag("candidates", "--candidates", min=1)] = None
+    distractors: Annotated[str | None, _rag_flag("distractors", "--distractors")] = None
+
+
+RAG_SAMPLE_FLAGS: FlagGroup[dict[str, Any]] = FlagGroup(_RagSample, dict)
+
+
+class _RagRerankers:
+    """`eval rag`'s flags that name the rerankers measured."""
+
     rerankers: Annotated[
         list[Path] | None,
         typer.Option(
@@ -314,7 +345,7 @@ def eval_rag(
             "'rerankers' (a server config itself is read too; repeat for several files); "
             "first-stage (the candidates' own order) is always measured.",
         ),
-    ] = None,
+    ] = None
     reranker: Annotated[
         list[str] | None,
         typer.Option(
@@ -322,13 +353,42 @@ def eval_rag(
             "-r",
             help="A reranker kind with its defaults, named by its kind (repeat).",
         ),
-    ] = None,
+    ] = None
     only: Annotated[
         str | None,
         typer.Option(
             "--only", help="Measure only these rerankers of --rerankers (comma-separated)."
         ),
-    ] = None,
+    ] = None
+
+
+def _rag_rerankers(
+    rerankers: list[Path] | None, reranker: list[str] | None, only: str | None
+) -> dict[str, RerankerSpec]:
+    """The rerankers measured besides first-stage, by name: those of the --rerankers files
+    (--only's, where given), then each --reranker kind with its defaults."""
+    from cisrank.rerank.spec import parse_specs, read_specs
+
+    # first-stage is always measured: naming it in --only asks for nothing more
+    wanted = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
+    wanted = None if wanted is None else [n for n in wanted if n != "first-stage"]
+    if wanted is not None and not rerankers:
+        raise CisrankError("--only selects rerankers of --rerankers FILE: give the file")
+    specs = read_specs(rerankers, wanted) if rerankers else {}
+    for kind in reranker or []:
+        if kind in specs:
+            raise CisrankError(f"--reranker {kind}: the name is taken by --rerankers")
+        specs.update(parse_specs({kind: RerankerSpec(kind=kind).model_dump()}, "--reranker"))
+    return specs
+
+
+RAG_RERANKER_FLAGS = FlagGroup(_RagRerankers, _rag_rerankers)
+
+
+class _RagAnswers:
+    """`eval rag`'s flags of the answers' generation (`RagEvalConfig` fields; None keeps the
+    config's default)."""
+
     top_k: Annotated[
         str | None,
         _rag_flag(
@@ -336,18 +396,33 @@ def eval_rag(
             "--top-k",
             text="k values, e.g. 1,3,5: how many of a reranker's best passages go to the generator.",
         ),
-    ] = None,
-    generator: Annotated[str | None, _rag_flag("generator", "--generator")] = None,
-    arrange: Annotated[str | None, _rag_flag("arrange", "--arrange")] = None,
-    template: Annotated[str | None, _rag_flag("template", "--template")] = None,
-    chat: Annotated[bool | None, _rag_flag("chat", "--chat/--no-chat")] = None,
+    ] = None
+    generator: Annotated[str | None, _rag_flag("generator", "--generator")] = None
+    arrange: Annotated[str | None, _rag_flag("arrange", "--arrange")] = None
+    template: Annotated[str | None, _rag_flag("template", "--template")] = None
+    chat: Annotated[bool | None, _rag_flag("chat", "--chat/--no-chat")] = None
     max_new_tokens: Annotated[
         int | None, _rag_flag("max_new_tokens", "--max-new-tokens", min=1)
-    ] = None,
-    baselines: Annotated[bool | None, _rag_flag("baselines", "--baselines/--no-baselines")] = None,
-    seed: Annotated[int | None, _rag_flag("seed", "--seed")] = None,
-    device: DeviceOpt = None,
-    dtype: Annotated[str | None, _rag_flag("dtype", "--dtype")] = None,
+    ] = None
+    baselines: Annotated[bool | None, _rag_flag("baselines", "--baselines/--no-baselines")] = None
+    seed: Annotated[int | None, _rag_flag("seed", "--seed")] = None
+    device: DeviceOpt = None
+    dtype: Annotated[str | None, _rag_flag("dtype", "--dtype")] = None
+
+
+RAG_ANSWER_FLAGS: FlagGroup[dict[str, Any]] = FlagGroup(_RagAnswers, dict)
+
+
+@eval_app.command("rag")
+@takes(
+    sample=RAG_SAMPLE_FLAGS, specs=RAG_RERANKER_FLAGS, answers=RAG_ANSWER_FLAGS, pool=WORKER_FLAGS
+)
+def eval_rag(
+    questions: Annotated[Path, _rag_flag("questions", "--questions")],
+    *,
+    sample: dict[str, Any],
+    specs: dict[str, RerankerSpec],
+    answers: dict[str, Any],
     output: Annotated[
         Path | None,
         typer.Option(
@@ -379,59 +454,38 @@ def eval_rag(
     ] = "first-stage",
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
-    *,
     pool: WorkerOptions,
 ) -> None:
     """Which reranker's passages answer the question: gold recall@k, MRR, and the generator's
     accuracy, EM and F1 from each reranker's top k, with paired McNemar tests, on questions
     with a gold passage (NQ-Open oracle shape)."""
-    from rich.console import Console
-
-    from cisrank.eval.rag.report import figures_table, tests_table
     from cisrank.eval.rag.run import RagEvalConfig, run_rag_eval
-    from cisrank.rerank.spec import RerankerSpec, parse_specs, read_specs
 
-    # first-stage is always measured: naming it in --only asks for nothing more
-    wanted = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
-    wanted = None if wanted is None else [n for n in wanted if n != "first-stage"]
-    if wanted is not None and not rerankers:
-        raise CisrankError("--only selects rerankers of --rerankers FILE: give the file")
-    specs = read_specs(rerankers, wanted) if rerankers else {}
-    for kind in reranker or []:
-        if kind in specs:
-            raise CisrankError(f"--reranker {kind}: the name is taken by --rerankers")
-        specs.update(parse_specs({kind: RerankerSpec(kind=kind).model_dump()}, "--reranker"))
-    flags = {
-        "first": first,
-        "limit": limit,
-        "candidates": candidates,
-        "distractors": distractors,
-        "top_k": top_k,
-        "generator": generator,
-        "arrange": arrange,
-        "template": template,
-        "chat": chat,
-        "max_new_tokens": max_new_tokens,
-        "baselines": baselines,
-        "seed": seed,
-        "device": device,
-        "dtype": dtype,
-    }
-    config = RagEvalConfig(questions=questions).replace(**flags)
+    config = RagEvalConfig(questions=questions).replace(**sample, **answers)
     folder = output or Path("out") / "eval-rag"
     result = run_rag_eval(
         config, specs, folder, cache=cache, workers=pool, resume=resume, progress=not quiet
     )
-    metrics = result.metrics
     if as_json:
-        typer.echo(json.dumps(metrics, indent=2))
+        typer.echo(json.dumps(result.metrics, indent=2))
         return
+    _print_rag(result.metrics, config, versus, folder)
+
+
+def _print_rag(metrics: dict[str, Any], config: RagEvalConfig, versus: str, folder: Path) -> None:
+    """The figures of every reranker at every k, then the paired tests against `versus` (of
+    the answers' accuracy where answers were generated, else of gold recall)."""
+    from rich.console import Console
+
+    from cisrank.eval.rag.report import figures_table, tests_table
+
     if versus not in metrics["rerankers"]:
         raise CisrankError(f"--versus {versus}: not measured ({', '.join(metrics['rerankers'])})")
     console = Console()
     title = (
-        f"{questions.name}: {metrics['questions']} questions, {config.candidates} candidates "
-        f"({config.distractors})" + (f", answers by {config.generator}" if config.generator else "")
+        f"{config.questions.name}: {metrics['questions']} questions, {config.candidates} "
+        f"candidates ({config.distractors})"
+        + (f", answers by {config.generator}" if config.generator else "")
     )
     console.print(figures_table(metrics, title))
     answered = "baselines" in metrics or any(

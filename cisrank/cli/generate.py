@@ -12,8 +12,7 @@ passage weights w_{j,t} of each step and `layers` CLeHe's chosen layer l*.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +24,7 @@ from cisrank.cli.context import (
     QueryOpt,
     TopKOpt,
     arrangement,
+    echo_json,
     load_inputs,
 )
 from cisrank.cli.defaults import config_flag, field_help
@@ -36,6 +36,9 @@ from cisrank.context.config import (
     GenerationAssemblerConfig,
 )
 from cisrank.errors import CisrankError
+
+if TYPE_CHECKING:
+    from cisrank.context import Answer, ContextAssembler
 
 
 def _parse_layers(text: str | None) -> list[int] | None:
@@ -114,9 +117,7 @@ def generate(
         document=document,
         chat=chat,
     )
-    settings = DecoderConfig().replace(decoding=mode, max_new_tokens=max_new_tokens)
-    if settings.decoding is Decoding.REPLUG and scores is None:
-        raise CisrankError("--decoding replug needs a 'score' on every line of --passages")
+    settings = _decoder_settings(mode, max_new_tokens, scores)
     assembler = ContextAssembler(model, config=prompt, device=device)
     decoder = EnsembleDecoder(
         assembler,
@@ -126,14 +127,24 @@ def generate(
         layers=layer_list,
         replug_temperature=replug_temperature,
     )
-    answer = answer_question(decoder, query, docs, order, scores=scores)
-    why = answer.generation.why_empty(assembler.engine.tokenizer, prompt.chat)
+    _echo_answer(query, assembler, answer_question(decoder, query, docs, order, scores=scores))
+
+
+def _decoder_settings(
+    mode: Decoding | None, max_new_tokens: int | None, scores: list[float] | None
+) -> DecoderConfig:
+    """The decoding flags over `DecoderConfig`'s defaults, checked before the model loads:
+    replug weighs the passages by their scores, so the passages must carry them."""
+    settings = DecoderConfig().replace(decoding=mode, max_new_tokens=max_new_tokens)
+    if settings.decoding is Decoding.REPLUG and scores is None:
+        raise CisrankError("--decoding replug needs a 'score' on every line of --passages")
+    return settings
+
+
+def _echo_answer(query: str, assembler: ContextAssembler, answer: Answer) -> None:
+    """Print the answer (JSON); an empty one also says why on stderr (an instruct model out of
+    its chat template ends its turn at once), since an empty answer looks like a bug."""
+    why = answer.generation.why_empty(assembler.engine.tokenizer, assembler.chat)
     if why is not None:
         typer.echo(f"warning: the answer is empty: {why}", err=True)
-    out = {
-        "query": query,
-        "model": assembler.engine.model_name,
-        "template": assembler.template.name,
-        **answer.to_json(),
-    }
-    typer.echo(json.dumps(out, indent=2))
+    echo_json(query, assembler, answer.to_json())

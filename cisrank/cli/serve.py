@@ -318,6 +318,12 @@ def serve(
     Retry-After. Exit code 0 after a SIGTERM.
     """
     cfg = server_config(config, reranker, model, index or (), options)
+    run_server(cfg, host, port, workers)
+
+
+def run_server(cfg: ServerConfig, host: str, port: int, workers: int) -> None:
+    """Bind the port, then serve `cfg` under uvicorn until stopped (SIGTERM exits 0); a model
+    that cannot load stops the server and is one line, exit 2."""
     require("uvicorn", "serve", "cisrank serve")
     from cisrank.api.http_protocol import uvicorn_options
 
