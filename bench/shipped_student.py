@@ -48,12 +48,48 @@ def ndcg10(reranker, dataset, depth: int) -> float:
     return evaluate(Run.from_scores("student", run), dataset.qrels, ["nDCG@10"])["nDCG@10"]
 
 
+def ulp_copies(student: Path, root: Path, count: int, seed: int) -> list[Path]:
+    """Copies of the float32 student whose every weight moved by one float32 ulp, up or down at
+    random: a change about 10,000 times smaller than float16 rounding, to see how far int8
+    quantization alone moves nDCG (each copy quantizes to other int8 weights near rounding
+    boundaries)."""
+    import shutil
+
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(student / "model.safetensors"))
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        folder = root / f"ulp-{i}"
+        shutil.copytree(student, folder, ignore=shutil.ignore_patterns("checkpoints"))
+        moved = {}
+        for name, t in tensors.items():
+            if not t.is_floating_point():
+                moved[name] = t
+                continue
+            a = t.float().numpy()
+            way = np.where(rng.random(a.shape) < 0.5, -np.inf, np.inf).astype(np.float32)
+            moved[name] = torch.from_numpy(np.nextafter(a, way).astype(np.float32))
+        save_file(moved, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        out.append(folder)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--student", type=Path, default=Path("out/student"), help="float32 student")
     ap.add_argument("--shipped", default="cisrank-student")
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument(
+        "--int8-noise",
+        type=int,
+        default=0,
+        help="also int8 nDCG of this many one-ulp perturbations of the float32 student",
+    )
     add_tag_option(ap)
     args = ap.parse_args()
     root = data_dir()
@@ -84,9 +120,31 @@ def main() -> None:
             cells += [f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}"]
         print(f"| {backend} | " + " | ".join(cells) + " |")
     print(f"largest |shipped - float32| = {worst:.4f} (bar: 0.002)")
+    noise: list[dict[str, float]] = []
+    if args.int8_noise:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for folder in ulp_copies(args.student, Path(tmp), args.int8_noise, seed=0):
+                reranker = load_reranker("cross-encoder", str(folder), **BACKENDS["onnx int8"])
+                noise.append({d: ndcg10(reranker, ds, args.depth) for d, ds in datasets.items()})
+                print(f"onnx int8, one-ulp copy {len(noise)}: {noise[-1]}", flush=True)
+        base = rows.get("onnx int8", {}).get("float32 student")
+        if base:
+            for d in DATASETS:
+                moves = [n[d] - base[d] for n in noise]
+                print(
+                    f"{d}: int8 nDCG@10 of one-ulp copies moves {min(moves):+.4f} .. {max(moves):+.4f}"
+                )
     write_result(
         result_name("shipped_student", args.tag),
-        {"student": str(args.student), "depth": args.depth, "rows": rows, "max_abs_diff": worst},
+        {
+            "student": str(args.student),
+            "depth": args.depth,
+            "rows": rows,
+            "max_abs_diff": worst,
+            "int8_one_ulp_copies": noise,
+        },
     )
 
 
