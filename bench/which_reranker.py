@@ -77,7 +77,11 @@ def evaluate(name: str, dataset: str, out: Path) -> Path:
 def ndcg10(folder: Path) -> float:
     metrics = json.loads((folder / "metrics.json").read_text())
     runs = metrics["runs"]
-    run = runs.get("reranked") or runs.get("fused") or next(iter(runs.values()))
+    # `eval` names its run "reranked"; `eval fuse` names the fused run after the fusion ("hybrid")
+    # beside its inputs and the first stage, the first of which must not be read for it
+    run = runs.get("reranked") or runs.get("hybrid")
+    if run is None:
+        raise SystemExit(f"{folder}/metrics.json has neither a reranked nor a hybrid run")
     return float(run["nDCG@10"])
 
 
