@@ -237,3 +237,119 @@ class SlowJob(CountingJob):
 
         time.sleep(self.delay)
         return super().score(state, batch)
+
+
+# ------------------------------------------------------------------ exact models for shard jobs
+# Models whose outputs are small integers, so that an offline job's files are the same bytes on
+# every CPU (float outputs of real models move with the host's kernels): the shard-job tests
+# compare what the prior job, the dense build and teacher scoring write against files built once
+# and committed (tests/shard_outputs.json). Wrappers (`job_wrapper`) put them under a job's own
+# scoring code on every engine, so only the model is a stand-in.
+
+EXACT_DIM = 6
+"""Dimensions of `ExactEncoder`'s embeddings."""
+
+
+class ExactEncoder:
+    """A stand-in for a SentenceTransformer: each text's embedding counts its lowercased words by
+    crc32 bucket (integers, exact in float32; crc32, unlike `hash`, is the same in every
+    process). It ignores `normalize_embeddings` so that no division rounds."""
+
+    def encode(self, texts, batch_size: int = 32, **_ignored):
+        import zlib
+
+        import numpy as np
+
+        out = np.zeros((len(texts), EXACT_DIM), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in text.lower().split():
+                out[i, zlib.crc32(word.encode()) % EXACT_DIM] += 1.0
+        return out
+
+    def parameters(self):
+        import torch
+
+        yield torch.zeros(1, dtype=torch.float32)
+
+
+class ExactLM:
+    """An `LMBackend` whose log-probabilities are -1 .. -5 by (previous, next) token, so summed
+    log p(K) are integers. It poses as the torch runtime (a reranker config names a known one),
+    and its identity is a constant: its fingerprint depends on the tokenizer alone."""
+
+    name = "torch"
+    model_name = "exact-lm"
+    compute_type = "float32"
+    device = "cpu"
+    max_positions = None
+    num_layers = 1
+    supports_prefix_cache = False
+    supports_decoding = False
+
+    def score_rows(self, rows, context, pad_id, cached=None):
+        import numpy as np
+
+        out = [
+            -float(1 + (row[j - 1] * 7 + row[j]) % 5)
+            for row, ctx in zip(rows, context, strict=True)
+            for j in range(ctx, len(row))
+        ]
+        return np.asarray(out, dtype=np.float32)
+
+    def prefix_state(self, prefix):
+        return None
+
+    def identity(self) -> list[bytes]:
+        return [b"cisrank.testing.ExactLM/1"]
+
+
+def exact_engine(batch_tokens: int | None = None):
+    """A causal-LM engine on `ExactLM` with the word-level tokenizer of `SAMPLE_SENTENCES`."""
+    from cisrank.lm.engine import CausalLMEngine
+
+    tokenizer = word_level_tokenizer(words(SAMPLE_SENTENCES))
+    return CausalLMEngine(ExactLM(), tokenizer, batch_tokens=batch_tokens)
+
+
+class _ExactModel:
+    """A shard job with its model replaced: the job's own `describe` and `score` run on what
+    `load` returns here."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+
+    def describe(self, state):
+        return self.job.describe(state)
+
+    def score(self, state, batch):
+        return self.job.score(state, batch)
+
+    def close(self, state) -> None:
+        close = getattr(self.job, "close", None)
+        if close is not None:
+            close(state)
+
+
+class ExactEncoderJob(_ExactModel):
+    """The dense build's job on `ExactEncoder`."""
+
+    def load(self):
+        return ExactEncoder()
+
+
+class ExactPriorJob(_ExactModel):
+    """The prior job's job on `ExactLM`: the CIS reranker's own prior path, with the job's store
+    where it has one (the local job) and its memory otherwise (a Ray actor)."""
+
+    def load(self):
+        from cisrank.rerank.cis import CISReranker
+        from cisrank.rerank.prior_store import PriorStore
+
+        store = getattr(self.job, "store", None)
+        return CISReranker(
+            self.job.model,
+            max_doc_tokens=self.job.max_doc_tokens,
+            normalize="sum",
+            prior_store=PriorStore(store) if store is not None else None,
+            engine=exact_engine(self.job.batch_tokens),
+        )
