@@ -47,8 +47,8 @@ from common import dl19_dir, gpt2_124m, machine, percentile, time_calls, write_r
 from cisrank.data.datasets import load_folder
 from cisrank.data.runs import Run
 from cisrank.eval.metrics import evaluate
-from cisrank.lm.onnx_export import discard
 from cisrank.rerank.cross_encoder import CrossEncoderReranker
+from cisrank.runtimes.onnx_export import discard
 
 TORCH_FP32 = "torch float32"
 
@@ -163,10 +163,10 @@ def main() -> None:
                 r = CrossEncoderReranker(backend="onnx", dtype=compute, **opts)
                 print(
                     f"onnx {compute}: export/quantize/load {time.perf_counter() - t:.1f} s "
-                    f"(export and quantization once per model folder) from {r.onnx.folder}"
+                    f"(export and quantization once per model folder) from {r.runner.folder}"
                 )
                 ours[f"onnx {compute}"] = r
-                exports.append(r.onnx.folder)
+                exports.append(r.runner.folder)
 
     print(f"# cross-encoder reranker, {model_desc}")
     print(f"machine: {machine()}; device {device}; date {dt.date.today()}")

@@ -84,7 +84,7 @@ def with_runner(reranker: CrossEncoderReranker, runner: Any) -> CrossEncoderRera
     """The reranker (its tokenizer, length batching, padding) with another runner in place of
     its ONNX Runtime session; the session is not loaded again."""
     other = copy.copy(reranker)
-    other.onnx = runner
+    other.runner = runner
     return other
 
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     ort_fp32 = CrossEncoderReranker(model=args.student, backend="onnx")
     ort_int8 = CrossEncoderReranker(model=args.student, backend="onnx", dtype="int8")
-    names = sorted(ort_fp32.onnx.inputs)
+    names = sorted(ort_fp32.runner.inputs)
 
     calib = load_named(args.calibration)
     calib_pairs = [

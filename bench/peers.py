@@ -150,7 +150,7 @@ def main() -> None:
 
     from cisrank.data.datasets import load_named
     from cisrank.models.resolve import resolve_model
-    from cisrank.rerank.cross_encoder import OnnxCrossEncoder
+    from cisrank.runtimes.encoder_onnx import OnnxCrossEncoder
 
     dataset = load_named("trec-dl19", dl19_dir())
     requests = [

@@ -311,6 +311,13 @@ def exact_engine(batch_tokens: int | None = None):
     return CausalLMEngine(ExactLM(), tokenizer, batch_tokens=batch_tokens)
 
 
+def load_exact_lm(model: str, compute_type: str | None, **_options):
+    """`ExactLM` as a loader of the runtime table (`cisrank.runtimes.table`): what a test puts
+    in a row to show that a new causal-LM runtime is one loader and one row."""
+    engine = exact_engine()
+    return engine.backend, engine.tokenizer
+
+
 class _ExactModel:
     """A shard job with its model replaced: the job's own `describe` and `score` run on what
     `load` returns here."""

@@ -37,7 +37,7 @@ from cisrank.data.manifest import BuildOutput, library_versions
 from cisrank.data.shards import claim_shard_dir, resume_shards
 from cisrank.errors import CisrankError
 from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
-from cisrank.rerank.configs import LMBackendName
+from cisrank.runtimes.table import BackendName
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
 from cisrank.workers import WorkerOptions, WorkerPool
@@ -75,7 +75,7 @@ class PriorIndexConfig(IndexConfig):
         description="float32, bfloat16, float16 (default: the device's, as the reranker picks "
         "it); part of the store's key, so it must match the reranker's.",
     )
-    backend: LMBackendName = Field(
+    backend: BackendName = Field(
         default="torch",
         description="Runtime of the causal LM, as the reranker's --backend (auto: onnx int8 on "
         "a CPU with the onnx extra); part of the store's key, so it must match the reranker's.",

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from cisrank.errors import CisrankError
-from cisrank.lm.batching import LengthBatcher, pad_batch
-from cisrank.lm.torch_backend import TorchBackend
+from cisrank.runtimes.batching import LengthBatcher, pad_batch
+from cisrank.runtimes.lm_torch import TorchBackend
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,12 @@ each target span after its context? This engine answers it, fast and exactly, fo
 - `score_spans`: every (context, target) pair its own row (K rotated prompts; a passage followed
   by a query); a context that several targets share runs once too.
 
-What it guarantees, whatever the backend (`cisrank.lm.backend`):
+What it guarantees, whatever the backend (`cisrank.runtimes.lm`):
 
 - identical inputs are scored once, then sorted by length and cut into batches under a token
-  budget with a padding bound (`cisrank.lm.batching`), and results come back in input order, so
-  a score does not depend on batch size, batch order, padding side or the other inputs (within
-  float rounding: about 1e-5 per token in float32);
+  budget with a padding bound (`cisrank.runtimes.batching`), and results come back in input
+  order, so a score does not depend on batch size, batch order, padding side or the other inputs
+  (within float rounding: about 1e-5 per token in float32);
 - a prompt longer than the model's context is a one-line error before any work;
 - `fingerprint()` names everything that changes a log-probability (model, weights sample, compute
   type, runtime other than torch, tokenizer, BOS): the key of every stored prior.
@@ -36,10 +36,11 @@ import numpy as np
 
 from cisrank.errors import CisrankError
 from cisrank.lm import decoding
-from cisrank.lm.backend import LMBackend
-from cisrank.lm.batching import LengthBatcher, dedupe, scatter
 from cisrank.lm.decoding import DecodeStep, LockstepPrefill
-from cisrank.lm.torch_backend import TorchBackend
+from cisrank.runtimes import lm_torch
+from cisrank.runtimes.batching import LengthBatcher, dedupe, scatter
+from cisrank.runtimes.lm import LMBackend
+from cisrank.runtimes.lm_torch import TorchBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +109,10 @@ class CausalLMEngine:
         }
         backend: LMBackend
         if isinstance(model, (str, Path)):
-            from cisrank.devices import resolve_device, resolve_dtype
-            from cisrank.lm.loader import load_causal_lm
-
-            dev = resolve_device(device)
             self.model_name = str(model)
-            lm, tokenizer = load_causal_lm(str(model), dev, resolve_dtype(dtype, dev))
-            backend = TorchBackend(lm, name=self.model_name, **torch_options)
+            backend, tokenizer = lm_torch.load(
+                self.model_name, dtype, device=device, options=torch_options
+            )
         elif isinstance(model, LMBackend):
             if tokenizer is None:
                 raise CisrankError("a backend needs its tokenizer: pass tokenizer=...")

@@ -31,7 +31,7 @@ vouched for; `cisrank models pull NAME` pulls it again and records them. Folders
 cisrank recorded checksums are such folders, and are re-pulled the same way.
 
 `check_files` is the check itself, for any folder whose record lists its files: the conversion
-caches of `cisrank.lm` (ONNX exports, CTranslate2 conversions) are checked with it too.
+caches of `cisrank.runtimes` (ONNX exports, CTranslate2 conversions) are checked with it too.
 """
 
 from __future__ import annotations

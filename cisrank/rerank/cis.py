@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cisrank.errors import CisrankError
-from cisrank.lm.backends import load_engine, resolve_backend
+from cisrank.lm.backends import load_engine
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.lm.prompts import (
     CHAT,
@@ -45,6 +45,7 @@ from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import CISRerankerConfig, reverse_only
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
 from cisrank.rerank.prior_table import Priors, open_prior_store
+from cisrank.runtimes.auto import resolve_lm_backend
 
 TEMPLATES = FORWARD_TEMPLATES
 _MEMORY_PRIORS_MAX = 200_000
@@ -81,7 +82,7 @@ class CISReranker(BaseReranker):
         if engine is None:
             # `auto` made concrete here, so that the config (what describes this reranker in
             # teacher sets, logs and /v1/models) names the runtime that really scores.
-            backend, dtype = resolve_backend(
+            backend, dtype = resolve_lm_backend(
                 self.config.backend, self.config.device, self.config.dtype
             )
             self.config = self.config.replace(backend=backend, dtype=dtype)

@@ -15,10 +15,16 @@ from pydantic import Field, field_validator, model_validator
 from cisrank.config import ComponentConfig, Flag
 from cisrank.data.fusion import RRF_K, parse_weights
 from cisrank.lm.prompts import resolve_forward, resolve_reverse
+from cisrank.runtimes.table import (
+    DYNAMIC_INT8_CPU_BATCH_SIZE,
+    SEQUENCE_CLASSIFICATION,
+    BackendName,
+    check_serves,
+    names,
+    runtime,
+)
 
 Estimator = Literal["forward", "reverse", "both"]
-# `auto` picks a runtime per host (cisrank.lm.backends); the cross-encoder's auto is torch.
-LMBackendName = Literal["auto", "torch", "ctranslate2", "onnx"]
 
 DEFAULT_CIS_MODEL = "smollm2-135m-instruct"
 """The causal LM of CIS when none is named: the catalogue's SmolLM2-135M-Instruct, the model
@@ -33,18 +39,15 @@ cross-validation over families of fusions, the family with the best held-out nDC
 all of DL21): linear min-max, CIS 0.3 and the dense bi-encoder 0.7 (bench/RESULTS.md, 'A stronger
 bi-encoder: all-mpnet-base-v2', hybrid_select_d20_minilm.json)."""
 
-CPU_BATCH_SIZE = {"torch": 32, "onnx": 8, "int8": 1}
-"""Cross-encoder pairs per model batch on a CPU, by runtime (bench/RESULTS.md, "The
-cross-encoder's batch on a CPU", bench/cross_encoder_batch.py): pairs sorted by length pad little
-at any size, so the choice is about the runtime. torch at 32 never trails sentence-transformers'
-CrossEncoder.rank on the same weights: 1.12x in float32 and 3.19x in bf16 on a quiet 2-core
-AVX-512 host, 1.05-1.19x in float32 with the other core busy, where 8 pairs fell to 0.70x (each
-batch is a sync point of torch's threads, and a busy core stalls every one). ONNX Runtime float32
-at 8. Dynamic int8 (ONNX Runtime's, or torch's `quantize="int8"`) scores one pair at a time: its
-activation scale is taken over the whole batch tensor, so at 8 pairs a passage's score moved by
-up to 0.135 with the passages batched beside it (its request's order, the other requests a
-server batches with it); alone, a pair's score is a function of the pair, as the float runtimes'
-are, at 0.90x the throughput of 8 pairs (2.51x the peer, with the other core busy)."""
+CPU_BATCH_SIZE = {
+    **{
+        name: runtime(name, SEQUENCE_CLASSIFICATION).cpu_batch_size
+        for name in names(SEQUENCE_CLASSIFICATION)
+    },
+    "int8": DYNAMIC_INT8_CPU_BATCH_SIZE,
+}
+"""Cross-encoder pairs per model batch on a CPU, by runtime, and in dynamic int8 on any runtime:
+the runtime table's measured figures (`cisrank.runtimes.table`)."""
 GPU_BATCH_SIZE = 128
 """Cross-encoder pairs per model batch when unset: small on CPU (less padding), large on GPU."""
 
@@ -124,7 +127,7 @@ class CISRerankerConfig(ComponentConfig):
     device: str | None = Field(
         default=None, description="torch device (cpu, cuda, cuda:1); unset: CUDA when present."
     )
-    backend: Annotated[LMBackendName, Flag()] = Field(
+    backend: Annotated[BackendName, Flag()] = Field(
         default="torch",
         description="Runtime of the causal LM: torch (exact, CPU or GPU), ctranslate2 or onnx "
         "(CPU; extras of those names; measured in bench/lm_backends.py); auto: torch on a GPU, "
@@ -205,10 +208,12 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     batch_size: int | None = Field(
         default=None,
         ge=1,
-        description=f"Pairs per model batch; on a CPU {CPU_BATCH_SIZE['torch']} with torch, "
-        f"{CPU_BATCH_SIZE['onnx']} with onnx and {CPU_BATCH_SIZE['int8']} in int8 (a dynamic "
-        "int8 score then depends on its pair alone; measured, bench/RESULTS.md), "
-        f"{GPU_BATCH_SIZE} on GPU when unset.",
+        description="Pairs per model batch; on a CPU "
+        + ", ".join(
+            f"{CPU_BATCH_SIZE[name]} with {name}" for name in names(SEQUENCE_CLASSIFICATION)
+        )
+        + f" and {CPU_BATCH_SIZE['int8']} in int8 (a dynamic int8 score then depends on its pair "
+        f"alone; measured, bench/RESULTS.md), {GPU_BATCH_SIZE} on GPU when unset.",
     )
     max_length: int | None = Field(
         default=None,
@@ -221,7 +226,7 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     )
     # backend and dtype share their flags with the CIS reranker's: the same field type, and the
     # help shows the first kind's description.
-    backend: Annotated[LMBackendName, Flag()] = Field(
+    backend: Annotated[BackendName, Flag()] = Field(
         default="auto",
         description="auto (default): onnx int8 on a CPU where onnxruntime is installed (extra "
         "'onnx') and no dtype or quantization is asked for, torch otherwise (GPUs included), or "
@@ -245,10 +250,7 @@ class CrossEncoderRerankerConfig(ComponentConfig):
     @field_validator("backend")
     @classmethod
     def _check_backend(cls, v: str) -> str:
-        if v == "ctranslate2":
-            raise ValueError(
-                "ctranslate2 runs causal LMs only; a cross-encoder runs on torch or onnx"
-            )
+        check_serves(v, SEQUENCE_CLASSIFICATION)
         return v
 
 

@@ -107,7 +107,7 @@ def _rounded_reference(student_dir: Path) -> list[float]:
 
 def test_the_reranker_widens_to_float32_and_scores_the_rounded_weights(student_dir, shipped_dir):
     reranker = load_reranker("cross-encoder", str(shipped_dir), backend="torch", dtype="float32")
-    assert all(p.dtype == torch.float32 for p in reranker.model.parameters())
+    assert all(p.dtype == torch.float32 for p in reranker.runner.net.parameters())
     got = [s for q, p in PAIRS for s in reranker.score(q, [p])]
     assert got == pytest.approx(_rounded_reference(student_dir), abs=1e-5)
     # and near the float32 student: float16 storage moves a logit by rounding only
@@ -177,6 +177,6 @@ def test_a_float16_folder_is_computed_in_float32_even_when_its_config_says_float
     reranker = load_reranker(
         "cross-encoder", str(tmp_path / "half"), backend="torch", dtype="float32"
     )
-    assert {p.dtype for p in reranker.model.parameters()} == {torch.float32}
+    assert {p.dtype for p in reranker.runner.net.parameters()} == {torch.float32}
     got = [s for q, p in PAIRS for s in reranker.score(q, [p])]
     assert got == pytest.approx(_rounded_reference(student_dir), abs=1e-5)

@@ -245,7 +245,7 @@ def test_the_loaders_name_an_unreadable_or_mismatched_folder_of_their_own(
     file, and refuses a config that names weights the file lacks (they would load random)."""
     import torch
 
-    from cisrank.lm.loader import load_causal_lm
+    from cisrank.runtimes.lm_loader import load_causal_lm
 
     cut = tmp_path / "cut"
     shutil.copytree(tiny_gpt2_dir, cut)

@@ -46,7 +46,7 @@ def test_student_is_the_cross_encoder_with_the_shipped_model():
     default = load_reranker("cross-encoder", backend="torch", dtype="float32")
     assert student.name == "student" and named.name == "cross-encoder"
     assert student.model_name == named.model_name == default.model_name == "cisrank-student"
-    assert {p.dtype for p in student.model.parameters()} == {torch.float32}
+    assert {p.dtype for p in student.runner.net.parameters()} == {torch.float32}
     scores = student.score("who wrote hamlet", DOCS)
     assert (
         scores == named.score("who wrote hamlet", DOCS) == default.score("who wrote hamlet", DOCS)

@@ -15,9 +15,10 @@ from cisrank.cli.reranker_flags import flags_of
 from cisrank.data.types import rank_order
 from cisrank.devices import cpu_has_native_bf16
 from cisrank.errors import CisrankError, MissingExtraError, ModelNotFoundError
-from cisrank.rerank import Reranker, cross_encoder, load_reranker
+from cisrank.rerank import Reranker, load_reranker
 from cisrank.rerank.configs import CPU_BATCH_SIZE, CrossEncoderRerankerConfig
 from cisrank.rerank.cross_encoder import CrossEncoderReranker
+from cisrank.runtimes import encoder_onnx
 
 needs_fbgemm = pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines,
@@ -120,10 +121,10 @@ def test_int8_is_close_to_float32(ce_dir):
     fp32 = np.array(CrossEncoderReranker(model=str(ce_dir), dtype="float32").score(QUERY, PASSAGES))
     r8 = CrossEncoderReranker(model=str(ce_dir), quantize="int8")
     int8 = np.array(r8.score(QUERY, PASSAGES))
-    quantized = [n for n, m in r8.model.named_modules() if isinstance(m, DynamicLinear)]
+    quantized = [n for n, m in r8.runner.net.named_modules() if isinstance(m, DynamicLinear)]
     assert len(quantized) == 2 * 6  # 2 layers x (q, k, v, attention out, intermediate, out)
-    assert type(r8.model.classifier) is torch.nn.Linear  # the head stays float32
-    assert type(r8.model.bert.pooler.dense) is torch.nn.Linear
+    assert type(r8.runner.net.classifier) is torch.nn.Linear  # the head stays float32
+    assert type(r8.runner.net.bert.pooler.dense) is torch.nn.Linear
     assert np.corrcoef(int8, fp32)[0, 1] > 0.99
     assert np.abs(int8 - fp32).max() < 0.05 * np.ptp(fp32)
     assert int8[2] == int8[5]  # duplicates still share one score
@@ -138,10 +139,10 @@ def test_bf16_runs_within_bf16_rounding(ce_dir):
     fp32 = np.array(CrossEncoderReranker(model=str(ce_dir), dtype="float32").score(QUERY, PASSAGES))
     r = CrossEncoderReranker(model=str(ce_dir), dtype="bfloat16")
     assert r.dtype == torch.bfloat16
-    assert r.model.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
+    assert r.runner.net.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
     # The head runs in float32: scores are not rounded to bf16's 8 significant bits.
-    assert r.model.classifier.weight.dtype == torch.float32
-    assert r.model.bert.pooler.dense.weight.dtype == torch.float32
+    assert r.runner.net.classifier.weight.dtype == torch.float32
+    assert r.runner.net.bert.pooler.dense.weight.dtype == torch.float32
     bf16 = np.array(r.score(QUERY, PASSAGES))
     step = 2.0 ** (np.floor(np.log2(np.abs(bf16))) - 7)  # bf16 spacing at each score
     assert np.any(np.abs(bf16 / step - np.round(bf16 / step)) > 1e-3)
@@ -210,7 +211,7 @@ def exports(cache):
 def export_calls(monkeypatch):
     """Counts the ONNX exports and int8 quantizations made."""
     calls = {"export": 0, "quantize": 0}
-    export, quantize = cross_encoder._export_onnx, cross_encoder._quantize_onnx
+    export, quantize = encoder_onnx._export_onnx, encoder_onnx._quantize_onnx
 
     def counted_export(source, out):
         calls["export"] += 1
@@ -220,8 +221,8 @@ def export_calls(monkeypatch):
         calls["quantize"] += 1
         return quantize(folder)
 
-    monkeypatch.setattr(cross_encoder, "_export_onnx", counted_export)
-    monkeypatch.setattr(cross_encoder, "_quantize_onnx", counted_quantize)
+    monkeypatch.setattr(encoder_onnx, "_export_onnx", counted_export)
+    monkeypatch.setattr(encoder_onnx, "_quantize_onnx", counted_quantize)
     return calls
 
 
@@ -257,7 +258,7 @@ def test_onnx_float32_scores_as_torch_in_any_batch(ce_dir, onnx_cache):
     want = reference.score(QUERY, PASSAGES)
     for batch_size in (1, 3, 64):
         r = CrossEncoderReranker(model=str(ce_dir), backend="onnx", batch_size=batch_size)
-        assert r.backend == "onnx" and r.compute_type == "float32" and r.model is None
+        assert r.backend == "onnx" and r.compute_type == "float32" and r.runner.name == "onnx"
         assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-4), batch_size
     # one batch or many, alone or with other requests: the same numbers (float32, no int8 scales)
     other = "Which city is the capital of France?"
@@ -292,7 +293,7 @@ def test_onnx_int8_is_close_to_float32_and_keeps_a_learned_ranking(trained_ce_di
         CrossEncoderReranker(model=str(trained_ce_dir), dtype="float32").score(QUERY, passages)
     )
     r8 = CrossEncoderReranker(model=str(trained_ce_dir), backend="onnx", dtype="int8")
-    assert r8.compute_type == "int8" and (r8.onnx.folder / "model-int8.onnx").is_file()
+    assert r8.compute_type == "int8" and (r8.runner.folder / "model-int8.onnx").is_file()
     int8 = np.array(r8.score(QUERY, passages))
     assert np.corrcoef(int8, fp32)[0, 1] > 0.99
     assert np.abs(int8 - fp32).max() < 0.05 * np.ptp(fp32)
@@ -304,8 +305,8 @@ def test_onnx_int8_is_close_to_float32_and_keeps_a_learned_ranking(trained_ce_di
     # (QAttention); the head, pooler and the attention's own products stay float32
     import onnx
 
-    assert r8.onnx.info["fused"]["ops"]["Attention"] == 2
-    graph = onnx.load(str(r8.onnx.folder / "model-int8.onnx")).graph
+    assert r8.runner.info["fused"]["ops"]["Attention"] == 2
+    graph = onnx.load(str(r8.runner.folder / "model-int8.onnx")).graph
     integer = [n.name for n in graph.node if n.op_type == "MatMulInteger"]
     attention = [n.op_type for n in graph.node if n.op_type.endswith("Attention")]
     assert attention == ["QAttention"] * 2
@@ -375,11 +376,11 @@ def test_an_export_of_an_older_format_is_made_again(ce_dir, onnx_cache, export_c
     (folder,) = exports(onnx_cache)
     record = folder / "cisrank-onnx.json"
     info = json.loads(record.read_text())
-    assert info["format"] == cross_encoder.EXPORT_FORMAT and info["fused"]["ops"]["Attention"]
+    assert info["format"] == encoder_onnx.EXPORT_FORMAT and info["fused"]["ops"]["Attention"]
     del info["format"]
     record.write_text(json.dumps(info))
     r = CrossEncoderReranker(model=str(ce_dir), backend="onnx")
-    assert export_calls["export"] == 2 and r.onnx.info["format"] == cross_encoder.EXPORT_FORMAT
+    assert export_calls["export"] == 2 and r.runner.info["format"] == encoder_onnx.EXPORT_FORMAT
     assert r.score(QUERY, PASSAGES) == pytest.approx(want, abs=1e-6)
 
 
@@ -402,21 +403,21 @@ def test_a_fusion_that_changes_the_scores_is_not_kept(ce_dir, onnx_cache, monkey
     monkeypatch.setattr(optimizer, "optimize_model", off)
     reference = CrossEncoderReranker(model=str(ce_dir), dtype="float32")
     r = CrossEncoderReranker(model=str(ce_dir), backend="onnx")
-    assert r.onnx.info["fused"] == {"ops": {}, "reason": "fused graph off by 0.01"}
+    assert r.runner.info["fused"] == {"ops": {}, "reason": "fused graph off by 0.01"}
     assert r.score(QUERY, PASSAGES) == pytest.approx(reference.score(QUERY, PASSAGES), abs=1e-4)
-    assert sorted(p.name for p in r.onnx.folder.glob("*.onnx")) == ["model.onnx"]
+    assert sorted(p.name for p in r.runner.folder.glob("*.onnx")) == ["model.onnx"]
 
 
 @needs_onnxruntime
 def test_an_export_that_never_loads_is_a_one_line_error(ce_dir, onnx_cache, monkeypatch):
-    export = cross_encoder._export_onnx
+    export = encoder_onnx._export_onnx
 
     def broken(source, out):
         info = export(source, out)
         (out / "model.onnx").write_bytes(b"not a model")
         return info
 
-    monkeypatch.setattr(cross_encoder, "_export_onnx", broken)
+    monkeypatch.setattr(encoder_onnx, "_export_onnx", broken)
     with pytest.raises(CisrankError, match="cannot load the ONNX export") as caught:
         CrossEncoderReranker(model=str(ce_dir), backend="onnx")
     assert "\n" not in str(caught.value)
@@ -474,7 +475,7 @@ def test_onnx_options_and_model_errors(ce_dir, tiny_bert_dir, tmp_path, onnx_cac
         load_reranker("cross-encoder", str(tmp_path / "no-such-student"), backend="onnx")
     with pytest.raises(CisrankError, match="not a cross-encoder"):  # checked by the export
         load_reranker("cross-encoder", str(tiny_bert_dir), backend="onnx")
-    assert [p.name for p in exports(onnx_cache)] == [r.onnx.folder.name]
+    assert [p.name for p in exports(onnx_cache)] == [r.runner.folder.name]
 
 
 def test_backend_and_dtype_are_flags_shared_with_cis():

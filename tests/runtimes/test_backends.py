@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from cisrank.errors import CisrankError
-from cisrank.lm import backends as backends_module
-from cisrank.lm.backends import load_engine, resolve_backend
+from cisrank.lm.backends import load_engine
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
+from cisrank.runtimes import auto as backends_module
+from cisrank.runtimes.auto import resolve_lm_backend as resolve_backend
 from cisrank.testing import SAMPLE_SENTENCES
 
 QUERY = "When was the author of Hamlet born?"

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from cli.helpers import main_in_process
 
-from cisrank.lm import onnx_backend
 from cisrank.lm.backends import load_engine
 from cisrank.models import integrity
+from cisrank.runtimes import lm_onnx as onnx_backend
 from cisrank.testing import SAMPLE_SENTENCES
 
 pytest.importorskip("onnxruntime")
@@ -38,9 +38,9 @@ def calls(monkeypatch) -> dict[str, int]:
     counted = {"export": 0, "quantize": 0}
     export, quantize = onnx_backend._export, onnx_backend._quantize
 
-    def counting_export(source, out):
+    def counting_export(source, out, reference):
         counted["export"] += 1
-        return export(source, out)
+        return export(source, out, reference)
 
     def counting_quantize(folder):
         counted["quantize"] += 1
@@ -91,7 +91,7 @@ def test_zeroed_head_rows_and_a_zeroed_int8_body_are_made_again_not_scored(
     header = (folder / "head.npy").stat().st_size - head.nbytes
     _zero(folder / "head.npy", header, rows * head.shape[1] * 4)
     assert not np.load(folder / "head.npy")[:rows].any()  # what the probe did
-    with caplog.at_level(logging.WARNING, logger="cisrank.lm.checked_cache"):
+    with caplog.at_level(logging.WARNING, logger="cisrank.runtimes.checked_cache"):
         again = _scores(_rerank(monkeypatch, capsys, tiny_llama_dir, passages, "float32"))
     assert again == pytest.approx(intact["float32"], abs=1e-6)
     assert calls["export"] == 2
@@ -112,7 +112,7 @@ def test_zeroed_head_rows_and_a_zeroed_int8_body_are_made_again_not_scored(
     size = body.stat().st_size
     _zero(body, size // 4, min(1 << 20, size // 2))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="cisrank.lm.checked_cache"):
+    with caplog.at_level(logging.WARNING, logger="cisrank.runtimes.checked_cache"):
         run = _rerank(monkeypatch, capsys, tiny_llama_dir, passages, "int8")
     assert _scores(run) == pytest.approx(intact["int8"], abs=1e-6), run.err
     assert "Traceback" not in run.err and calls == {"export": 2, "quantize": 3}
@@ -137,7 +137,7 @@ def test_an_unchanged_export_is_not_read_an_older_or_added_to_one_is_made_again(
         first.fingerprint()
     )
     assert hashed == [] and calls["export"] == 1
-    from cisrank.lm.checked_cache import identity
+    from cisrank.runtimes.checked_cache import identity
 
     record = read_record(folder, "cisrank-onnx.json")
     old = {k: v for k, v in record.items() if k not in ("files", "provenance_sha256")}
@@ -153,7 +153,7 @@ def test_an_unchanged_export_is_not_read_an_older_or_added_to_one_is_made_again(
     import errno
 
     from cisrank.errors import CisrankError
-    from cisrank.lm import checked_cache
+    from cisrank.runtimes import checked_cache
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -199,7 +199,7 @@ def test_backend_onnx_without_the_onnx_package_is_one_line_naming_the_extra(
         "which is not installed: run `pip install 'cisrank[onnx]'`"
     )
     # and `auto` does not pick an ONNX Runtime it could not export for
-    from cisrank.lm.backends import resolve_backend
+    from cisrank.runtimes.auto import resolve_lm_backend as resolve_backend
 
     monkeypatch.delenv("CISRANK_LM_BACKEND", raising=False)
     monkeypatch.setenv("CISRANK_CPU_BF16", "0")

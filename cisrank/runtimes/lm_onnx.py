@@ -1,5 +1,5 @@
-"""The ONNX Runtime backend: a causal LM's transformer body exported once to ONNX, run by ONNX
-Runtime in float32 or dynamic int8, with the LM head applied by the engine's rules.
+"""The ONNX Runtime runtime of causal LMs: a causal LM's transformer body exported once to ONNX,
+run by ONNX Runtime in float32 or dynamic int8, with the LM head applied by the engine's rules.
 
 Why it exists: ONNX Runtime is the ecosystem's portable CPU path (sentence-transformers serves
 its cross-encoders through it), and its int8 kernels are the other quantized candidate beside
@@ -21,16 +21,22 @@ without it; measured when this backend was written).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cisrank.errors import CisrankError
-from cisrank.lm.backend import ConvertedBackend, local_source
-from cisrank.lm.batching import pad_batch
-from cisrank.lm.onnx_export import (
+from cisrank.runtimes.batching import pad_batch
+from cisrank.runtimes.lm import (
+    ConvertedBackend,
+    Reference,
+    converted_options,
+    local_source,
+    need_reference,
+)
+from cisrank.runtimes.onnx_export import (
     cached_export,
     discard,
     export_module,
@@ -40,21 +46,19 @@ from cisrank.lm.onnx_export import (
     quantize_dynamic_int8,
     record,
 )
+from cisrank.runtimes.table import CAUSAL_LM, compute_types
 
 log = logging.getLogger(__name__)
 
-COMPUTE_TYPES = ("float32", "int8")
 BODY = {"float32": "body.onnx", "int8": "body-int8.onnx"}
 HEAD = "head.npy"
 
 
-def _export(source: Path, out: Path) -> dict[str, Any]:
+def _export(source: Path, out: Path, reference: Callable[[Path], Reference]) -> dict[str, Any]:
     """The body as ONNX and the LM head's weight as a float32 array; returns what to record."""
     import torch
 
-    from cisrank.lm.engine import CausalLMEngine
-
-    engine = CausalLMEngine(str(source), device="cpu", dtype="float32")
+    engine = reference(source)
     backend = engine.torch_backend()
     body = backend.base
 
@@ -105,14 +109,18 @@ def _quantize(folder: Path) -> None:
 
 
 def exported_folder(
-    source: str | Path, compute_type: str = "float32", cache: str | Path | None = None
+    source: str | Path,
+    reference: Callable[[Path], Reference],
+    compute_type: str = "float32",
+    cache: str | Path | None = None,
 ) -> Path:
-    """The ONNX export of the Hugging Face folder `source` (made once, kept under `cache`,
-    default `<user cache>/cisrank/onnx`: `cisrank.lm.onnx_export`), with its int8 body when
-    asked; every file checked against the export's record first, a damaged one made again."""
+    """The ONNX export of the Hugging Face folder `source` (made once from its torch `reference`,
+    kept under `cache`, default `<user cache>/cisrank/onnx`: `cisrank.runtimes.onnx_export`),
+    with its int8 body when asked; every file checked against the export's record first, a
+    damaged one made again."""
     final = cached_export(
         Path(source),
-        _export,
+        lambda src, out: _export(src, out, reference),
         required=(BODY["float32"], HEAD),
         derived=(BODY["int8"],),
         cache=cache,
@@ -126,7 +134,7 @@ class OnnxBackend(ConvertedBackend):
     """An exported model (`exported_folder`) as an `LMBackend`, scoring only."""
 
     name = "onnx"
-    compute_types = COMPUTE_TYPES
+    compute_types = compute_types(name, CAUSAL_LM)
     owner = "the onnx backend's"
 
     def __init__(
@@ -202,21 +210,29 @@ class OnnxBackend(ConvertedBackend):
         return out
 
 
-def load_onnx(
-    model: str, compute_type: str = "float32", threads: int = 0, cache: str | Path | None = None
+def load(
+    model: str,
+    compute_type: str | None,
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    reference: Callable[[Path], Reference] | None = None,
+    options: dict[str, Any] | None = None,
+    cache: str | Path | None = None,
 ) -> tuple[OnnxBackend, Any]:
-    """(backend, tokenizer) for a model name or folder: exported once, loaded in
-    `compute_type`."""
+    """The table's loader (`cisrank.runtimes.table`): (backend, tokenizer) for a model name or
+    folder, exported once from its torch `reference`, loaded in `compute_type` (float32 when
+    None) on `threads` (torch's when None)."""
     from transformers import AutoTokenizer
 
+    compute, threads = converted_options("onnx", device, compute_type, threads)
+    make = need_reference(reference, "onnx")
     import_onnxruntime()  # before an export that ONNX Runtime could not run
     source = local_source(model, "onnx")
     for attempt in (1, 2):
-        folder = exported_folder(source, compute_type, cache)
+        folder = exported_folder(source, make, compute, cache)
         try:
-            backend = OnnxBackend(
-                folder, compute_type=compute_type, threads=threads, model_name=model
-            )
+            backend = OnnxBackend(folder, compute_type=compute, threads=threads, model_name=model)
             break
         except CisrankError:
             raise

@@ -1,7 +1,8 @@
 """One-time ONNX exports of local model folders, kept in a cache keyed by the folder's files.
 
-Shared by the causal-LM backend (`cisrank.lm.onnx_backend`) and the cross-encoder reranker
-(`cisrank.rerank.cross_encoder`), which export different graphs of their models the same way:
+Shared by the ONNX Runtime runtimes of causal LMs (`cisrank.runtimes.lm_onnx`) and of
+cross-encoders (`cisrank.runtimes.encoder_onnx`), which export different graphs of their models
+the same way:
 
 - `torch.onnx.export` with the TorchScript exporter (`dynamo=False`), opset 17, batch and
   length axes dynamic, the tracer's warnings silenced (each export is checked against its torch
@@ -12,11 +13,11 @@ Shared by the causal-LM backend (`cisrank.lm.onnx_backend`) and the cross-encode
   resolved path and its files' names, sizes and modification times, so editing or replacing
   the model makes a new export (the cache defaults to `<user cache>/cisrank/onnx`);
 - every file of an export is checksummed in its record and checked before every load, like a
-  pulled model (`cisrank.lm.checked_cache`): an export with a missing, changed or added file, or
-  a record without checksums (an older cisrank's) is removed and made again, one warning naming
-  the file; the int8 graph quantized later is added to the record the same way (`make_derived`);
-  an intact export that still does not load is for the caller to report (`discard` it and
-  export again, as the cross-encoder does);
+  pulled model (`cisrank.runtimes.checked_cache`): an export with a missing, changed or added
+  file, or a record without checksums (an older cisrank's) is removed and made again, one
+  warning naming the file; the int8 graph quantized later is added to the record the same way
+  (`make_derived`); an intact export that still does not load is for the caller to report
+  (`discard` it and export again, as the cross-encoder does);
 - int8 by `onnxruntime.quantization.quantize_dynamic`: weights per output channel, activations
   per tensor at run time, on the reduced 7-bit range, because this project's CPU is AVX2
   without VNNI, whose u8 x s8 multiply-add saturates at full range.
@@ -34,15 +35,15 @@ from typing import Any
 
 from cisrank import env
 from cisrank.errors import CisrankError, MissingExtraError, require
-from cisrank.lm import checked_cache
-from cisrank.lm.backend import folder_key
+from cisrank.runtimes import checked_cache
+from cisrank.runtimes.lm import folder_key
 
 log = logging.getLogger(__name__)
 
 OPSET = 17
 PROVENANCE = "cisrank-onnx.json"
 """The record written last into every export: what was exported, from where, by what, and the
-size and sha256 of every file (`cisrank.lm.checked_cache`)."""
+size and sha256 of every file (`cisrank.runtimes.checked_cache`)."""
 EXPORTING = "exporting a model to ONNX (--backend onnx)"
 
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from cisrank.lm.batching import LengthBatcher, dedupe, pad_batch, scatter
+from cisrank.runtimes.batching import LengthBatcher, dedupe, pad_batch, scatter
 
 
 def reference_plan(lengths, batch_size, batch_tokens, max_padding):

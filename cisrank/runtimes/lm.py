@@ -1,26 +1,30 @@
-"""What a causal-LM backend computes for the engine: per-token log-probabilities of token rows.
+"""The causal-LM task's interface: what a runtime computes for the engine (`cisrank.lm.engine`),
+per-token log-probabilities of token rows.
 
-The engine (`cisrank.lm.engine`) owns everything that is about tokens and requests: the
-tokenizer, BOS, deduplication, length batching, context-length checks, shared contexts and the
-fingerprint of what it scores. A backend owns the model and one hot loop: given rows of token ids
-and, for each row, where its scored span starts, return the log-probability of every scored token
-(optionally after a prefix whose state it has cached). A new backend (another runtime, another
-compute type) is one more module implementing `LMBackend`; nothing above `lm/` changes.
+The engine owns everything that is about tokens and requests: the tokenizer, BOS, deduplication,
+length batching, context-length checks, shared contexts and the fingerprint of what it scores. A
+backend owns the model and one hot loop: given rows of token ids and, for each row, where its
+scored span starts, return the log-probability of every scored token (optionally after a prefix
+whose state it has cached). A new runtime is one module implementing `LMBackend` with a loader
+(`Loader`) and one row of the runtime table (`cisrank.runtimes.table`); nothing above changes.
 
-The torch backend (`cisrank.lm.torch_backend`) also decodes (`lm.decoding`); a backend that cannot
-(`supports_decoding = False`) serves scoring only.
+The torch backend (`cisrank.runtimes.lm_torch`) also decodes (`cisrank.lm.decoding`); a backend
+that cannot (`supports_decoding = False`) serves scoring only.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from cisrank.errors import CisrankError
+
+if TYPE_CHECKING:
+    from cisrank.runtimes.lm_torch import TorchBackend
 
 
 @runtime_checkable
@@ -79,6 +83,34 @@ class LMBackend(Protocol):
         """What changes a log-probability, as bytes the engine hashes into its fingerprint: the
         model's config, the compute type, a sample of the weights."""
         ...
+
+
+class Reference(Protocol):
+    """The source model on the exact torch runtime (a `CausalLMEngine`, which the engine's floor
+    hands in): what a converted runtime is made from, and whose fingerprint it records, so that
+    prior stores know which model a converted runtime computed a prior with."""
+
+    def fingerprint(self) -> str: ...
+
+    def torch_backend(self) -> TorchBackend: ...
+
+
+class Loader(Protocol):
+    """A causal-LM row's loader in the runtime table: (backend, tokenizer) of `model` in
+    `compute_type` (None: the runtime's default). `threads`: intra-op threads of a CPU runtime
+    (None: torch's); `reference(folder)` builds the source's torch `Reference` for a converted
+    runtime; `options`: the runtime's own (torch: `TorchBackend`'s)."""
+
+    def __call__(
+        self,
+        model: str,
+        compute_type: str | None,
+        *,
+        device: str | None = None,
+        threads: int | None = None,
+        reference: Callable[[Path], Reference] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[LMBackend, Any]: ...
 
 
 # ------------------------------------------------------------------ converted CPU runtimes
@@ -140,3 +172,27 @@ def local_source(model: str, backend: str) -> Path:
             f"'{model}' resolved to {source}"
         )
     return source
+
+
+def converted_options(
+    name: str, device: str | None, compute_type: str | None, threads: int | None
+) -> tuple[str, int]:
+    """(compute type, threads) of a converted CPU runtime: float32 where none is asked for, and
+    torch's thread count (`--threads-per-worker` sets it) where none is given."""
+    if device not in (None, "auto", "cpu"):
+        raise CisrankError(f"the {name} backend runs on the CPU here, not on '{device}'")
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return (compute_type if compute_type not in (None, "auto") else "float32"), threads
+
+
+def need_reference(
+    reference: Callable[[Path], Reference] | None, name: str
+) -> Callable[[Path], Reference]:
+    if reference is None:
+        raise CisrankError(
+            f"the {name} backend converts its model from a torch reference: pass one"
+        )
+    return reference

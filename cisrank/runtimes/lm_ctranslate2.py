@@ -1,4 +1,5 @@
-"""The CTranslate2 backend: a causal LM converted once to CTranslate2, scored in float32 or int8.
+"""The CTranslate2 runtime of causal LMs: a causal LM converted once to CTranslate2, scored in
+float32 or int8.
 
 Why it exists: CTranslate2's int8 kernels are the ecosystem's fast CPU path for transformer
 inference (VNNI and AVX-512 hosts gain most; on an AVX2 host without VNNI its int8 only matches
@@ -15,14 +16,14 @@ Conversion runs once per model folder (`TransformersConverter`, float32 weights;
 is chosen when loading) into a cache folder keyed by the source folder's files, written to a temp
 folder and renamed into place, with the source model's torch fingerprint recorded so that prior
 stores know which model and runtime computed a prior, and the size and sha256 of every file,
-checked before every load (`cisrank.lm.checked_cache`: a damaged conversion is made again).
+checked before every load (`cisrank.runtimes.checked_cache`: a damaged conversion is made again).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,19 @@ import numpy as np
 
 from cisrank import env
 from cisrank.errors import CisrankError, MissingExtraError
-from cisrank.lm import checked_cache
-from cisrank.lm.backend import ConvertedBackend, folder_key, local_source
+from cisrank.runtimes import checked_cache
+from cisrank.runtimes.lm import (
+    ConvertedBackend,
+    Reference,
+    converted_options,
+    folder_key,
+    local_source,
+    need_reference,
+)
+from cisrank.runtimes.table import CAUSAL_LM, compute_types
 
 log = logging.getLogger(__name__)
 
-COMPUTE_TYPES = ("float32", "int8_float32", "int8", "int16", "float16", "bfloat16", "int8_float16")
 PROVENANCE = "cisrank-ct2.json"
 
 
@@ -47,18 +55,19 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
-def converted_folder(source: str | Path, cache: str | Path | None = None) -> Path:
+def converted_folder(
+    source: str | Path, reference: Callable[[Path], Reference], cache: str | Path | None = None
+) -> Path:
     """The CTranslate2 conversion of the Hugging Face folder `source`, made once (float32
-    weights) and kept under `cache` (default: `<user cache>/cisrank/ctranslate2`)."""
+    weights, its torch `reference`'s fingerprint recorded) and kept under `cache` (default:
+    `<user cache>/cisrank/ctranslate2`)."""
     ct2 = import_ctranslate2()
     source = Path(source)
     root = Path(cache) if cache is not None else env.user_cache_dir() / "cisrank" / "ctranslate2"
     final = root / f"{source.name}-{folder_key(source)}"
 
     def convert(out: Path) -> dict[str, Any]:
-        from cisrank.lm.engine import CausalLMEngine
-
-        fingerprint = CausalLMEngine(str(source), device="cpu", dtype="float32").fingerprint()
+        fingerprint = reference(source).fingerprint()
         log.info("converting %s to CTranslate2 (once) into %s", source, final)
         # the converter makes `out` itself and refuses one that exists
         out.rmdir()
@@ -79,7 +88,7 @@ class CTranslate2Backend(ConvertedBackend):
     """A converted model (`converted_folder`) as an `LMBackend`, scoring only."""
 
     name = "ctranslate2"
-    compute_types = COMPUTE_TYPES
+    compute_types = compute_types(name, CAUSAL_LM)
     owner = "CTranslate2's"
 
     def __init__(
@@ -130,17 +139,27 @@ class CTranslate2Backend(ConvertedBackend):
         return np.asarray(out, dtype=np.float32)
 
 
-def load_ctranslate2(
-    model: str, compute_type: str = "float32", threads: int = 0, cache: str | Path | None = None
+def load(
+    model: str,
+    compute_type: str | None,
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    reference: Callable[[Path], Reference] | None = None,
+    options: dict[str, Any] | None = None,
+    cache: str | Path | None = None,
 ) -> tuple[CTranslate2Backend, Any]:
-    """(backend, tokenizer) for a model name or folder: resolved as the torch backend resolves
-    it, converted once, loaded in `compute_type`."""
+    """The table's loader (`cisrank.runtimes.table`): (backend, tokenizer) for a model name or
+    folder, resolved as the torch runtime resolves it, converted once, loaded in
+    `compute_type` (float32 when None) on `threads` (torch's when None)."""
     from transformers import AutoTokenizer
 
+    compute, threads = converted_options("ctranslate2", device, compute_type, threads)
+    make = need_reference(reference, "ctranslate2")
     source = local_source(model, "ctranslate2")
-    folder = converted_folder(source, cache)
+    folder = converted_folder(source, make, cache)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     backend = CTranslate2Backend(
-        folder, tokenizer, compute_type=compute_type, threads=threads, model_name=model
+        folder, tokenizer, compute_type=compute, threads=threads, model_name=model
     )
     return backend, tokenizer

@@ -1,4 +1,5 @@
-"""The torch backend: any Hugging Face causal LM, exact, on CPU (float32) or GPU (bf16/fp16).
+"""The torch runtime of causal LMs: any Hugging Face causal LM, exact, on CPU (float32) or GPU
+(bf16/fp16); the table's default and the only runtime that decodes.
 
 How it keeps scores exact and cheap (the contract in `cisrank.lm.engine`):
 
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from cisrank.errors import CisrankError
-from cisrank.lm.batching import pad_batch
+from cisrank.runtimes.batching import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +264,24 @@ class TorchBackend:
                 )
             hidden = norm(hidden)
         return self.head_logits(hidden)
+
+
+def load(
+    model: str,
+    compute_type: str | None,
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    reference: Any = None,
+    options: dict[str, Any] | None = None,
+) -> tuple[TorchBackend, Any]:
+    """The table's loader (`cisrank.runtimes.table`): (backend, tokenizer) of `model` (a name,
+    folder or GGUF file: `lm_loader`) on `device` (CUDA when present) in `compute_type` (None:
+    bf16 on a GPU, float32 on a CPU); `options` are `TorchBackend`'s. torch runs the model as
+    it is, so it needs no `reference`, and its threads are torch's own."""
+    from cisrank.devices import resolve_device, resolve_dtype
+    from cisrank.runtimes.lm_loader import load_causal_lm
+
+    dev = resolve_device(device)
+    lm, tokenizer = load_causal_lm(model, dev, resolve_dtype(compute_type, dev))
+    return TorchBackend(lm, name=model, **(options or {})), tokenizer
