@@ -1,8 +1,8 @@
 """`--engine ray`: the offline jobs' shards scored by a pool of Ray actors (Ray Data).
 
 The jobs themselves (the prior job, the dense encoding, teacher scoring) keep their own shard
-plans and output files, and find the shards that are missing with `cisrank.data.shards`; this
-module only distributes the scoring of those. One Ray Data pipeline per job:
+plans and output files, and the shard runner (`cisrank.data.shard_runner`) finds the shards that
+are missing and writes their files; this module only distributes the scoring of those. One Ray Data pipeline per job:
 
     shards (one Arrow block each, put in the object store by the driver as it reads the corpus)
       -> map_batches(ShardActor, actor pool): each actor loads the model once (`job.load()`) and
@@ -30,24 +30,35 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from cisrank.errors import CisrankError, MissingExtraError
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("local", "ray")
+
+class Engine(StrEnum):
+    """Where an offline job's shards are scored (`cisrank.data.shard_runner` dispatches on it)."""
+
+    LOCAL = "local"
+    """This process, or a pool of local worker processes."""
+    RAY = "ray"
+    """A pool of Ray actors (this module)."""
+
+
+ENGINES = tuple(e.value for e in Engine)
 SHARD = "shard"
 """Column that every block and every result row carries: the shard it belongs to."""
 POS = "pos"
 """Column of each row's position inside its shard: results are put back in this order."""
 
 
-def check_engine(engine: str | None) -> str:
-    engine = engine or "local"
+def check_engine(engine: str | None) -> Engine:
+    engine = engine or Engine.LOCAL
     if engine not in ENGINES:
         raise CisrankError(f"--engine must be one of {', '.join(ENGINES)}, not '{engine}'")
-    return engine
+    return Engine(engine)
 
 
 def import_ray():
@@ -210,7 +221,7 @@ def _pool_args(ray: Any, size: int) -> dict[str, Any]:
     return {"concurrency": size}
 
 
-def run_shards(
+def score_on_actors(
     ray: Any,
     blocks: Iterable[Any],
     job: ShardJob,

@@ -9,7 +9,8 @@ and `summarize` reduces a folder to what must not change:
 - `.npy` and `.index` files: their sha256 (the bytes) and, for arrays, the values;
 - Parquet files: the schema and every row (a byte comparison would also compare the writing
   pyarrow's version string);
-- SQLite files: every row of every table (the page layout is SQLite's business);
+- SQLite files: every row of every table (the page layout, and the `-wal` / `-shm` files that
+  reading a WAL-mode store leaves beside it, are SQLite's business);
 - manifests: every field but times, library versions, file checksums (the files are compared
   themselves) and paths under the build's root, which read `<root>`.
 
@@ -40,6 +41,9 @@ CASES = (
     "teacher-workers",
     "teacher-ray",
 )
+_SQLITE_SIDECARS = (".sqlite-wal", ".sqlite-shm")
+"""Files SQLite keeps beside a WAL-mode store while or after it is read (a read-only reader
+leaves them behind): its business, like the page layout, so they are not compared."""
 _VOLATILE = {
     "started_at",
     "finished_at",
@@ -87,8 +91,8 @@ def write_sources(src: Path) -> dict[str, Path]:
     return {"corpus": corpus, "encoder": encoder, "triples": triples, "run": run}
 
 
-def build(root: Path) -> None:
-    """Every case of `CASES` into `root/<case>`, the sources into `root/src`."""
+def build(root: Path, engines: tuple[str, ...] = ("local", "ray")) -> None:
+    """Every case of `CASES` on `engines` into `root/<case>`, the sources into `root/src`."""
     from cisrank import testing
     from cisrank.distill.generate import generate
     from cisrank.distill.sources import from_triples
@@ -100,25 +104,28 @@ def build(root: Path) -> None:
     src = write_sources(root / "src")
     two = RayOptions(actors=2, num_cpus=1)
     dense = {"model": str(src["encoder"]), "shard_size": 6, "index_type": "flat"}
-    for engine in ("local", "ray"):
-        options: dict[str, Any] = {"engine": engine, "job_wrapper": testing.ExactEncoderJob}
-        if engine == "ray":
-            options["ray"] = two
-        build_index("dense", src["corpus"], root / f"dense-{engine}", dense, progress=False,
-                    options=options)  # fmt: skip
     prior = {"model": "exact-lm"}
     wrap = {"batch_size": 4, "job_wrapper": testing.ExactPriorJob}
-    build_index("prior", src["corpus"], root / "prior-local", prior, progress=False, options=wrap)
-    build_index("prior", src["corpus"], root / "prior-ray", prior, progress=False,
-                options={**wrap, "engine": "ray", "ray": two, "shard_size": 4})  # fmt: skip
-    source = from_triples(src["triples"])
     spec = TeacherSpec.of("scores", scores_file=src["run"])
-    for case, options in (
-        ("teacher-local", {}),
-        ("teacher-workers", {"workers": WorkerOptions(workers=2)}),
-        ("teacher-ray", {"engine": "ray", "ray": two}),
-    ):
-        generate(source, spec, root / case, shard_pairs=5, progress=False, **options)
+    source = from_triples(src["triples"])
+    if "local" in engines:
+        build_index("dense", src["corpus"], root / "dense-local", dense, progress=False,
+                    options={"engine": "local", "job_wrapper": testing.ExactEncoderJob})  # fmt: skip
+        build_index("prior", src["corpus"], root / "prior-local", prior, progress=False,
+                    options=wrap)  # fmt: skip
+        for case, options in (
+            ("teacher-local", {}),
+            ("teacher-workers", {"workers": WorkerOptions(workers=2)}),
+        ):
+            generate(source, spec, root / case, shard_pairs=5, progress=False, **options)
+    if "ray" in engines:
+        build_index("dense", src["corpus"], root / "dense-ray", dense, progress=False,
+                    options={"engine": "ray", "ray": two,
+                             "job_wrapper": testing.ExactEncoderJob})  # fmt: skip
+        build_index("prior", src["corpus"], root / "prior-ray", prior, progress=False,
+                    options={**wrap, "engine": "ray", "ray": two, "shard_size": 4})  # fmt: skip
+        generate(source, spec, root / "teacher-ray", shard_pairs=5, progress=False,
+                 engine="ray", ray=two)  # fmt: skip
 
 
 def _sha256(path: Path) -> str:
@@ -173,6 +180,8 @@ def summarize(folder: Path, root: Path) -> dict[str, Any]:
 
     files: dict[str, Any] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.name.endswith(_SQLITE_SIDECARS):
+            continue
         name = path.relative_to(folder).as_posix()
         if path.suffix == ".npy":
             array = np.load(path)

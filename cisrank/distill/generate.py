@@ -4,10 +4,11 @@ Safe to interrupt: shards are written whole, and a rerun with the same source an
 the shards that exist. A rerun with a different source or teacher refuses to mix the two unless
 told to `overwrite`.
 
-`engine="ray"` scores the missing shards on a Ray actor pool (`cisrank.ray_engine`): each actor
-builds the teacher once from its `TeacherSpec` and scores whole shards through the same
-`_query_columns` as the local loop; the driver writes the shard files, the same ones, so a run
-interrupted on one engine resumes on the other.
+The shards run on the shard runner (`cisrank.data.shard_runner`): in this process, on a pool of
+`workers`, or with `engine="ray"` on a Ray actor pool; wherever it runs, the teacher is built
+once from its `TeacherSpec` and scores whole shards through the same `_shard_columns`, and this
+process writes the shard files, the same ones, so a run interrupted on one engine resumes on the
+other.
 """
 
 from __future__ import annotations
@@ -17,22 +18,20 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from cisrank.data.shards import resume_shards
+from cisrank.data.shard_runner import Progress, Shards, ShardWriter, run_shards
 from cisrank.distill import rows as R
 from cisrank.distill.sources import PairSource, QueryPairs
 from cisrank.distill.teachers import QueryItems, Teacher, TeacherSpec
 from cisrank.errors import CisrankError, DataError
-from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
+from cisrank.ray_engine import POS, SHARD, Engine, RayOptions, check_engine
 from cisrank.version import __version__
-from cisrank.workers import WorkerOptions, run_local_shards
+from cisrank.workers import WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +160,18 @@ def _shard_columns(teacher: Teacher, chunk: Sequence[QueryPairs]) -> dict[str, l
 
 
 class TeacherShardJob:
-    """Teacher scoring as Ray actors run it: the teacher built once per actor from its spec,
-    then each shard's queries through `_shard_columns`, in order."""
+    """Teacher scoring as the shard runner runs it: the teacher built once per process or actor
+    from its spec (or, in this process only, one already loaded), then each shard's queries
+    through `_shard_columns`, in order."""
 
-    def __init__(self, spec: TeacherSpec) -> None:
+    def __init__(self, spec: TeacherSpec | None, teacher: Teacher | None = None) -> None:
         self.spec = spec
+        self.teacher = teacher
 
     def load(self) -> Teacher:
+        if self.teacher is not None:
+            return self.teacher
+        assert self.spec is not None
         return self.spec.load()
 
     def describe(self, teacher: Teacher) -> dict[str, Any]:
@@ -232,99 +236,82 @@ def generate(
     workers: WorkerOptions | None = None,
     job_wrapper: Callable[[Any], Any] | None = None,
 ) -> GenerateResult:
-    """Score every pair of `source` with `teacher` into Parquet shards under `out`.
+    """Score every pair of `source` with `teacher` into Parquet shards under `out`, on the shard
+    runner (`cisrank.data.shard_runner`).
 
     `teacher` is a loaded teacher, or a `TeacherSpec` (loaded here for the local engine; the
     Ray engine and a local pool of several `workers` need a spec: each worker loads its own).
-    `job_wrapper` wraps the Ray actors' or workers' job (tests use it to count or kill them)."""
+    `job_wrapper` wraps the job wherever it scores (tests use it to count or kill it)."""
     if shard_pairs < 1:
         raise DataError(f"--shard-pairs must be >= 1, got {shard_pairs}")
-    engine = check_engine(engine)
+    engine_ = check_engine(engine)
     out = Path(out)
-    with ExitStack() as stack:
-        if engine == "ray":
-            from cisrank import ray_engine
+    if not isinstance(teacher, TeacherSpec):
+        if engine_ is Engine.RAY:
+            raise CisrankError("--engine ray builds the teacher on every actor: pass its spec")
+        if workers is not None and workers.count > 1:
+            raise CisrankError("--workers builds the teacher in every worker: pass its spec")
+    by = "passage" if teacher.passage_major else "query"
+    run_state: dict[str, Any] = {}
 
-            if not isinstance(teacher, TeacherSpec):
-                raise CisrankError("--engine ray builds the teacher on every actor: pass its spec")
-            options = ray or RayOptions()
-            ray_mod = stack.enter_context(ray_engine.ray_session(options))
-            res = ray_engine.plan_resources(ray_mod, options)
-            job = TeacherShardJob(teacher)
-            described = ray_engine.describe_remote(ray_mod, job, res)
-            passage_major = teacher.passage_major
-        else:
-            pool = workers if workers is not None and workers.count > 1 else None
-            if pool is not None and not isinstance(teacher, TeacherSpec):
-                raise CisrankError("--workers builds the teacher in every worker: pass its spec")
-            spec = teacher if isinstance(teacher, TeacherSpec) else None
-            loaded = teacher.load() if isinstance(teacher, TeacherSpec) else teacher
-            described = loaded.describe()
-            passage_major = loaded.passage_major
-            if pool is not None:
-                del loaded  # each worker loads its own; the driver only writes
-            else:
-                teacher = loaded
-        by = "passage" if passage_major else "query"
+    def plan(described: dict[str, Any]) -> Shards[list[QueryPairs]] | None:
         identity = _identity(source, described, shard_pairs, by)
         done = _claim(out, identity, overwrite)
         chunks = shard_plan(source, shard_pairs, by)
-        n_shards = len(chunks)
+        run_state.update(identity=identity, done=done, shards=len(chunks))
         if done is not None:
-            log.info("%s: already complete (%d pairs)", out, done["pairs"])
-            return GenerateResult(out, done, 0, n_shards)
-
-        started = time.perf_counter()
-        written = 0
-        plan = resume_shards(
-            chunks, _pairs, lambda i, pairs: R.shard_rows(R.shard_path(out, i)) == pairs
+            return None
+        run_state["started"] = time.perf_counter()
+        return Shards(
+            items=chunks,
+            rows=_pairs,
+            block=_shard_block,
+            complete=lambda i, pairs: R.shard_rows(R.shard_path(out, i)) == pairs,
         )
-        reused = plan.reused
-        if reused:
-            log.info("%s: resuming, %d of %d shards already written", out, reused, n_shards)
-        with tqdm(
-            total=source.num_pairs,
-            initial=plan.done_rows,
-            desc=f"teacher {identity['teacher']['teacher']}"
-            + (" (ray)" if engine == "ray" else "")
-            + (f" ({pool.count} workers)" if engine == "local" and pool is not None else ""),
-            unit="pair",
-            disable=not progress,
-        ) as bar:
 
-            def write(shard: int, table: Any) -> None:
-                R.write_shard(R.shard_path(out, shard), table.select(R.SCHEMA.names).to_pydict())
-                bar.update(_pairs(chunks[shard]))
+    spec = teacher if isinstance(teacher, TeacherSpec) else None
+    run = run_shards(
+        TeacherShardJob(spec, None if spec is not None else teacher),  # type: ignore[arg-type]
+        plan,
+        ShardWriter(lambda i: R.shard_path(out, i), _shard_parquet),
+        engine=engine_,
+        resume=True,
+        progress=Progress(
+            lambda described: f"teacher {described['teacher']}", "pair", progress, source.num_pairs
+        ),
+        ray=ray,
+        workers=workers,
+        job_wrapper=job_wrapper,
+    )
+    identity = run_state["identity"]
+    if not run.planned:
+        done = run_state["done"]
+        log.info("%s: already complete (%d pairs)", out, done["pairs"])
+        return GenerateResult(out, done, 0, run_state["shards"])
+    manifest = _manifest(out, source, identity, run.shards, run.engine, run_state["started"])
+    R.write_json(out / R.MANIFEST, manifest)
+    (out / R.STATE).unlink(missing_ok=True)
+    return GenerateResult(out, manifest, run.scored, run.reused)
 
-            if engine == "local" and pool is not None:
-                assert spec is not None
-                local_job = TeacherShardJob(spec)
-                written = run_local_shards(
-                    ((i, _shard_block(i, chunk)) for i, chunk in plan.todo),
-                    job_wrapper(local_job) if job_wrapper is not None else local_job,
-                    pool,
-                    write,
-                )
-            elif engine == "local":
-                assert not isinstance(teacher, TeacherSpec)
-                for i, chunk in plan.todo:
-                    R.write_shard(R.shard_path(out, i), _shard_columns(teacher, chunk))
-                    bar.update(_pairs(chunk))
-                    written += 1
-            else:
-                blocks = [_shard_block(i, chunk) for i, chunk in plan.todo]
-                wrapped = job_wrapper(job) if job_wrapper is not None else job
-                written = ray_engine.run_shards(
-                    ray_mod, blocks, wrapped, options, res, plan.expected, write
-                )
 
+def _manifest(
+    out: Path,
+    source: PairSource,
+    identity: dict[str, Any],
+    shards: int,
+    engine: Engine,
+    started: float,
+) -> dict[str, Any]:
+    """The finished run's manifest, its rows counted and summarized from the shards written."""
     scores = R.read_rows_unchecked(out).column("score").to_numpy()
-    manifest = {
+    if len(scores) != source.num_pairs:
+        raise RuntimeError(f"{out}: {len(scores)} rows written, expected {source.num_pairs}")
+    return {
         "identity": identity,
         "kind": "distill-teacher-rows",
         "queries": len(source.queries),
         "pairs": source.num_pairs,
-        "shards": n_shards,
+        "shards": shards,
         "score_stats": {
             "mean": float(np.mean(scores)),
             "std": float(np.std(scores)),
@@ -332,12 +319,12 @@ def generate(
             "max": float(np.max(scores)),
         },
         "cisrank_version": __version__,
-        "engine": engine,
+        "engine": engine.value,
         "seconds_this_run": round(time.perf_counter() - started, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    if len(scores) != source.num_pairs:
-        raise RuntimeError(f"{out}: {len(scores)} rows written, expected {source.num_pairs}")
-    R.write_json(out / R.MANIFEST, manifest)
-    (out / R.STATE).unlink(missing_ok=True)
-    return GenerateResult(out, manifest, written, reused)
+
+
+def _shard_parquet(shard: int, table: Any) -> bytes:
+    """A shard's rows (`TeacherShardJob.score`'s) as the bytes of its Parquet file."""
+    return R.shard_bytes(table.select(R.SCHEMA.names).to_pydict())

@@ -43,10 +43,15 @@ def shard_path(out: Path, index: int) -> Path:
 
 
 def write_shard(path: Path, columns: dict[str, list[Any]]) -> None:
+    atomic_write_bytes(path, shard_bytes(columns))
+
+
+def shard_bytes(columns: dict[str, list[Any]]) -> bytes:
+    """A shard's rows as the bytes of its Parquet file (columns of `SCHEMA`)."""
     table = pa.table(columns, schema=SCHEMA)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def shard_rows(path: Path) -> int | None:

@@ -1,9 +1,9 @@
 """The dense index build: every passage embedded by the bi-encoder, then a FAISS index over them.
 
 Encoding is the slow part of a build (hours for millions of passages on a CPU), so it runs in
-shards of `shard_size` passages, each saved atomically to `shards/emb-NNNNN.npy` as soon as it is
-done. A rerun of an interrupted build (same corpus, same parameters, same model fingerprint)
-reuses every finished shard (`cisrank.data.shards`). When all shards exist they are joined into
+shards of `shard_size` passages on the shard runner (`cisrank.data.shard_runner`), each saved
+atomically to `shards/emb-NNNNN.npy` as soon as it is done. A rerun of an interrupted build
+(same corpus, same parameters, same model fingerprint) reuses every finished shard. When all shards exist they are joined into
 `embeddings.npy`, the FAISS index is built from it, and the shards are removed.
 
 The index's parameters, the encoding and the retriever that searches the folder are the
@@ -17,21 +17,20 @@ import logging
 import math
 import shutil
 from collections.abc import Callable
-from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from cisrank import ray_engine
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
-from cisrank.data.shards import claim_shard_dir, resume_shards
+from cisrank.data.shard_runner import Progress, ShardWriter, Shards, run_shards
 from cisrank.fileio import atomic_write_bytes
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
-from cisrank.ray_engine import RayOptions, check_engine
+from cisrank.ray_engine import check_engine
 from cisrank.retrieval.dense import FAISS_FILE, DenseIndexConfig, encode, import_faiss
 from cisrank.retrieval.docstore import DOCSTORE_FILE, write_docstore
 
@@ -94,93 +93,31 @@ def build_dense(
 ) -> BuildOutput:
     """Encode in resumable shards, join, build FAISS, write the document store.
 
-    `engine="ray"` encodes the missing shards on a Ray actor pool (`ray`: the engine's
-    `RayOptions`; `job_wrapper` wraps the actors' job, for tests); the shards, the join, FAISS
-    and the document store are the same as a local build's, so a build interrupted on one
-    engine resumes on the other.
+    The shards are the shard runner's (`cisrank.data.shard_runner`): `engine="ray"` encodes the
+    missing ones on a Ray actor pool (`ray`: the engine's `RayOptions`); `job_wrapper` wraps the
+    job wherever it encodes, for tests. The shards, the join, FAISS and the document store are
+    the same on either engine, so a build interrupted on one resumes on the other.
     """
-    from cisrank.devices import resolve_device, resolve_dtype
-    from cisrank.models.encoders import dtype_name, load_sentence_transformer, refuse_causal_lm
+    from cisrank.models.encoders import refuse_causal_lm
 
-    engine = check_engine(engine)
     corpus = reader.load()
     faiss = import_faiss()
     model_path = resolve_model(config.model)
     refuse_causal_lm(config.model, model_path)  # before any shard is encoded
     fingerprint = model_fingerprint(model_path)
-    with ExitStack() as stack:  # a Ray cluster started for the build stops after it
-        if engine == "ray":
-            # The actors' device decides the precision (a GPU: bf16), so it is resolved there.
-            ray_options = ray or RayOptions()
-            ray_mod = stack.enter_context(ray_engine.ray_session(ray_options))
-            res = ray_engine.plan_resources(ray_mod, ray_options)
-            base_job = DenseShardJob(model_path, config, device)
-            dtype_label = ray_engine.describe_remote(ray_mod, base_job, res)["dtype"]
-        else:
-            # Resolved once, before any shard: the precision decides the embeddings, so shards
-            # encoded in another one (a rerun on another device) are not reused, and the manifest
-            # records it.
-            dtype_label = dtype_name(resolve_dtype(config.dtype, resolve_device(device)))
-        shard_dir = out / SHARD_DIR
-        meta = {
-            "model_fingerprint": fingerprint,
-            "passages": len(corpus),
-            "params": config.model_dump(),
-            "dtype": dtype_label,
-        }
-        claim_shard_dir(shard_dir, meta, resume=resume, logger=log)
-
-        size, total = config.shard_size, len(corpus)
-        plan = resume_shards(
-            ((start, min(total, start + size)) for start in range(0, total, size)),
-            rows=lambda span: span[1] - span[0],
-            complete=lambda i, rows: _shard_ok(_shard_path(shard_dir, i), rows),
-        )
-        if plan.reused:
-            log.info("resuming: %d of %d shards already encoded", plan.reused, plan.shards)
-        encoder = None
-        scored = 0
-        with tqdm(
-            total=total,
-            initial=plan.done_rows,
-            desc="encode" if engine == "local" else "encode (ray)",
-            unit="passage",
-            disable=not progress,
-        ) as bar:
-            if engine == "local":
-                for i, (start, end) in plan.todo:
-                    if encoder is None:
-                        encoder = load_sentence_transformer(
-                            model_path, device, config.max_seq_length, config.dtype
-                        )
-                    emb = encode(encoder, corpus.texts[start:end], config, config.passage_prefix)
-                    _save_npy(_shard_path(shard_dir, i), emb)
-                    bar.update(end - start)
-                    scored += 1
-            else:
-
-                def write(shard: int, table: Any) -> None:
-                    column = table.column("embedding").combine_chunks()
-                    dim = column.type.list_size
-                    emb = column.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
-                    _save_npy(_shard_path(shard_dir, shard), np.ascontiguousarray(emb, np.float32))
-                    bar.update(table.num_rows)
-
-                blocks = [
-                    ray_engine.text_block(i, corpus.texts[start:end])
-                    for i, (start, end) in plan.todo
-                ]
-                job = job_wrapper(base_job) if job_wrapper is not None else base_job
-                scored = ray_engine.run_shards(
-                    ray_mod, blocks, job, ray_options, res, plan.expected, write
-                )
-
-    embeddings = np.concatenate([np.load(_shard_path(shard_dir, i)) for i in range(plan.shards)])
-    _save_npy(out / EMBEDDINGS_FILE, embeddings)
-    index = build_faiss(embeddings, config)
-    tmp = out / (FAISS_FILE + ".partial")
-    faiss.write_index(index, str(tmp))
-    tmp.replace(out / FAISS_FILE)
+    shard_dir = out / SHARD_DIR
+    run = run_shards(
+        DenseShardJob(model_path, config, device),
+        partial(_plan, corpus, config, shard_dir, fingerprint),
+        ShardWriter(lambda i: _shard_path(shard_dir, i), _embeddings_npy),
+        engine=check_engine(engine),
+        resume=resume,
+        progress=Progress("encode", "passage", progress, total=len(corpus)),
+        ray=ray,
+        job_wrapper=job_wrapper,
+        describe=lambda: {"dtype": _local_dtype(config, device)},
+    )
+    embeddings = _join(out, shard_dir, run.shards, config, faiss)
     write_docstore(out / DOCSTORE_FILE, zip(corpus.docids, corpus.texts, strict=True))
     shutil.rmtree(shard_dir)
     return BuildOutput(
@@ -194,15 +131,67 @@ def build_dense(
             "path": model_path,
             "fingerprint": fingerprint,
             "dimension": int(embeddings.shape[1]),
-            "dtype": dtype_label,
+            "dtype": run.info["dtype"],
         },
         extra={
-            "engine": engine,
-            "shards": plan.shards,
-            "shards_reused": plan.reused,
-            "shards_scored": scored,
+            "engine": run.engine.value,
+            "shards": run.shards,
+            "shards_reused": run.reused,
+            "shards_scored": run.scored,
         },
     )
+
+
+def _plan(
+    corpus: Any, config: DenseIndexConfig, shard_dir: Path, fingerprint: str, info: dict[str, Any]
+) -> Shards[tuple[int, int]]:
+    """The corpus in spans of `shard_size` passages, the folder claimed for this build: the
+    precision decides the embeddings, so shards encoded in another one (a rerun on another
+    device) are not reused, and the manifest records it."""
+    size, total = config.shard_size, len(corpus)
+    meta = {
+        "model_fingerprint": fingerprint,
+        "passages": total,
+        "params": config.model_dump(),
+        "dtype": info["dtype"],
+    }
+    return Shards(
+        items=((start, min(total, start + size)) for start in range(0, total, size)),
+        rows=lambda span: span[1] - span[0],
+        block=lambda i, span: ray_engine.text_block(i, corpus.texts[span[0] : span[1]]),
+        complete=lambda i, rows: _shard_ok(_shard_path(shard_dir, i), rows),
+        folder=shard_dir,
+        meta=meta,
+    )
+
+
+def _join(out: Path, shard_dir: Path, shards: int, config: DenseIndexConfig, faiss: Any):
+    """The shards joined into `embeddings.npy`, and the FAISS index over them (temp + rename)."""
+    embeddings = np.concatenate([np.load(_shard_path(shard_dir, i)) for i in range(shards)])
+    _save_npy(out / EMBEDDINGS_FILE, embeddings)
+    index = build_faiss(embeddings, config)
+    tmp = out / (FAISS_FILE + ".partial")
+    faiss.write_index(index, str(tmp))
+    tmp.replace(out / FAISS_FILE)
+    return embeddings
+
+
+def _local_dtype(config: DenseIndexConfig, device: str | None) -> str:
+    """The precision a local build encodes in, known before the model loads (a Ray build's
+    actors report theirs: their device decides it)."""
+    from cisrank.devices import resolve_device, resolve_dtype
+    from cisrank.models.encoders import dtype_name
+
+    return dtype_name(resolve_dtype(config.dtype, resolve_device(device)))
+
+
+def _embeddings_npy(shard: int, table: Any) -> bytes:
+    """A shard's embeddings (`DenseShardJob.score`'s rows) as the bytes of its `.npy` file."""
+    column = table.column("embedding").combine_chunks()
+    emb = column.flatten().to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(emb, np.float32))
+    return buf.getvalue()
 
 
 class DenseShardJob:

@@ -22,25 +22,23 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
-from tqdm.auto import tqdm
 
 from cisrank import ray_engine
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
-from cisrank.data.shards import claim_shard_dir, resume_shards
+from cisrank.data.shard_runner import Progress, ShardWriter, Shards, batched, run_shards
 from cisrank.errors import CisrankError
-from cisrank.ray_engine import POS, SHARD, RayOptions, check_engine
+from cisrank.ray_engine import POS, SHARD, Engine, RayOptions, check_engine
 from cisrank.runtimes.table import BackendName
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
-from cisrank.workers import WorkerOptions, WorkerPool
+from cisrank.workers import WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +88,6 @@ class PriorIndexConfig(IndexConfig):
         return str(model)
 
 
-def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    it = iter(items)
-    while batch := list(islice(it, size)):
-        yield batch
-
-
 def build_prior(
     reader: CorpusReader,
     out: Path,
@@ -112,128 +104,126 @@ def build_prior(
     job_wrapper: Callable[[Any], Any] | None = None,
     workers: WorkerOptions | None = None,
 ) -> BuildOutput:
-    """Stream the corpus in batches and store log p(K) of every passage not stored yet.
+    """log p(K) of every passage not stored yet, on the shard runner (`cisrank.data.shard_runner`).
 
-    With several `workers`, this process scores every N-th batch and N - 1 worker processes
-    the others, each with its own model and its own connection to the same store (SQLite in WAL
-    mode takes concurrent writers; a key is written once whoever scores it).
-
-    `engine="ray"` scores the corpus on a Ray actor pool instead, into the Parquet prior table
-    `priors.parquet` (see `build_prior_ray`).
+    The local engine fills the SQLite store `priors.sqlite` (`_build_store`); `engine="ray"`
+    scores the corpus on a Ray actor pool into the Parquet prior table `priors.parquet`
+    (`_build_table`). `job_wrapper` wraps the job wherever it scores (tests use it to count,
+    slow or kill it, or to put an exact model under it).
 
     A passage is its `contents` (title and text), the text retrievers return for reranking.
     `batch_size` passages are looked up, scored and committed together, so at most one batch of
     work is lost to an interruption; `batch_tokens` bounds the padded tokens per forward pass
-    (the engine's default when None). `resume` needs no handling: whatever an interrupted run
-    committed is found in the store by its key and not computed again.
+    (the engine's default when None).
     """
-    from cisrank.lm.backends import load_engine
-    from cisrank.rerank.cis import CISReranker
-    from cisrank.rerank.prior_store import PriorStore
-
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
     if batch_size < 1:
         raise CisrankError(f"batch_size must be >= 1, got {batch_size}")
-    if check_engine(engine) == "ray":
-        return build_prior_ray(
-            reader,
-            out,
-            config,
-            resume=resume,
-            progress=progress,
-            device=device,
-            batch_size=batch_size,
-            batch_tokens=batch_tokens,
-            ray_options=ray or RayOptions(),
-            shard_size=shard_size,
-            job_wrapper=job_wrapper,
-        )
-    (out / TABLE_FILE).unlink(missing_ok=True)  # a Ray build's table, if the engine changed
-    # The model first: a bad --model fails before any file of the index is written.
-    lm = load_engine(
-        str(config.model),
-        backend=config.backend,
-        device=device,
-        dtype=config.dtype,
-        batch_tokens=batch_tokens,
+    fields = _PriorModel.fields(config, batch_tokens, device)
+    build = _OUTPUTS[check_engine(engine)]
+    return build(
+        reader,
+        out,
+        config,
+        fields,
+        resume=resume,
+        progress=progress,
+        batch_size=batch_size,
+        ray=ray,
+        shard_size=shard_size,
+        job_wrapper=job_wrapper,
+        workers=workers,
     )
-    store = PriorStore(out / PRIOR_FILE)
+
+
+def _build_store(
+    reader: CorpusReader,
+    out: Path,
+    config: PriorIndexConfig,
+    fields: dict[str, Any],
+    *,
+    resume: bool,
+    progress: bool,
+    batch_size: int,
+    job_wrapper: Callable[[Any], Any] | None,
+    workers: WorkerOptions | None,
+    **_ray: Any,
+) -> BuildOutput:
+    """The local engine: the corpus streamed in batches through the CIS reranker's own prior
+    path, each batch committed to the store in one transaction.
+
+    With several `workers`, this process scores every N-th batch and N - 1 worker processes
+    the others, each with its own model and its own connection to the same store (SQLite in WAL
+    mode takes concurrent writers; a key is written once whoever scores it). `resume` needs no
+    handling: entries are content-addressed, so whatever an interrupted run committed is found
+    by its key and not computed again.
+    """
+    from cisrank.rerank.prior_store import PriorStore
+
+    (out / TABLE_FILE).unlink(missing_ok=True)  # a Ray build's table, if the engine changed
+    path = out / PRIOR_FILE
+    counts: dict[str, Any] = {}
+
+    def plan(info: dict[str, Any]) -> Shards[list[str]]:
+        # a connection of its own to count what is stored, closed last (below)
+        counts["store"], counts["fingerprint"] = PriorStore(path), info["store_fingerprint"]
+        counts["before"] = counts["store"].count(counts["fingerprint"])
+        if counts["before"]:
+            log.info("%s: %d priors already stored, computing the rest", out, counts["before"])
+        return Shards(
+            items=batched((p.contents for p in reader), batch_size),
+            rows=len,
+            block=lambda i, texts: texts,
+        )
+
+    def computed() -> dict[str, Any]:
+        return {"computed": counts["store"].count(counts["fingerprint"]) - counts["before"]}
+
     try:
-        reranker = CISReranker(
-            config.model,
-            max_doc_tokens=config.max_doc_tokens,
-            normalize="sum",
-            prior_store=store,
-            engine=lm,
+        # The model first (the job loads it before it opens the store): a bad --model fails
+        # before any file of the index is written.
+        run = run_shards(
+            PriorStoreJob(**fields, store=str(path)),
+            plan,
+            None,
+            engine=Engine.LOCAL,
+            resume=resume,
+            progress=Progress("prior", "passage", progress, postfix=computed),
+            workers=workers,
+            job_wrapper=job_wrapper,
+            driver_scores=True,
         )
-        fingerprint = reranker.store_fingerprint
-        stored_before = store.count(fingerprint)
-        if stored_before:
-            log.info("%s: %d priors already stored, computing the rest", out, stored_before)
-        passages = 0
-        pool = workers.count if workers is not None else 1
-        extra = (
-            WorkerPool(
-                PriorStoreJob(
-                    **_PriorModel.fields(config, batch_tokens, device), store=str(out / PRIOR_FILE)
-                ),
-                pool - 1,
-                workers.threads_per_worker if workers is not None else 1,
-            )
-            if pool > 1
-            else None
-        )
-        pending: list[Any] = []
-        try:
-            with tqdm(desc="prior", unit="passage", disable=not progress) as bar:
-                for i, texts in enumerate(_batched((p.contents for p in reader), batch_size)):
-                    if extra is not None and i % pool:
-                        pending.append(extra.submit(texts))
-                        while len(pending) > 2 * pool:  # bounded: the corpus streams
-                            bar.update(pending.pop(0).result())
-                    else:
-                        # the reranker's own path: store lookup, misses scored from [BOS],
-                        # written back
-                        reranker.summed_log_priors(reranker.passage_ids(texts))
-                        bar.update(len(texts))
-                    passages += len(texts)
-                    bar.set_postfix(
-                        computed=store.count(fingerprint) - stored_before, refresh=False
-                    )
-                for future in pending:
-                    bar.update(future.result())
-        finally:
-            if extra is not None:
-                extra.close()
-        stored = store.count(fingerprint)
-        reused = passages - (stored - stored_before)
+        stored = counts["store"].count(counts["fingerprint"])
     finally:
-        store.close()  # the last connection checkpoints the WAL: priors.sqlite is self-contained
-    computed = stored - stored_before
-    log.info("%s: %d passages, %d priors computed, %d reused", out, passages, computed, reused)
+        if "store" in counts:  # the last connection checkpoints the WAL: a self-contained file
+            counts["store"].close()
+    info, passages = run.info, run.rows
+    computed_now = stored - counts["before"]
+    reused = passages - computed_now
+    log.info("%s: %d passages, %d priors computed, %d reused", out, passages, computed_now, reused)
     return BuildOutput(
         files=[PRIOR_FILE],
         mutable=[PRIOR_FILE],  # a CIS reranker with --prior-store adds the priors it computes
-        params={
-            **config.model_dump(),
-            "batch_size": batch_size,
-            "batch_tokens": lm.batch_tokens,
-        },
+        params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": info["batch_tokens"]},
         libraries=library_versions("transformers", "torch", "tokenizers"),
-        model={
-            "name": config.model,
-            "fingerprint": lm.fingerprint(),
-            "store_fingerprint": fingerprint,
-            "dtype": lm.compute_type,
-            "device": lm.device,
-        },
+        model=_manifest_model(config, info),
         extra={
             "passages": passages,
-            "priors_computed": computed,
+            "priors_computed": computed_now,
             "priors_reused": reused,
             "priors_stored": stored,
         },
     )
+
+
+def _manifest_model(config: PriorIndexConfig, info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": config.model,
+        "fingerprint": info["fingerprint"],
+        "store_fingerprint": info["store_fingerprint"],
+        "dtype": info["dtype"],
+        "device": info["device"],
+    }
 
 
 @dataclass(frozen=True)
@@ -262,10 +252,12 @@ class _PriorModel:
             "backend": config.backend,
         }
 
-    def reranker(self, prior_store: Any = None) -> Any:
-        """The CIS reranker, keeping its priors in `prior_store` (None: in its memory)."""
+    def reranker(self, store: str | None = None) -> Any:
+        """The CIS reranker, keeping its priors in the store at `store` (None: in its memory);
+        the model is loaded before the store is opened, so a bad model leaves no file."""
         from cisrank.lm.backends import load_engine
         from cisrank.rerank.cis import CISReranker
+        from cisrank.rerank.prior_store import PriorStore
 
         engine = load_engine(
             self.model,
@@ -278,26 +270,38 @@ class _PriorModel:
             self.model,
             max_doc_tokens=self.max_doc_tokens,
             normalize="sum",
-            prior_store=prior_store,
+            prior_store=PriorStore(store) if store is not None else None,
             engine=engine,
         )
+
+    def describe(self, reranker: Any) -> dict[str, Any]:
+        engine = reranker.engine
+        return {
+            "fingerprint": engine.fingerprint(),
+            "store_fingerprint": reranker.store_fingerprint,
+            "dtype": engine.compute_type,
+            "device": engine.device,
+            "batch_tokens": engine.batch_tokens,
+        }
 
 
 @dataclass(frozen=True)
 class PriorStoreJob(_PriorModel):
-    """A worker of the local prior job: its own model and its own connection to the store,
-    scoring batches through the reranker's prior path (lookup, misses scored, written back)."""
+    """The local prior job, in this process and in each of its workers: its own model and its
+    own connection to the store, scoring batches through the reranker's prior path (lookup,
+    misses scored, written back)."""
 
     store: str
 
     def load(self) -> Any:
-        from cisrank.rerank.prior_store import PriorStore
-
-        return self.reranker(PriorStore(self.store))
+        return self.reranker(self.store)
 
     def score(self, reranker: Any, texts: list[str]) -> int:
         reranker.summed_log_priors(reranker.passage_ids(texts))
         return len(texts)
+
+    def close(self, reranker: Any) -> None:
+        reranker.prior_store.close()
 
 
 # ---------------------------------------------------------------------------------- Ray engine
@@ -314,16 +318,6 @@ class PriorShardJob(_PriorModel):
     def load(self) -> Any:
         # no prior store: the priors a shard repeats are kept in the reranker's memory
         return self.reranker()
-
-    def describe(self, reranker: Any) -> dict[str, Any]:
-        engine = reranker.engine
-        return {
-            "fingerprint": engine.fingerprint(),
-            "store_fingerprint": reranker.store_fingerprint,
-            "dtype": engine.compute_type,
-            "device": engine.device,
-            "batch_tokens": engine.batch_tokens,
-        }
 
     def score(self, reranker: Any, batch: Any) -> Any:
         import pyarrow as pa
@@ -358,113 +352,103 @@ def _prior_shard_ok(path: Path, rows: int, fingerprint: str) -> bool:
     return rows == 0 or pc.all(pc.equal(table.column(0), fingerprint)).as_py() is True
 
 
-def build_prior_ray(
-    reader: CorpusReader,
-    out: Path,
-    config: PriorIndexConfig,
-    *,
-    resume: bool,
-    progress: bool,
-    device: str | None,
-    batch_size: int,
-    batch_tokens: int | None,
-    ray_options: RayOptions,
-    shard_size: int | None = None,
-    job_wrapper: Callable[[Any], Any] | None = None,
-) -> BuildOutput:
-    """log p(K) of every passage on a Ray actor pool, into the Parquet prior table.
-
-    The corpus is cut into shards of `shard_size` passages; each shard missing from `shards/`
-    is one block for the actors, and its rows are written to `shards/prior-NNNNN.parquet`
-    (temp file and rename) once they are all back. A rerun keeps every shard file of the same
-    store fingerprint and shard size, so only the missing shards are scored. When all are
-    there, they are joined into `priors.parquet` (sorted by key, one row per distinct passage),
-    and the shards are removed; the driver writes the manifest after that.
-
-    `job_wrapper` wraps the actors' job (tests use it to count or kill actors).
-    """
+def _shard_parquet(shard: int, table: Any) -> bytes:
+    """A shard's prior rows (`PriorShardJob.score`'s) as the bytes of its Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cisrank.fileio import atomic_write_bytes
-    from cisrank.rerank.prior_table import write_prior_table
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.drop_columns([SHARD, POS]), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
 
+
+def _build_table(
+    reader: CorpusReader,
+    out: Path,
+    config: PriorIndexConfig,
+    fields: dict[str, Any],
+    *,
+    resume: bool,
+    progress: bool,
+    batch_size: int,
+    ray: RayOptions | None,
+    shard_size: int | None,
+    job_wrapper: Callable[[Any], Any] | None,
+    **_local: Any,
+) -> BuildOutput:
+    """The Ray engine: log p(K) of every passage on an actor pool, into the Parquet prior table.
+
+    The corpus is cut into shards of `shard_size` passages; each shard missing from `shards/`
+    is one block for the actors, and its rows are written to `shards/prior-NNNNN.parquet`
+    once they are all back. A rerun keeps every shard file of the same store fingerprint and
+    shard size, so only the missing shards are scored. When all are there, they are joined
+    into `priors.parquet` (sorted by key, one row per distinct passage), and the shards are
+    removed; the driver writes the manifest after that.
+    """
     shard_size = DEFAULT_SHARD_SIZE if shard_size is None else int(shard_size)
     if shard_size < 1:
         raise CisrankError(f"shard_size must be >= 1, got {shard_size}")
-    base = PriorShardJob(
-        **_PriorModel.fields(config, batch_tokens, device), batch_size=batch_size
-    )
-    job = job_wrapper(base) if job_wrapper is not None else base
     shard_dir = out / SHARD_DIR
-    with ray_engine.ray_session(ray_options) as ray:
-        res = ray_engine.plan_resources(ray, ray_options)
-        info = ray_engine.describe_remote(ray, base, res)
+
+    def plan(info: dict[str, Any]) -> Shards[list[str]]:
         fingerprint = info["store_fingerprint"]
-        meta = {"store_fingerprint": fingerprint, "shard_size": shard_size}
-        claim_shard_dir(shard_dir, meta, resume=resume, logger=log)
-        plan = resume_shards(
-            (
-                ray_engine.text_block(i, texts)
-                for i, texts in enumerate(_batched((p.contents for p in reader), shard_size))
-            ),
-            rows=lambda block: block.num_rows,
+        return Shards(
+            items=batched((p.contents for p in reader), shard_size),
+            rows=len,
+            block=ray_engine.text_block,
             complete=lambda i, rows: _prior_shard_ok(_shard_path(shard_dir, i), rows, fingerprint),
+            folder=shard_dir,
+            meta={"store_fingerprint": fingerprint, "shard_size": shard_size},
         )
-        if plan.reused:
-            log.info("%s: resuming, %d of %d shards already scored", out, plan.reused, plan.shards)
 
-        with tqdm(
-            total=plan.rows,
-            initial=plan.done_rows,
-            desc="prior (ray)",
-            unit="passage",
-            disable=not progress,
-        ) as bar:
-
-            def write(shard: int, table: Any) -> None:
-                sink = pa.BufferOutputStream()
-                pq.write_table(table.drop_columns([SHARD, POS]), sink, compression="zstd")
-                atomic_write_bytes(_shard_path(shard_dir, shard), sink.getvalue().to_pybytes())
-                bar.update(table.num_rows)
-
-            blocks = [block for _, block in plan.todo]
-            scored = ray_engine.run_shards(ray, blocks, job, ray_options, res, plan.expected, write)
-
-    parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(plan.shards)]
-    if parts:
-        joined = pa.concat_tables(parts)
-    else:
-        from cisrank.rerank.prior_table import table_schema
-
-        joined = table_schema().empty_table()
-    stored = write_prior_table(out / TABLE_FILE, joined)
+    run = run_shards(
+        PriorShardJob(**fields, batch_size=batch_size),
+        plan,
+        ShardWriter(lambda i: _shard_path(shard_dir, i), _shard_parquet),
+        engine=Engine.RAY,
+        resume=resume,
+        progress=Progress("prior", "passage", progress),
+        ray=ray,
+        job_wrapper=job_wrapper,
+    )
+    stored = _join_table(out / TABLE_FILE, shard_dir, run.shards)
     (out / PRIOR_FILE).unlink(missing_ok=True)  # a local build's store, if the engine changed
     shutil.rmtree(shard_dir)
-    log.info("%s: %d passages, %d priors in %s", out, plan.rows, stored, TABLE_FILE)
+    log.info("%s: %d passages, %d priors in %s", out, run.rows, stored, TABLE_FILE)
+    info = run.info
     return BuildOutput(
         files=[TABLE_FILE],
-        params={
-            **config.model_dump(),
-            "batch_size": batch_size,
-            "batch_tokens": info["batch_tokens"],
-        },
+        params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": info["batch_tokens"]},
         libraries=library_versions("transformers", "torch", "tokenizers", "ray", "pyarrow"),
-        model={
-            "name": config.model,
-            "fingerprint": info["fingerprint"],
-            "store_fingerprint": fingerprint,
-            "dtype": info["dtype"],
-            "device": info["device"],
-        },
+        model=_manifest_model(config, info),
         extra={
-            "engine": "ray",
-            "actors": res.actors,
+            "engine": Engine.RAY.value,
+            "actors": run.actors,
             "shard_size": shard_size,
-            "shards": plan.shards,
-            "shards_scored": scored,
-            "shards_reused": plan.reused,
-            "passages": plan.rows,
+            "shards": run.shards,
+            "shards_scored": run.scored,
+            "shards_reused": run.reused,
+            "passages": run.rows,
             "priors_stored": stored,
         },
     )
+
+
+def _join_table(path: Path, shard_dir: Path, shards: int) -> int:
+    """The shard files joined into the prior table at `path`; returns the priors stored."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cisrank.rerank.prior_table import table_schema, write_prior_table
+
+    parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(shards)]
+    joined = pa.concat_tables(parts) if parts else table_schema().empty_table()
+    return write_prior_table(path, joined)
+
+
+_OUTPUTS: dict[Engine, Callable[..., BuildOutput]] = {
+    Engine.LOCAL: _build_store,
+    Engine.RAY: _build_table,
+}
+"""What each engine builds: the local engine fills the SQLite store that a CIS reranker also
+writes to; Ray actors cannot share one SQLite file, so their rows make the Parquet table."""
