@@ -37,7 +37,7 @@ def test_tasks_compute_types_and_batches_come_from_the_rows():
     assert table.names(SEQUENCE_CLASSIFICATION) == ("torch", "onnx")
     assert table.compute_types("ctranslate2", CAUSAL_LM) == ("float32", "int8_float32", "int8")
     assert table.compute_types("onnx", SEQUENCE_CLASSIFICATION) == ("float32", "int8")
-    assert CPU_BATCH_SIZE == {"torch": 32, "onnx": 8}
+    assert CPU_BATCH_SIZE == {"torch": 32, "onnx": 8, "int8": 1}
     with pytest.raises(ValueError) as err:
         CrossEncoderRerankerConfig(backend="ctranslate2")
     assert "ctranslate2 runs causal LMs only; a cross-encoder runs on torch or onnx" in str(
