@@ -14,8 +14,11 @@ def field_help(config: type[BaseModel], field: str, text: str | None = None) -> 
     None means "the config's default"."""
     info = config.model_fields[field]
     help_text = text if text is not None else (info.description or "")
-    default = info.default
-    if default is None:
+    if info.is_required():  # nothing to show
+        return help_text
+    # a default made by a factory (an empty mapping, ...) is shown as what the factory makes
+    default = info.get_default(call_default_factory=True)
+    if default is None or (isinstance(default, dict | list | tuple | set) and not default):
         return help_text
     if isinstance(default, str) and not default:
         default = "empty"

@@ -24,18 +24,26 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from cisrank.errors import CisrankError
 
 CAUSAL_LM = "causal-lm"
 SEQUENCE_CLASSIFICATION = "sequence-classification"
 Task = Literal["causal-lm", "sequence-classification"]
-TASK_NOUNS: dict[str, tuple[str, str]] = {
-    CAUSAL_LM: ("causal LM", "causal LMs"),
-    SEQUENCE_CLASSIFICATION: ("cross-encoder", "cross-encoders"),
+
+
+class Noun(NamedTuple):
+    """What error messages call a task's models: one, several (words, not reranker kinds)."""
+
+    one: str
+    many: str
+
+
+TASK_NOUNS: dict[str, Noun] = {
+    CAUSAL_LM: Noun(one="causal LM", many="causal LMs"),
+    SEQUENCE_CLASSIFICATION: Noun(one="cross-encoder", many="cross-encoders"),
 }
-"""What error messages call a task's models (one, several)."""
 
 AUTO = "auto"
 
@@ -154,9 +162,9 @@ def check_serves(name: str, task: str) -> None:
     and which runtimes do."""
     row = _BY_NAME.get(name)
     if row is not None and task not in row.tasks:
-        runs = " and ".join(TASK_NOUNS[t][1] for t in row.tasks)
+        runs = " and ".join(TASK_NOUNS[t].many for t in row.tasks)
         raise ValueError(
-            f"{name} runs {runs} only; a {TASK_NOUNS[task][0]} runs on {' or '.join(names(task))}"
+            f"{name} runs {runs} only; a {TASK_NOUNS[task].one} runs on {' or '.join(names(task))}"
         )
 
 
