@@ -111,7 +111,7 @@ PassageRerankerOpt = Annotated[
         "--reranker",
         "-r",
         help=f"Reranker that orders the passages: {RERANKER_KINDS}. Default: student, the "
-        "cross-encoder shipped with cisrank (DL19 nDCG@10 0.6477 at about 120 pairs/s on 2 "
+        "cross-encoder shipped with cisrank (DL19 nDCG@10 0.6458 at about 110 pairs/s on 2 "
         "cores, bench/RESULTS.md).",
     ),
 ]

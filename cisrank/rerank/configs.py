@@ -263,7 +263,7 @@ class StudentRerankerConfig(CrossEncoderRerankerConfig):
     model: str | None = Field(
         default=STUDENT_MODEL,
         description=f"The student's folder; default {STUDENT_MODEL}, shipped with cisrank (DL19 "
-        "nDCG@10 0.6477, bench/RESULTS.md).",
+        "nDCG@10 0.6458 and DL21 0.5505 on its ONNX Runtime int8 default, bench/RESULTS.md).",
     )
 
 

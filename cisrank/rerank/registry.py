@@ -186,7 +186,7 @@ KINDS: dict[str, RerankerKind[Any, Any]] = {
         ),
         RerankerKind(
             "student",
-            "the cross-encoder shipped with cisrank (DL19 0.6477)",
+            "the cross-encoder shipped with cisrank (DL19 0.6458)",
             StudentRerankerConfig,
             _student,
             gloss="the cross-encoder shipped with cisrank",
