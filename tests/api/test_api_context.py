@@ -8,7 +8,7 @@ import threading
 
 import httpx
 import pytest
-from api_fakes import OverlapReranker, config_for
+from api_fakes import FUZZ_CLIENT_TIMEOUT_S, OverlapReranker, config_for
 
 from cisrank import testing
 from cisrank.api.app import create_app
@@ -339,7 +339,7 @@ def test_fuzzed_context_requests_never_get_a_5xx(cis, mode):
         suppress_health_check=list(HealthCheck),
     )
     def check(case):
-        response = case.call()
+        response = case.call(timeout=FUZZ_CLIENT_TIMEOUT_S)
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
         assert response.status_code < 500, (case.body, response.text)
 

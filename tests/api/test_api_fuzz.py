@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from api_fakes import ListRetriever, config_for
+from api_fakes import FUZZ_CLIENT_TIMEOUT_S, ListRetriever, config_for
 from hypothesis import HealthCheck, given, settings
 from schemathesis.generation import GenerationMode
 
@@ -60,7 +60,7 @@ def test_no_input_gives_a_5xx(schema, mode):
             suppress_health_check=list(HealthCheck),
         )
         def check(case):
-            response = case.call()
+            response = case.call(timeout=FUZZ_CLIENT_TIMEOUT_S)
             seen[response.status_code] = seen.get(response.status_code, 0) + 1
             assert response.status_code < 500, (case.path, case.body, response.text)
             if response.status_code >= 400 and response.status_code != 405:
