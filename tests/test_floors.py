@@ -26,7 +26,7 @@ def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"},
-        timeout=120,
+        timeout=600,
     )
 
 

@@ -107,7 +107,7 @@ def test_import_cisrank_is_light_and_names_its_api():
         "if m in sys.modules]\n"
         "print(cisrank.__version__, heavy)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [cisrank.__version__, "[]"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

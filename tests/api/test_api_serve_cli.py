@@ -125,7 +125,7 @@ def test_config_and_quick_start_together_is_one_line_exit_2(tmp_path):
         [sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg), "-r", "dense"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     assert proc.returncode == 2, proc.stderr
     assert "either --config or --reranker, not both" in proc.stderr

@@ -260,7 +260,7 @@ def test_serve_config_errors_are_one_line_exit_2(tmp_path, content, needle):
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr

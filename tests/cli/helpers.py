@@ -19,7 +19,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=600,
     )
 
 

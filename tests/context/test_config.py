@@ -114,7 +114,7 @@ def test_settings_import_without_the_model_side():
         "import sys, cisrank.context, cisrank.api.schemas, cisrank.cli; "
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.stdout.strip() == "False False", out.stderr
 
 

@@ -31,7 +31,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
     """`cisrank serve ARGS` as a real process; a server that starts anyway is killed after 30 s
     and fails the test (TimeoutExpired)."""
     cmd = [sys.executable, "-m", "cisrank.cli", "serve", "--port", "0", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
 
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:

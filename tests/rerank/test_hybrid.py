@@ -230,7 +230,7 @@ def test_cli_eval_fuse_equals_the_hybrid_reranker(tmp_path):
             [sys.executable, "-m", "cisrank.cli", "eval", "fuse", str(folder), *args],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
         )
 
     runs_args = ["--run", f"cis={paths['cis']}", "--run", f"dense={paths['dense']}"]

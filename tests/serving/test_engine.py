@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent(
 
 def test_an_embedded_engine_ranks_without_the_web():
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
