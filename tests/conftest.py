@@ -37,6 +37,29 @@ def _data_root() -> Path:
     return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
 
 
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """Each test starts with this process's thread settings. A worker pool, and `cisrank index
+    build` or `cisrank distill` invoked in-process, set torch's threads to one per worker (and
+    the BLAS variables that subprocesses inherit): every later test ran on one core, and the
+    DL19 MiniLM figures took twice as long."""
+    import torch
+
+    env = {name: os.environ.get(name) for name in _THREAD_ENV}
+    threads = torch.get_num_threads()
+    yield
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """Root of the real datasets; tests that need it skip (with the reason) where it is absent."""
