@@ -40,17 +40,19 @@ def _data_root() -> Path:
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-@pytest.fixture(autouse=True)
-def _threads_restored():
-    """Each test starts with this process's thread settings. A worker pool, and `cisrank index
-    build` or `cisrank distill` invoked in-process, set torch's threads to one per worker (and
-    the BLAS variables that subprocesses inherit): every later test ran on one core, and the
-    DL19 MiniLM figures took twice as long."""
+@pytest.fixture(scope="session")
+def _thread_baseline() -> tuple[int, dict[str, str | None]]:
+    """Torch's threads and the BLAS variables as the session started, before any test or
+    fixture changed them."""
     import torch
 
-    env = {name: os.environ.get(name) for name in _THREAD_ENV}
-    threads = torch.get_num_threads()
-    yield
+    return torch.get_num_threads(), {name: os.environ.get(name) for name in _THREAD_ENV}
+
+
+def _restore_threads(baseline: tuple[int, dict[str, str | None]]) -> None:
+    import torch
+
+    threads, env = baseline
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
@@ -58,6 +60,17 @@ def _threads_restored():
             os.environ[name] = value
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored(_thread_baseline):
+    """Each test runs with the session's thread settings. A worker pool, and `cisrank index
+    build` or `cisrank distill` invoked in-process (by a test or a fixture), set torch's threads
+    to one per worker and the BLAS variables that subprocesses inherit: every later test ran on
+    one core, and the DL19 MiniLM figures took 104 s instead of 63."""
+    _restore_threads(_thread_baseline)
+    yield
+    _restore_threads(_thread_baseline)
 
 
 @pytest.fixture(scope="session")
