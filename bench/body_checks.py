@@ -36,12 +36,17 @@ def long_integers(scale: float) -> tuple[bytes, bytes]:
     return head + b', "top_n": -' + b"7" * 5000 + b"}", head + b"}"
 
 
-def deep_surrogate(scale: float) -> tuple[bytes, bytes]:
-    """Issue 48's fourth body: a lone surrogate at the bottom of 63 levels, the big member first."""
-    value: object = ["x" * 40] * max(1, int(350_000 * scale)) + ["\ud800"]
+def nested_surrogate(items: int) -> bytes:
+    """Issue 48's fourth body: `items` strings of 40 characters then a lone surrogate, at the
+    bottom of 63 levels of arrays and objects, the big member first (also bench/hostile.py's)."""
+    value: object = ["x" * 40] * items + ["\ud800"]
     for i in range(62):
         value = {"k": value, "z": 0} if i % 2 else [value, 0]
-    raw = json.dumps(value).encode()
+    return json.dumps(value).encode()
+
+
+def deep_surrogate(scale: float) -> tuple[bytes, bytes]:
+    raw = nested_surrogate(max(1, int(350_000 * scale)))
     return raw, raw
 
 

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from body_checks import nested_surrogate
 from common import add_tag_option, result_name, write_result
 
 HERE = Path(__file__).resolve().parent
@@ -507,10 +508,7 @@ def run_cases(server: Server, neighbour: Neighbour, sampler: Sampler, args: Any)
         small_status=small[0],
         small_s=round(small[1], 2),
     )
-    value: Any = ["x" * 40] * 340_000 + ["\ud800"]
-    for i in range(62):
-        value = {"k": value, "z": 0} if i % 2 else [value, 0]
-    nested = json.dumps(value).encode()
+    nested = nested_surrogate(340_000)
     with HealthProbe(url) as probe:
         (status_s, seconds_s, _), cpu_s = cpu_of(timed_post, url, "/v1/rerank", nested)
     case(

@@ -64,10 +64,14 @@ class WorkerOptions:
         return self.workers if self.workers is not None else cores()
 
 
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""The BLAS libraries' thread variables, which a process reads when it first imports torch."""
+
+
 def set_threads(threads: int) -> None:
     """Torch's intra-op threads of this process (and the BLAS libraries' through the env, for a
     process that has not imported torch yet)."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    for name in THREAD_ENV:
         os.environ[name] = str(threads)
     import torch
 

@@ -37,16 +37,15 @@ def _data_root() -> Path:
     return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
 
 
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
 @pytest.fixture(scope="session")
 def _thread_baseline() -> tuple[int, dict[str, str | None]]:
     """Torch's threads and the BLAS variables as the session started, before any test or
     fixture changed them."""
     import torch
 
-    return torch.get_num_threads(), {name: os.environ.get(name) for name in _THREAD_ENV}
+    from cisrank.workers import THREAD_ENV
+
+    return torch.get_num_threads(), {name: os.environ.get(name) for name in THREAD_ENV}
 
 
 def _restore_threads(baseline: tuple[int, dict[str, str | None]]) -> None:

@@ -141,7 +141,7 @@ def test_locating_a_long_integer_among_many_long_runs_is_linear():
     1.9 s to locate (the regex restarted at every digit of every run: quadratic; 16.6 MB took
     74 s), against a few milliseconds for `json.loads` to refuse it. Located in one linear pass
     now, before the parser converts a single one of them, within a small multiple of the time
-    the parser takes to read the same body (bench/body_checks.py: 0.63 of it on 16.6 MB)."""
+    the parser takes to read the same body (bench/body_checks.py: 0.53 of it on 16.6 MB)."""
     runs = b",".join([b"1" * 4300] * 100)
     raw = b'{"query": "q", "x": [' + runs + b'],\n "top_n": -' + b"7" * 5000 + b"}"
     error = _error(raw)
@@ -255,7 +255,7 @@ def test_a_lone_surrogate_under_63_levels_is_located_in_one_pass(monkeypatch):
     re-encoded once per level while locating it (halving each container's members encoded the
     first one, which holds all the rest, at every level: 15 MB took 3.9 s, the event loop
     stalled; 0.2 s without the surrogate). One pass over the bytes now, handing json only the
-    31 keys on the path and the string itself (bench/body_checks.py measures it: about 4 times
+    31 keys on the path and the string itself (bench/body_checks.py measures it: about 5 times
     the parser's time on the 15 MB body, against about 60 before)."""
     leaf = ["x" * 40] * 100_000 + ["\ud800"]
     value: object = leaf
