@@ -26,6 +26,7 @@ os.environ["CISRANK_ENCODER_BACKEND"] = "torch"
 os.environ["CISRANK_AUTO_PULL"] = "0"
 
 from builders import write_set
+from encode_memo import EncodeMemo
 
 from cisrank import testing
 
@@ -87,6 +88,13 @@ def data_root() -> Path:
 @pytest.fixture(scope="session")
 def dl19_dir(data_root: Path) -> Path:
     return data_root / "trec-dl19"
+
+
+@pytest.fixture(scope="session")
+def encode_memo() -> EncodeMemo:
+    """Bi-encoder rows shared by the slow tests that embed the same DL19 passages
+    (tests/encode_memo.py says why and what it keeps exact)."""
+    return EncodeMemo()
 
 
 @pytest.fixture(scope="session")
