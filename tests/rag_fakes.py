@@ -53,7 +53,7 @@ class _FixedOrders:
 
 class TitleDecoder:
     """Answers with the titles of its prompt's passages, in prompt order ("I do not know" with
-    none): a naive greedy decoder as `answer_question` drives it."""
+    none): a naive greedy decoder as `answer_question` and `answer_each` drive it."""
 
     config = DecoderConfig()
     assembler = _FixedOrders()
@@ -65,6 +65,10 @@ class TitleDecoder:
         ANSWERED.append((question, tuple(p.title for p in passages)))
         text = " ".join(p.title for p in passages) or "I do not know"
         return Generation(Decoding.NAIVE, text, [], [])
+
+    def generate_each(self, prompts: Sequence[tuple[str, Sequence[Passage]]]) -> list[Any]:
+        """`generate` of each prompt, as `answer_each` drives it."""
+        return [self.generate(question, passages) for question, passages in prompts]
 
 
 def title_answerer(job: AnswerJob) -> Answerer:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         shuffles,
     )
     from cisrank.context.decoding import EnsembleDecoder, Generation
-    from cisrank.context.generation import Answer, answer_question
+    from cisrank.context.generation import Answer, answer_each, answer_question
     from cisrank.context.noise import (
         pad_with_noise,
         random_word_passages,
@@ -76,7 +76,7 @@ _LAZY = {
         "shuffles",
     ),
     "cisrank.context.decoding": ("EnsembleDecoder", "Generation"),
-    "cisrank.context.generation": ("Answer", "answer_question"),
+    "cisrank.context.generation": ("Answer", "answer_each", "answer_question"),
     "cisrank.context.noise": (
         "pad_with_noise",
         "random_word_passages",
@@ -106,6 +106,7 @@ __all__ = [
     "GenerationAssemblerConfig",
     "Ordering",
     "Prompt",
+    "answer_each",
     "answer_question",
     "curvature_scores",
     "edges_order",

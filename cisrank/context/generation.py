@@ -18,6 +18,7 @@ from typing import Any
 from cisrank.context.config import ArrangeConfig, Arrangement, Decoding
 from cisrank.context.decoding import EnsembleDecoder, Generation
 from cisrank.data.types import Passage
+from cisrank.errors import CisrankError
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,36 @@ def answer_question(
         question, ordered, scores=ordered_scores, deadline=deadline, cancel=cancel
     )
     return Answer(order, ordered, ordered_scores, generation)
+
+
+def answer_each(
+    decoder: EnsembleDecoder,
+    items: Sequence[tuple[str, Sequence[Passage]]],
+    arrangement: ArrangeConfig | None = None,
+) -> list[Answer]:
+    """`answer_question` of each (question, passages best first) item by naive decoding, the
+    prompts decoded side by side (`EnsembleDecoder.generate_each`); an item without passages is
+    answered closed-book."""
+    if decoder.config.decoding is not Decoding.NAIVE:
+        raise CisrankError(
+            f"answers decoded side by side are naive ones; {decoder.config.decoding} reads "
+            "each passage in a prompt of its own: answer_question answers one question"
+        )
+    settings = arrangement or ArrangeConfig()
+    orders: list[list[int]] = []
+    for question, passages in items:
+        order = list(range(len(passages)))
+        if passages and settings.arrange is not Arrangement.RANKED:
+            order = decoder.assembler.order(
+                question,
+                list(passages),
+                settings.arrange,
+                shuffles_n=settings.shuffles,
+                seed=settings.seed,
+            ).order
+        orders.append(order)
+    ordered = [[ps[i] for i in o] for (_, ps), o in zip(items, orders, strict=True)]
+    generations = decoder.generate_each(
+        [(q, ps) for (q, _), ps in zip(items, ordered, strict=True)]
+    )
+    return [Answer(o, ps, None, g) for o, ps, g in zip(orders, ordered, generations, strict=True)]

@@ -358,6 +358,25 @@ class CausalLMEngine:
             max_positions=self.max_positions,
         )
 
+    def decode_rows(
+        self,
+        state: LockstepPrefill,
+        choose: Callable[[int, Any], int],
+        max_new_tokens: int,
+        *,
+        stop_ids: Sequence[int] = (),
+    ) -> list[list[int]]:
+        """`cisrank.lm.decoding.decode_rows` on this engine's model: each prefilled row decoded
+        on its own, all rows in one step."""
+        return decoding.decode_rows(
+            self.torch_backend(),
+            state,
+            choose,
+            max_new_tokens,
+            stop_ids=stop_ids,
+            max_positions=self.max_positions,
+        )
+
     def decode_lockstep(
         self,
         rows: Sequence[Sequence[int]],

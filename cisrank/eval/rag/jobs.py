@@ -2,7 +2,7 @@
 per core (`cisrank.workers`: each worker loads the model once).
 
 Work is dealt out by whole questions: a worker scores a chunk of questions with all their
-candidates (`RankJob`), or answers one prompt (`AnswerJob`). So a reranker that fuses over the
+candidates (`RankJob`), or answers a chunk of prompts (`AnswerJob`). So a reranker that fuses over the
 candidate list (the hybrid) sees each list whole, whatever the number of workers, and the scores
 are those one process gives (rerankers do not depend on the batch a query shares).
 """
@@ -78,8 +78,9 @@ class Answerer:
 
 @dataclass(frozen=True)
 class AnswerJob:
-    """Answers (question, passages best first) prompts with one generator, greedy, the
-    passages in the prompt as `setting.arrange` orders them (`answer_question`)."""
+    """Answers chunks of (question, passages best first) prompts with one generator, greedy,
+    the passages in each prompt as `setting.arrange` orders them (`answer_each`: a chunk's
+    prompts are decoded side by side, each as `answer_question` answers it alone)."""
 
     setting: GeneratorSetting
 
@@ -97,23 +98,26 @@ class AnswerJob:
         elapsed = time.perf_counter() - started
         return Answerer(decoder, arrange, chat, str(engine.compute_type), elapsed)
 
-    def score(self, state: Answerer, item: tuple[str, list[Passage]]) -> dict[str, Any]:
-        """The answer to one prompt: its text, tokens, the order the passages were read in
-        (indexes of the given passages) and the seconds it took."""
-        from cisrank.context import ArrangeConfig, answer_question
+    def score(
+        self, state: Answerer, items: list[tuple[str, list[Passage]]]
+    ) -> list[dict[str, Any]]:
+        """The answer to each prompt of a chunk: its text, tokens, the order the passages
+        were read in (indexes of the given passages) and its share of the chunk's seconds."""
+        from cisrank.context import answer_each
 
-        question, passages = item
         started = time.perf_counter()
         state.decoder.assembler.clear()
-        # closed book: the template with no passage, nothing to arrange
-        arrange = state.arrange if passages else ArrangeConfig()
-        answer = answer_question(state.decoder, question, passages, arrange)
-        return {
-            "answer": answer.generation.text,
-            "tokens": answer.generation.tokens,
-            "order": answer.order,
-            "seconds": time.perf_counter() - started,
-        }
+        answers = answer_each(state.decoder, items, state.arrange)
+        each = (time.perf_counter() - started) / max(len(items), 1)
+        return [
+            {
+                "answer": a.generation.text,
+                "tokens": a.generation.tokens,
+                "order": a.order,
+                "seconds": each,
+            }
+            for a in answers
+        ]
 
 
 def run_items(
