@@ -267,32 +267,55 @@ class CISReranker(BaseReranker):
             k += len(ps)
         return out
 
-    def _forward_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
-        """The forward estimate of each request: CIS, or with `prior` off log p(K|Q) alone (the
-        paper's "w/o p(K)" ablation, Table 4), for which no prior is looked up or computed."""
-        if self.config.prior:
-            return [cis for cis, _, _ in self.components_batch(requests)]
-        return [
-            self.log_conditional(query, passages) if passages else []
-            for query, passages in requests
+    def parts_batch(
+        self, requests: Sequence[tuple[str, Sequence[str]]], sides: Sequence[str]
+    ) -> list[list[dict[str, float]]]:
+        """The summed log-probabilities `sides` (`CISRerankerConfig.sides`: `conditional`,
+        `prior`, `query_likelihood`) of every pair, with `doc_tokens` (and `query_tokens` with
+        `query_likelihood`): what `config.estimate` makes any estimate of, so that settings
+        differing only in estimator, prior or normalization share one pass of the model (the
+        forward: priors looked up or computed in shared batches, log p(K|Q) per query with
+        its prefix cache; the reverse: all pairs at once, batched by length)."""
+        unknown = set(sides) - {"conditional", "prior", "query_likelihood"}
+        if unknown:
+            raise CisrankError(f"unknown CIS sides {sorted(unknown)}")
+        for _, passages in requests:
+            if isinstance(passages, str):
+                raise CisrankError("passages must be a list of strings, not one string")
+        docs = self.passage_ids([p for _, passages in requests for p in passages])
+        columns: dict[str, list[float]] = {"doc_tokens": [float(len(d)) for d in docs]}
+        if "prior" in sides:
+            columns["prior"] = self._prior_raw(docs) if docs else []
+        if "conditional" in sides:
+            start = 0
+            columns["conditional"] = []
+            for query, passages in requests:
+                end = start + len(passages)
+                if end > start:
+                    columns["conditional"] += self._conditional_raw(query, docs[start:end])
+                start = end
+        if "query_likelihood" in sides:
+            res = self.engine.score_spans(self.reverse_spans(requests))
+            columns["query_likelihood"] = [float(v) for v in res.logprobs]
+            columns["query_tokens"] = [float(n) for n in res.num_tokens]
+        rows = [
+            dict(zip(columns, values, strict=True))
+            for values in zip(*columns.values(), strict=True)
         ]
+        out: list[list[dict[str, float]]] = []
+        start = 0
+        for _, passages in requests:
+            out.append(rows[start : start + len(passages)])
+            start += len(passages)
+        return out
 
     def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """The configured estimate of CIS per passage of each request, input order: forward
-        (log p(K|Q) - log p(K); log p(K|Q) alone with `prior` off), reverse (log p(Q|K)) or both
-        (their mean)."""
-        estimator = self.config.estimator
-        forward = self._forward_batch(requests) if estimator != "reverse" else None
-        reverse = self.reverse_batch(requests) if estimator != "forward" else None
-        if forward is None:
-            assert reverse is not None
-            return reverse
-        if reverse is None:
-            return forward
-        return [
-            [(f + r) / 2.0 for f, r in zip(fs, rs, strict=True)]
-            for fs, rs in zip(forward, reverse, strict=True)
-        ]
+        (log p(K|Q) - log p(K); log p(K|Q) alone with `prior` off, for which no prior is looked
+        up or computed), reverse (log p(Q|K)) or both (their mean): `config.estimate` of the
+        `parts_batch` its `sides` need."""
+        parts = self.parts_batch(requests, self.config.sides())
+        return [self.config.estimate(p) for p in parts]
 
     def __repr__(self) -> str:
         return (

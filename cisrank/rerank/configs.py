@@ -8,6 +8,7 @@ reranker flags of `eval`, `rerank` and `distill`; the others come from a config 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -163,6 +164,41 @@ class CISRerankerConfig(ComponentConfig):
         "passages the LM finds likely whatever the question; the forward estimator only (the "
         "reverse one, log p(Q|K), has no prior term) and no prior is computed or stored.",
     )
+
+    ESTIMATE_FIELDS: ClassVar[frozenset[str]] = frozenset({"estimator", "prior", "normalize"})
+    """The options that only combine the sums the model computes (`sides`, `estimate`): CIS
+    settings that differ in these alone read the same model passes."""
+
+    def sides(self) -> tuple[str, ...]:
+        """The summed log-probabilities this setting's estimate reads, per (query, passage):
+        `conditional` log p(K|Q), `prior` log p(K), `query_likelihood` log p(Q|K)."""
+        forward = ("conditional", "prior") if self.prior else ("conditional",)
+        return {
+            "forward": forward,
+            "reverse": ("query_likelihood",),
+            "both": (*forward, "query_likelihood"),
+        }[self.estimator]
+
+    def estimate(self, parts: Sequence[Mapping[str, float]]) -> list[float]:
+        """This setting's CIS estimate of each pair from its `sides` (with `doc_tokens` and
+        `query_tokens`, the counts `mean` divides by): forward log p(K|Q) - log p(K) (the
+        paper's Eq. 1; log p(K|Q) alone with `prior` off, its Table 4 ablation), reverse
+        log p(Q|K) (Bayes: the same CIS up to log p(Q), constant per query), both their mean."""
+        mean = self.normalize == "mean"
+
+        def forward(p: Mapping[str, float]) -> float:
+            value = p["conditional"] - p["prior"] if self.prior else p["conditional"]
+            return value / max(p["doc_tokens"], 1) if mean else float(value)
+
+        def reverse(p: Mapping[str, float]) -> float:
+            value = p["query_likelihood"]
+            return value / max(p["query_tokens"], 1) if mean else float(value)
+
+        if self.estimator == "forward":
+            return [forward(p) for p in parts]
+        if self.estimator == "reverse":
+            return [reverse(p) for p in parts]
+        return [(forward(p) + reverse(p)) / 2.0 for p in parts]
 
     @model_validator(mode="after")
     def _prior_needs_forward(self) -> CISRerankerConfig:

@@ -91,6 +91,10 @@ class RerankerKind(Generic[ConfigT, RerankerT]):
     rerankers' `passage_major`): jobs that score a pool then cut their shards by passage."""
     gloss: str = ""
     """A few words said after its name where the kinds are listed (what the student is)."""
+    estimate_fields: frozenset[str] = frozenset()
+    """Options that only combine the sums its model computes (its config's `sides` and
+    `estimate`, its rerankers' `parts_batch`): settings that differ in these alone share one
+    pass of the model (`cisrank eval rag` over a grid of CIS settings)."""
 
     @property
     def fields(self) -> frozenset[str]:
@@ -154,6 +158,7 @@ CIS: RerankerKind[CISRerankerConfig, CISReranker] = RerankerKind(
     _cis,
     causal_lm=True,
     passage_major=reverse_only,
+    estimate_fields=CISRerankerConfig.ESTIMATE_FIELDS,
 )
 CROSS_ENCODER: RerankerKind[CrossEncoderRerankerConfig, CrossEncoderReranker] = RerankerKind(
     "cross-encoder",

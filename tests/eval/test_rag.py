@@ -326,6 +326,63 @@ def test_a_pointwise_reranker_scores_the_top_of_a_larger_set_once(
     assert [r["order"] for r in fresh.records] == [r["order"] for r in small.records]
 
 
+def test_a_grid_of_cis_settings_reads_one_pass_of_each_side(
+    nq_file, tiny_gpt2_dir, tmp_path, monkeypatch
+):
+    """Estimator, prior and normalization only combine the model's sums: the grid's settings
+    over one model and template compute each side once, and every setting's scores are what
+    its own reranker's `score_batch` gives (exactly: the same sums, the same arithmetic)."""
+    from cisrank.eval.rag import Pool, build_candidates, load_questions
+    from cisrank.rerank.cis import CISReranker
+    from cisrank.rerank.registry import load_reranker
+
+    model = str(tiny_gpt2_dir)
+    grid = {
+        "cis": {"estimator": "forward"},
+        "cis-no-prior": {"estimator": "forward", "prior": False},
+        "cis-mean": {"estimator": "forward", "normalize": "mean"},
+        "cis-reverse": {"estimator": "reverse"},
+        "cis-reverse-mean": {"estimator": "reverse", "normalize": "mean"},
+        "cis-both": {"estimator": "both"},
+    }
+    specs = {n: RerankerSpec(kind="cis", model=model, options=o) for n, o in grid.items()}
+    sides: list[str] = []
+    real = CISReranker.parts_batch
+    monkeypatch.setattr(
+        CISReranker,
+        "parts_batch",
+        lambda self, requests, wanted: sides.extend(wanted) or real(self, requests, wanted),
+    )
+    config = RagEvalConfig(questions=nq_file, candidates=4, top_k=(1,))
+    got = run_rag_eval(config, specs, tmp_path / "grid", workers=ONE)
+    assert sorted(sides) == ["conditional", "prior", "query_likelihood"]  # one chunk each
+    monkeypatch.setattr(CISReranker, "parts_batch", real)
+    questions = load_questions(nq_file)
+    pool = Pool(questions)
+    requests = [
+        (q.question, [p.contents for p in build_candidates(pool, q, 4, "related", 0)[0]])
+        for q in questions
+    ]  # one chunk of questions, as the eval scored them
+    for name, options in grid.items():
+        want = load_reranker("cis", model, **options).score_batch(requests)
+        assert [rec["scores"][name] for rec in got.records] == want, name
+    assert got.metrics["cost"]["rerankers"]["cis-both"]["questions_timed"] == len(questions)
+    # a rerun with another setting of the same model reads every side back
+    sides.clear()
+    monkeypatch.setattr(
+        CISReranker,
+        "parts_batch",
+        lambda self, requests, wanted: sides.extend(wanted) or real(self, requests, wanted),
+    )
+    extra = {
+        "both-mean": RerankerSpec(
+            kind="cis", model=model, options={"estimator": "both", "normalize": "mean"}
+        )
+    }
+    run_rag_eval(config, extra, tmp_path / "more", cache=tmp_path / "grid" / "cache", workers=ONE)
+    assert sides == []
+
+
 def test_the_command(hand_file, tmp_path, monkeypatch, capsys, titles):
     from cisrank.cli.app import main
 

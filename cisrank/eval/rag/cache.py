@@ -9,6 +9,10 @@ reuses every score and answer it can.
   over the whole list); for a pointwise reranker (`pointwise`: each passage's score depends on
   the query and that passage alone) each (query, passage) score also serves any other list that
   holds the pair, which is how the K = 10 related set, the top of the K = 20 one, is scored once.
+- Parts: for a kind whose settings differ in how they combine the same model sums (CIS:
+  estimator, prior, normalization; the registry's `estimate_fields`), one folder per model
+  setting and one file per side and chunk, each pair's sum and token count: every CIS setting
+  of a grid that shares a model pass reads it from here.
 - Generations: one folder per generator setting (model, template, chat, length, dtype), one file
   per prompt, keyed by the question, the prompt's passages best first and the arrangement: the
   exact prompt is a function of these. Two rerankers that choose the same top k, and a reranker
@@ -24,7 +28,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
@@ -108,6 +112,89 @@ class ScoreCache:
         name = digest([e["key"] for e in entries])
         atomic_write_text(self.folder / f"{name}.json", json.dumps({"entries": entries}))
         self._add(entries)
+
+
+class PartsCache:
+    """The stored model sums of one CIS model setting (`key`: kind, model and the options that
+    are not `estimate_fields`) under `root`: per side (`conditional`, `prior`,
+    `query_likelihood`), each pair's sum and token count, and each question's seconds, so that
+    every estimate, prior and normalization of that setting reads one pass of the model.
+    Stored as `ScoreCache` stores scores: one file per side and chunk, written atomically."""
+
+    COUNT: ClassVar[dict[str, str]] = {
+        "conditional": "doc_tokens",
+        "prior": "doc_tokens",
+        "query_likelihood": "query_tokens",
+    }
+
+    def __init__(self, root: Path, key: Mapping[str, Any]) -> None:
+        self.folder = Path(root) / "parts" / digest(dict(key))
+        self._pairs: dict[str, dict[str, tuple[float, float]]] = {}
+        self._seconds: dict[str, dict[str, float]] = {}
+        if self.folder.is_dir():
+            for path in sorted(self.folder.glob("*.json")):
+                data = _read(path)
+                self._add(data["side"], data["entries"])
+
+    def _add(self, side: str, entries: Iterable[Mapping[str, Any]]) -> None:
+        pairs = self._pairs.setdefault(side, {})
+        seconds = self._seconds.setdefault(side, {})
+        for e in entries:
+            seconds[e["key"]] = float(e["seconds"])
+            pairs.update(zip(e["pairs"], zip(e["values"], e["tokens"], strict=True), strict=True))
+
+    def has(self, side: str, query: str, texts: Sequence[str]) -> bool:
+        pairs = self._pairs.get(side, {})
+        return all(_pair(query, t) in pairs for t in texts)
+
+    def parts(
+        self, sides: Sequence[str], query: str, texts: Sequence[str]
+    ) -> list[dict[str, float]]:
+        """Each pair's stored parts of `sides`, with the token counts `estimate` divides by."""
+        out = []
+        for t in texts:
+            key = _pair(query, t)
+            row: dict[str, float] = {}
+            for side in sides:
+                value, tokens = self._pairs[side][key]
+                row[side] = float(value)
+                row[self.COUNT[side]] = float(tokens)
+            out.append(row)
+        return out
+
+    def seconds(self, sides: Sequence[str], query: str, texts: Sequence[str]) -> float:
+        """The model seconds these sides took for this list (0 for a side whose pairs were
+        scored for another list: K = 10 read from K = 20)."""
+        key = digest([query, list(texts)])
+        return sum(self._seconds.get(side, {}).get(key, 0.0) for side in sides)
+
+    def put(
+        self,
+        side: str,
+        requests: Sequence[tuple[str, Sequence[str]]],
+        parts: Sequence[Sequence[Mapping[str, float]]],
+        seconds: float,
+    ) -> None:
+        """Store one chunk's `side` (`seconds`: its model time, shared evenly by its questions)
+        as one file, atomically."""
+        each = seconds / max(len(requests), 1)
+        count = self.COUNT[side]
+        entries = [
+            {
+                "key": digest([query, list(texts)]),
+                "pairs": [_pair(query, t) for t in texts],
+                "values": [float(p[side]) for p in rows],
+                "tokens": [int(p[count]) for p in rows],
+                "seconds": each,
+            }
+            for (query, texts), rows in zip(requests, parts, strict=True)
+        ]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = digest([side, [e["key"] for e in entries]])
+        atomic_write_text(
+            self.folder / f"{side}-{name}.json", json.dumps({"side": side, "entries": entries})
+        )
+        self._add(side, entries)
 
 
 class GenerationCache:

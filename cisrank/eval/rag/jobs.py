@@ -2,7 +2,8 @@
 per core (`cisrank.workers`: each worker loads the model once).
 
 Work is dealt out by whole questions: a worker scores a chunk of questions with all their
-candidates (`RankJob`), or answers a chunk of prompts (`AnswerJob`). So a reranker that fuses over the
+candidates (`RankJob`; `PartsJob`, one side of CIS's model sums), or answers a chunk of prompts
+(`AnswerJob`). So a reranker that fuses over the
 candidate list (the hybrid) sees each list whole, whatever the number of workers, and the scores
 are those one process gives (rerankers do not depend on the batch a query shares).
 """
@@ -37,6 +38,27 @@ class RankJob:
         started = time.perf_counter()
         scores = reranker.score_batch(requests)
         return [[float(s) for s in row] for row in scores], time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class PartsJob:
+    """Computes one side of a CIS setting's model sums (`CISReranker.parts_batch`) over
+    chunks of (question, candidate texts) requests."""
+
+    spec: RerankerSpec
+    side: str
+    threads: int = 1
+
+    def load(self) -> Reranker:
+        return self.spec.load(WorkerOptions(workers=1, threads_per_worker=self.threads))
+
+    def score(
+        self, reranker: Any, requests: list[Request]
+    ) -> tuple[list[list[dict[str, float]]], float]:
+        """Every request's parts of this side and the seconds they took."""
+        started = time.perf_counter()
+        parts = reranker.parts_batch(requests, [self.side])
+        return parts, time.perf_counter() - started
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from cisrank.context.config import Arrangement
 from cisrank.data.types import Passage, rank_order
 from cisrank.errors import CisrankError
 from cisrank.eval.rag.answers import judge
-from cisrank.eval.rag.cache import GenerationCache, ScoreCache, Scored, prompt_key
-from cisrank.eval.rag.jobs import AnswerJob, GeneratorSetting, RankJob, run_items
+from cisrank.eval.rag.cache import GenerationCache, PartsCache, ScoreCache, Scored, prompt_key
+from cisrank.eval.rag.jobs import AnswerJob, GeneratorSetting, PartsJob, RankJob, run_items
 from cisrank.eval.rag.questions import CandidateSet, Distractors, candidate_sets, load_questions
 from cisrank.eval.rag.report import CLOSED_BOOK, GOLD_ONLY, summarize, write_outputs
 from cisrank.rerank.spec import RerankerSpec
@@ -184,6 +184,13 @@ def rank(
     requests = [(s.question.question, s.texts) for s in sets]
     got: list[Scored | None] = [cache.get(q, texts) for q, texts in requests]
     missing = [i for i, g in enumerate(got) if g is None]
+    if missing and spec.record is not None and spec.record.estimate_fields:
+        scored = _rank_by_parts(
+            [requests[i] for i in missing], spec, cache_root, workers, name, progress
+        )
+        for i, value in zip(missing, scored, strict=True):
+            got[i] = value
+        missing = []
     chunks = [
         missing[a : a + QUESTIONS_PER_CALL] for a in range(0, len(missing), QUESTIONS_PER_CALL)
     ]
@@ -202,6 +209,63 @@ def rank(
     out = [g for g in got if g is not None]
     assert len(out) == len(sets)
     return out
+
+
+def _rank_by_parts(
+    requests: Sequence[tuple[str, list[str]]],
+    spec: RerankerSpec,
+    cache_root: Path,
+    workers: WorkerOptions,
+    name: str,
+    progress: bool,
+) -> list[Scored]:
+    """`rank` for a kind whose settings combine the same model sums (CIS: the registry's
+    `estimate_fields`): each side the setting reads (`config.sides()`) is computed once per
+    model setting and stored (`PartsCache`), and the scores are `config.estimate` of them, the
+    arithmetic `CISReranker.score_batch` does. A grid of estimators, priors and normalizations
+    over one model and template costs one pass of each side, not one per setting."""
+    record = spec.record
+    assert record is not None
+    fields = record.estimate_fields
+    config = record.config(**{k: v for k, v in spec.options.items() if k in fields})
+    sides = config.sides()
+    model_setting = {k: v for k, v in spec.options.items() if k not in fields}
+    parts = PartsCache(
+        cache_root, {"kind": spec.kind, "model": spec.model, "options": model_setting}
+    )
+    for side in sides:
+        todo = [r for r in requests if not parts.has(side, *r)]
+        _compute_side(todo, spec, side, parts, workers, f"{name or spec.kind}: {side}", progress)
+    return [
+        Scored(config.estimate(parts.parts(sides, q, texts)), parts.seconds(sides, q, texts))
+        for q, texts in requests
+    ]
+
+
+def _compute_side(
+    requests: Sequence[tuple[str, list[str]]],
+    spec: RerankerSpec,
+    side: str,
+    parts: PartsCache,
+    workers: WorkerOptions,
+    label: str,
+    progress: bool,
+) -> None:
+    """One side of `spec`'s model sums for `requests`, in chunks of `QUESTIONS_PER_CALL`
+    questions on `workers`, each chunk stored as it ends."""
+    items = [
+        list(requests[a : a + QUESTIONS_PER_CALL])
+        for a in range(0, len(requests), QUESTIONS_PER_CALL)
+    ]
+    with _bar(len(requests), f"rank ({label})", progress) as bar:
+
+        def done(j: int, result: tuple[list[list[dict[str, float]]], float]) -> None:
+            rows, seconds = result
+            parts.put(side, items[j], rows, seconds)
+            bar.update(len(items[j]))
+
+        pool = for_device(workers, spec.options.get("device")) if items else workers
+        run_items(PartsJob(spec, side, pool.threads_per_worker), items, pool, done)
 
 
 def _prompts(
