@@ -385,7 +385,8 @@ def _cost(
     wall: Mapping[str, float],
 ) -> dict[str, Any]:
     """Seconds per question per reranker (the model time of the questions it scored, one
-    worker's, so per core) and per generation, by k, over the distinct prompts."""
+    worker's, so per core; a chunk's wall seconds shared by its questions) and per generation,
+    by k, over the distinct prompts (a side-by-side chunk's seconds shared by its prompts)."""
     out: dict[str, Any] = {"rerankers": {}, "generation": {}}
     for name in names:
         timed = [s.seconds for s in scores[name] if s.seconds > 0]
