@@ -194,10 +194,7 @@ class EnsembleDecoder:
         modes = list(dict.fromkeys(Decoding.parse(d) for d in decodings))
         if not modes:
             raise CisrankError("no decoding asked for: give at least one")
-        if max_new_tokens is None:
-            max_new_tokens = self.config.max_new_tokens
-        if max_new_tokens < 1:
-            raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        max_new_tokens, stops = self._limits(max_new_tokens, stop_at_eos)
         passages = list(passages)
         ensembles = [d for d in modes if d.ensemble]
         if not passages and ensembles:  # naive with none: the closed-book answer
@@ -212,8 +209,6 @@ class EnsembleDecoder:
                 dim=0,
             ).float()
         asm = self.assembler
-        eos = self.engine.tokenizer.eos_token_id
-        stops = [eos] if stop_at_eos and eos is not None else []
         out: dict[Decoding, Generation] = {}
         if Decoding.NAIVE in modes:
             state = self.engine.prefill_lockstep(
@@ -234,6 +229,15 @@ class EnsembleDecoder:
                 )
         return {d: out[d] for d in modes}
 
+    def _limits(self, max_new_tokens: int | None, stop_at_eos: bool) -> tuple[int, list[int]]:
+        """The answer's length (the config's where None; checked) and its stop tokens."""
+        if max_new_tokens is None:
+            max_new_tokens = self.config.max_new_tokens
+        if max_new_tokens < 1:
+            raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        eos = self.engine.tokenizer.eos_token_id
+        return max_new_tokens, [eos] if stop_at_eos and eos is not None else []
+
     def generate_each(
         self,
         prompts: Sequence[tuple[str, Sequence[Passage]]],
@@ -245,15 +249,10 @@ class EnsembleDecoder:
         `generate` gives it one at a time, the prompts decoded side by side
         (`CausalLMEngine.decode_rows`): a small model's step costs about what one row costs on
         a CPU, so `cisrank eval rag` answers a chunk of prompts for about the price of one."""
-        if max_new_tokens is None:
-            max_new_tokens = self.config.max_new_tokens
-        if max_new_tokens < 1:
-            raise CisrankError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        max_new_tokens, stops = self._limits(max_new_tokens, stop_at_eos)
         if not prompts:
             return []
         rows = [self.assembler.render(q, list(ps)).ids for q, ps in prompts]
-        eos = self.engine.tokenizer.eos_token_id
-        stops = [eos] if stop_at_eos and eos is not None else []
         state = self.engine.prefill_lockstep(rows, max_new_tokens=max_new_tokens)
         records: list[list[StepRecord]] = [[] for _ in rows]
 

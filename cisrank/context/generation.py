@@ -52,12 +52,7 @@ def answer_question(
     with `decoder` (its config's decoding and `max_new_tokens`; `deadline` and `cancel` as
     `EnsembleDecoder.generate`)."""
     passages = list(passages)
-    order = list(range(len(passages)))
-    settings = arrangement or ArrangeConfig()
-    if decoder.config.decoding is Decoding.NAIVE and settings.arrange is not Arrangement.RANKED:
-        order = decoder.assembler.order(
-            question, passages, settings.arrange, shuffles_n=settings.shuffles, seed=settings.seed
-        ).order
+    order = _order(decoder, question, passages, arrangement or ArrangeConfig())
     ordered = [passages[i] for i in order]
     ordered_scores = [scores[i] for i in order] if scores is not None else None
     generation = decoder.generate(
@@ -80,20 +75,21 @@ def answer_each(
             "each passage in a prompt of its own: answer_question answers one question"
         )
     settings = arrangement or ArrangeConfig()
-    orders: list[list[int]] = []
-    for question, passages in items:
-        order = list(range(len(passages)))
-        if passages and settings.arrange is not Arrangement.RANKED:
-            order = decoder.assembler.order(
-                question,
-                list(passages),
-                settings.arrange,
-                shuffles_n=settings.shuffles,
-                seed=settings.seed,
-            ).order
-        orders.append(order)
+    orders = [_order(decoder, q, list(ps), settings) if ps else [] for q, ps in items]
     ordered = [[ps[i] for i in o] for (_, ps), o in zip(items, orders, strict=True)]
     generations = decoder.generate_each(
         [(q, ps) for (q, _), ps in zip(items, ordered, strict=True)]
     )
     return [Answer(o, ps, None, g) for o, ps, g in zip(orders, ordered, generations, strict=True)]
+
+
+def _order(
+    decoder: EnsembleDecoder, question: str, passages: list[Passage], settings: ArrangeConfig
+) -> list[int]:
+    """The prompt order of `passages` (input indices): the arrangement's for a naive decoding,
+    the input order for the document-parallel ones and for `ranked`."""
+    if decoder.config.decoding is not Decoding.NAIVE or settings.arrange is Arrangement.RANKED:
+        return list(range(len(passages)))
+    return decoder.assembler.order(
+        question, passages, settings.arrange, shuffles_n=settings.shuffles, seed=settings.seed
+    ).order

@@ -213,23 +213,12 @@ class CISReranker(BaseReranker):
         """`components` of each (query, passages) request. The passages of all requests are
         tokenized in one call and their priors looked up (and the misses computed, in shared
         batches) in one pass; log p(K|Q) runs per query, each with its own prefix cache."""
-        for _, passages in requests:
-            if isinstance(passages, str):
-                raise CisrankError("passages must be a list of strings, not one string")
-        all_docs = self.passage_ids([p for _, passages in requests for p in passages])
-        all_priors = self._prior_raw(all_docs) if all_docs else []
         out: list[tuple[list[float], list[float], list[float]]] = []
-        start = 0
-        for query, passages in requests:
-            end = start + len(passages)
-            docs, prior = all_docs[start:end], all_priors[start:end]
-            start = end
-            if not docs:
-                out.append(([], [], []))
-                continue
-            counts = [len(d) for d in docs]
-            cond = self._conditional_raw(query, docs)
-            cis = [c - p for c, p in zip(cond, prior, strict=True)]
+        for rows in self.parts_batch(requests, ("prior", "conditional")):
+            counts = [int(p["doc_tokens"]) for p in rows]
+            cond = [p["conditional"] for p in rows]
+            prior = [p["prior"] for p in rows]
+            cis = [c - q for c, q in zip(cond, prior, strict=True)]
             out.append(
                 (self._norm(cis, counts), self._norm(cond, counts), self._norm(prior, counts))
             )
@@ -242,14 +231,19 @@ class CISReranker(BaseReranker):
         return self.reverse_batch([(query, passages)])[0]
 
     def reverse_spans(
-        self, requests: Sequence[tuple[str, Sequence[str]]]
+        self,
+        requests: Sequence[tuple[str, Sequence[str]]],
+        docs: Sequence[list[int]] | None = None,
     ) -> list[tuple[list[int], list[int]]]:
         """(context, target) ids of every pair, in request order: `[BOS, before, D, between]`
-        and the query's ids, the rows `reverse_batch` scores (and `bench/cis_floor.py` counts)."""
-        docs = iter(self.passage_ids([p for _, ps in requests for p in ps]))
+        and the query's ids, the rows `reverse_batch` scores (and `bench/cis_floor.py` counts);
+        `docs`: the passages' D in that order where the caller has tokenized them already."""
+        if docs is None:
+            docs = self.passage_ids([p for _, ps in requests for p in ps])
+        ids = iter(docs)
         encode, bos = self.engine.encode, self.engine.bos_id
         return [
-            self.reverse_template.ids(encode, bos, next(docs), query)
+            self.reverse_template.ids(encode, bos, next(ids), query)
             for query, ps in requests
             for _ in ps
         ]
@@ -258,14 +252,12 @@ class CISReranker(BaseReranker):
         """`log_query_likelihood` of each request. Each passage is its own long context and the
         query one short target, so all pairs of all requests go to the engine at once, batched
         by length; the LM head runs at the query's positions only."""
-        res = self.engine.score_spans(self.reverse_spans(requests))
-        values = self._norm(res.logprobs, res.num_tokens)
-        out: list[list[float]] = []
-        k = 0
-        for _, ps in requests:
-            out.append(values[k : k + len(ps)])
-            k += len(ps)
-        return out
+        return [
+            self._norm(
+                [p["query_likelihood"] for p in rows], [int(p["query_tokens"]) for p in rows]
+            )
+            for rows in self.parts_batch(requests, ("query_likelihood",))
+        ]
 
     def parts_batch(
         self, requests: Sequence[tuple[str, Sequence[str]]], sides: Sequence[str]
@@ -295,7 +287,7 @@ class CISReranker(BaseReranker):
                     columns["conditional"] += self._conditional_raw(query, docs[start:end])
                 start = end
         if "query_likelihood" in sides:
-            res = self.engine.score_spans(self.reverse_spans(requests))
+            res = self.engine.score_spans(self.reverse_spans(requests, docs))
             columns["query_likelihood"] = [float(v) for v in res.logprobs]
             columns["query_tokens"] = [float(n) for n in res.num_tokens]
         rows = [
