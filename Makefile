@@ -141,10 +141,10 @@ rag: install  ## issue 46's experiment: retrieval figures (500 questions, K 10/2
 # Issue 46, item 3: the CIS setting that chooses RAG passages best (bench/rag_cis_grid.json:
 # estimator, template, prior, normalization; reverse CIS with normalize=mean is not in it: it
 # divides every passage's log p(Q|K) by the same query length, so it ranks exactly as the sum
-# does, tests/rerank/test_cis_reverse.py; settings that differ only in estimator, prior or
-# normalization read one stored pass of each side, out/rag/cache/parts), chosen on questions
-# 0-999 by MRR of the gold at
-# K = 20 related (gold recall@3 breaks ties) and reported once on questions 1000-1999 with
+# does, tests/rerank/test_cis_reverse.py; the settings read one stored pass of each side and
+# template, and one log p(K) a passage, out/rag/cache/parts: 5 passes and the priors for 8
+# settings), chosen on questions 0-999 by MRR of the gold at K = 20 related (gold recall@3
+# breaks ties) and reported once on questions 1000-1999 with
 # RAG_CHOSEN (the grid's name of the choice) beside the first stage, mpnet and the default CIS.
 RAG_CHOSEN ?=
 rag-select: install  ## issue 46 item 3: the CIS grid on questions 0-999 (then RAG_CHOSEN=NAME on 1000-1999)

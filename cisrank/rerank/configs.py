@@ -169,6 +169,29 @@ class CISRerankerConfig(ComponentConfig):
     """The options that only combine the sums the model computes (`sides`, `estimate`): CIS
     settings that differ in these alone read the same model passes."""
 
+    SIDE_IGNORES: ClassVar[Mapping[str, frozenset[str]]] = {
+        "conditional": frozenset({"reverse_template", "prior_store"}),
+        "prior": frozenset({"template", "reverse_template"}),
+        "query_likelihood": frozenset({"template", "prior_store"}),
+    }
+    """The options a side's sums do not read: log p(K|Q) is the forward template's, log p(Q|K)
+    the reverse template's, and log p(K) ([BOS] + the passage, `CISReranker._prior_raw`) is
+    neither's. So a grid over templates computes each passage's prior once."""
+
+    QUERY_FREE_SIDES: ClassVar[frozenset[str]] = frozenset({"prior"})
+    """Sides that do not depend on the query: log p(K) is one number per passage, whichever
+    question it is a candidate of."""
+
+    def side_setting(self, side: str) -> dict[str, object]:
+        """What `side`'s sums depend on besides the model and the pair: every option with its
+        default filled in (so `template: qa` and no template are one setting), less the
+        `ESTIMATE_FIELDS` and what the side ignores (`SIDE_IGNORES`). Stored sums are keyed by
+        it (`cisrank eval rag`)."""
+        if side not in self.SIDE_IGNORES:
+            raise ValueError(f"unknown CIS side {side!r}: {sorted(self.SIDE_IGNORES)}")
+        skip = self.ESTIMATE_FIELDS | self.SIDE_IGNORES[side] | {"model"}
+        return {k: v for k, v in self.model_dump(mode="json").items() if k not in skip}
+
     def sides(self) -> tuple[str, ...]:
         """The summed log-probabilities this setting's estimate reads, per (query, passage):
         `conditional` log p(K|Q), `prior` log p(K), `query_likelihood` log p(Q|K)."""

@@ -329,9 +329,11 @@ def test_a_pointwise_reranker_scores_the_top_of_a_larger_set_once(
 def test_a_grid_of_cis_settings_reads_one_pass_of_each_side(
     nq_file, tiny_gpt2_dir, tmp_path, monkeypatch
 ):
-    """Estimator, prior and normalization only combine the model's sums: the grid's settings
-    over one model and template compute each side once, and every setting's scores are what
-    its own reranker's `score_batch` gives (exactly: the same sums, the same arithmetic)."""
+    """Estimator, prior and normalization only combine the model's sums, a side does not read
+    the other side's template, and the prior reads neither template nor question: the grid's
+    settings compute each side once per template it reads and each passage's prior once, and
+    every setting's scores are what its own reranker's `score_batch` gives (exactly: the same
+    sums, the same arithmetic)."""
     from cisrank.eval.rag import Pool, build_candidates, load_questions
     from cisrank.rerank.cis import CISReranker
     from cisrank.rerank.registry import load_reranker
@@ -339,23 +341,32 @@ def test_a_grid_of_cis_settings_reads_one_pass_of_each_side(
     model = str(tiny_gpt2_dir)
     grid = {
         "cis": {"estimator": "forward"},
+        "cis-qa": {"estimator": "forward", "template": "qa"},  # the default, spelled out
         "cis-no-prior": {"estimator": "forward", "prior": False},
         "cis-mean": {"estimator": "forward", "normalize": "mean"},
+        "cis-plain": {"estimator": "forward", "template": "plain"},
         "cis-reverse": {"estimator": "reverse"},
         "cis-reverse-mean": {"estimator": "reverse", "normalize": "mean"},
-        "cis-both": {"estimator": "both"},
+        "cis-both": {"estimator": "both", "template": "qa", "reverse_template": "upr"},
     }
     specs = {n: RerankerSpec(kind="cis", model=model, options=o) for n, o in grid.items()}
-    sides: list[str] = []
+    calls: list[tuple[str, list[str]]] = []
     real = CISReranker.parts_batch
-    monkeypatch.setattr(
-        CISReranker,
-        "parts_batch",
-        lambda self, requests, wanted: sides.extend(wanted) or real(self, requests, wanted),
-    )
+
+    def spy(self, requests, wanted):
+        calls.extend((side, [t for _, ts in requests for t in ts]) for side in wanted)
+        return real(self, requests, wanted)
+
+    monkeypatch.setattr(CISReranker, "parts_batch", spy)
     config = RagEvalConfig(questions=nq_file, candidates=4, top_k=(1,))
     got = run_rag_eval(config, specs, tmp_path / "grid", workers=ONE)
-    assert sorted(sides) == ["conditional", "prior", "query_likelihood"]  # one chunk each
+    # one chunk each: the qa and plain conditionals, one prior, one query likelihood
+    assert sorted(side for side, _ in calls) == [
+        "conditional",
+        "conditional",
+        "prior",
+        "query_likelihood",
+    ]
     monkeypatch.setattr(CISReranker, "parts_batch", real)
     questions = load_questions(nq_file)
     pool = Pool(questions)
@@ -363,24 +374,30 @@ def test_a_grid_of_cis_settings_reads_one_pass_of_each_side(
         (q.question, [p.contents for p in build_candidates(pool, q, 4, "related", 0)[0]])
         for q in questions
     ]  # one chunk of questions, as the eval scored them
+    (prior,) = [texts for side, texts in calls if side == "prior"]
+    pairs = [t for _, texts in requests for t in texts]
+    assert sorted(prior) == sorted(set(pairs)) and len(prior) < len(pairs)
     for name, options in grid.items():
         want = load_reranker("cis", model, **options).score_batch(requests)
         assert [rec["scores"][name] for rec in got.records] == want, name
-    assert got.metrics["cost"]["rerankers"]["cis-both"]["questions_timed"] == len(questions)
+    cost = got.metrics["cost"]["rerankers"]
+    assert cost["cis-both"]["questions_timed"] == len(questions)
+    assert cost["cis"]["seconds_per_question"] > cost["cis-no-prior"]["seconds_per_question"]
     # a rerun with another setting of the same model reads every side back
-    sides.clear()
-    monkeypatch.setattr(
-        CISReranker,
-        "parts_batch",
-        lambda self, requests, wanted: sides.extend(wanted) or real(self, requests, wanted),
-    )
+    calls.clear()
+    monkeypatch.setattr(CISReranker, "parts_batch", spy)
     extra = {
         "both-mean": RerankerSpec(
             kind="cis", model=model, options={"estimator": "both", "normalize": "mean"}
-        )
+        ),
+        "plain-reverse": RerankerSpec(
+            kind="cis",
+            model=model,
+            options={"estimator": "forward", "template": "plain", "reverse_template": "chat"},
+        ),
     }
     run_rag_eval(config, extra, tmp_path / "more", cache=tmp_path / "grid" / "cache", workers=ONE)
-    assert sides == []
+    assert calls == []
 
 
 def test_the_command(hand_file, tmp_path, monkeypatch, capsys, titles):

@@ -136,6 +136,47 @@ def test_without_the_prior_it_ranks_by_log_p_k_given_q_alone(refs, tmp_path):
     assert np.abs(np.array(taught.score) - [e[0] for e in exp]).max() <= TOL
 
 
+def test_each_side_reads_only_the_options_its_setting_names(refs):
+    """`CISRerankerConfig.side_setting` is what stored sums are keyed by (`cisrank eval rag`):
+    settings it calls one must give the same sums, and the templates it tells apart must not.
+    log p(K|Q) reads the forward template alone, log p(Q|K) the reverse one, log p(K) neither."""
+    from cisrank.rerank.configs import CISRerankerConfig
+
+    path, _, _ = refs["gpt2"]
+    base = CISReranker(str(path), device="cpu", estimator="both")
+    requests = [(QUERY, PASSAGES)]
+
+    def sums(side, **options):
+        r = CISReranker(str(path), engine=base.engine, estimator="both", **options)
+        setting = CISRerankerConfig(estimator="both", **options).side_setting(side)
+        return [p[side] for p in r.parts_batch(requests, [side])[0]], setting
+
+    cases = {
+        "conditional": (
+            {"reverse_template": "Text: {passage} Query: {query}"},
+            {"template": "plain"},
+        ),
+        "prior": (
+            {"template": "plain", "reverse_template": "Text: {passage} Query: {query}"},
+            {"max_doc_tokens": 4},
+        ),
+        "query_likelihood": (
+            {"template": "plain"},
+            {"reverse_template": "Text: {passage} Query: {query}"},
+        ),
+    }
+    for side, (ignored, read) in cases.items():
+        default, key = sums(side)
+        same, same_key = sums(side, **ignored)
+        other, other_key = sums(side, **read)
+        assert same == default and same_key == key, side
+        assert other != default and other_key != key, side
+    explicit = CISRerankerConfig(template="qa", reverse_template="upr", normalize="mean")
+    assert explicit.side_setting("conditional") == CISRerankerConfig().side_setting("conditional")
+    with pytest.raises(ValueError, match="unknown CIS side"):
+        CISRerankerConfig().side_setting("posterior")
+
+
 def test_custom_template_and_bpe_boundary(refs):
     """Prefix and passage are tokenized apart: a BPE merge across the boundary cannot change D."""
     path, ref, tok = refs["bpe"]

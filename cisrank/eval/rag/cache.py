@@ -10,9 +10,10 @@ reuses every score and answer it can.
   the query and that passage alone) each (query, passage) score also serves any other list that
   holds the pair, which is how the K = 10 related set, the top of the K = 20 one, is scored once.
 - Parts: for a kind whose settings differ in how they combine the same model sums (CIS:
-  estimator, prior, normalization; the registry's `estimate_fields`), one folder per model
-  setting and one file per side and chunk, each pair's sum and token count: every CIS setting
-  of a grid that shares a model pass reads it from here.
+  estimator, prior, normalization; the registry's `estimate_fields`), one folder per side and
+  the options that side reads (`CISRerankerConfig.side_setting`), one file per chunk, each
+  pair's sum and token count: every CIS setting of a grid that shares a model pass reads it
+  from here, and the prior, which no template or question changes, is stored once a passage.
 - Generations: one folder per generator setting (model, template, chat, length, dtype), one file
   per prompt, keyed by the question, the prompt's passages best first and the arrangement: the
   exact prompt is a function of these. Two rerankers that choose the same top k, and a reranker
@@ -115,11 +116,13 @@ class ScoreCache:
 
 
 class PartsCache:
-    """The stored model sums of one CIS model setting (`key`: kind, model and the options that
-    are not `estimate_fields`) under `root`: per side (`conditional`, `prior`,
-    `query_likelihood`), each pair's sum and token count, and each question's seconds, so that
-    every estimate, prior and normalization of that setting reads one pass of the model.
-    Stored as `ScoreCache` stores scores: one file per side and chunk, written atomically."""
+    """The stored model sums of one side (`conditional`, `prior` or `query_likelihood`) of
+    one CIS model setting (`key`: kind, model, side and `CISRerankerConfig.side_setting`)
+    under `root`: each pair's sum and token count and each list's seconds, so that every
+    estimate, prior and normalization of that setting, and every template the side does not
+    read, reads one pass of the model. A `query_free` side (the prior, log p(K)) is stored per
+    passage, whichever question it came with. Stored as `ScoreCache` stores scores: one file
+    per chunk, written atomically."""
 
     COUNT: ClassVar[dict[str, str]] = {
         "conditional": "doc_tokens",
@@ -127,74 +130,76 @@ class PartsCache:
         "query_likelihood": "query_tokens",
     }
 
-    def __init__(self, root: Path, key: Mapping[str, Any]) -> None:
-        self.folder = Path(root) / "parts" / digest(dict(key))
-        self._pairs: dict[str, dict[str, tuple[float, float]]] = {}
-        self._seconds: dict[str, dict[str, float]] = {}
+    def __init__(
+        self, root: Path, side: str, key: Mapping[str, Any], query_free: bool = False
+    ) -> None:
+        if side not in self.COUNT:
+            raise ValueError(f"unknown side {side!r}: {sorted(self.COUNT)}")
+        self.side = side
+        self.query_free = query_free
+        self.folder = Path(root) / "parts" / digest({**key, "side": side})
+        self._pairs: dict[str, tuple[float, float, float]] = {}  # value, tokens, seconds
+        self._seconds: dict[str, float] = {}
         if self.folder.is_dir():
             for path in sorted(self.folder.glob("*.json")):
-                data = _read(path)
-                self._add(data["side"], data["entries"])
+                self._add(_read(path)["entries"])
 
-    def _add(self, side: str, entries: Iterable[Mapping[str, Any]]) -> None:
-        pairs = self._pairs.setdefault(side, {})
-        seconds = self._seconds.setdefault(side, {})
+    def _key(self, query: str, text: str) -> str:
+        return _pair("" if self.query_free else query, text)
+
+    def _add(self, entries: Iterable[Mapping[str, Any]]) -> None:
         for e in entries:
-            seconds[e["key"]] = float(e["seconds"])
-            pairs.update(zip(e["pairs"], zip(e["values"], e["tokens"], strict=True), strict=True))
+            self._seconds[e["key"]] = float(e["seconds"])
+            each = float(e["seconds"]) / max(len(e["pairs"]), 1)
+            for pair, value, tokens in zip(e["pairs"], e["values"], e["tokens"], strict=True):
+                self._pairs[pair] = (float(value), float(tokens), each)
 
-    def has(self, side: str, query: str, texts: Sequence[str]) -> bool:
-        pairs = self._pairs.get(side, {})
-        return all(_pair(query, t) in pairs for t in texts)
+    def has(self, query: str, texts: Sequence[str]) -> bool:
+        return all(self._key(query, t) in self._pairs for t in texts)
 
-    def parts(
-        self, sides: Sequence[str], query: str, texts: Sequence[str]
-    ) -> list[dict[str, float]]:
-        """Each pair's stored parts of `sides`, with the token counts `estimate` divides by."""
+    def parts(self, query: str, texts: Sequence[str]) -> list[dict[str, float]]:
+        """Each pair's stored sum under the side's name, with the token count `estimate`
+        divides by."""
+        count = self.COUNT[self.side]
         out = []
         for t in texts:
-            key = _pair(query, t)
-            row: dict[str, float] = {}
-            for side in sides:
-                value, tokens = self._pairs[side][key]
-                row[side] = float(value)
-                row[self.COUNT[side]] = float(tokens)
-            out.append(row)
+            value, tokens, _ = self._pairs[self._key(query, t)]
+            out.append({self.side: value, count: tokens})
         return out
 
-    def seconds(self, sides: Sequence[str], query: str, texts: Sequence[str]) -> float:
-        """The model seconds these sides took for this list (0 for a side whose pairs were
-        scored for another list: K = 10 read from K = 20)."""
-        key = digest([query, list(texts)])
-        return sum(self._seconds.get(side, {}).get(key, 0.0) for side in sides)
+    def seconds(self, query: str, texts: Sequence[str]) -> float:
+        """The model seconds of this side for this list: its chunk's share (0 for a list whose
+        pairs were scored for another: K = 10 read from K = 20); for a query-free side, each
+        passage's share of the chunk that computed it, summed over the list (what the list
+        costs with no passage shared)."""
+        if self.query_free:
+            return sum(self._pairs[self._key(query, t)][2] for t in texts)
+        return self._seconds.get(digest([query, list(texts)]), 0.0)
 
     def put(
         self,
-        side: str,
         requests: Sequence[tuple[str, Sequence[str]]],
         parts: Sequence[Sequence[Mapping[str, float]]],
         seconds: float,
     ) -> None:
-        """Store one chunk's `side` (`seconds`: its model time, shared evenly by its questions)
-        as one file, atomically."""
+        """Store one chunk of this side (`seconds`: its model time, shared evenly by its
+        requests) as one file, atomically."""
         each = seconds / max(len(requests), 1)
-        count = self.COUNT[side]
+        count = self.COUNT[self.side]
         entries = [
             {
                 "key": digest([query, list(texts)]),
-                "pairs": [_pair(query, t) for t in texts],
-                "values": [float(p[side]) for p in rows],
+                "pairs": [self._key(query, t) for t in texts],
+                "values": [float(p[self.side]) for p in rows],
                 "tokens": [int(p[count]) for p in rows],
                 "seconds": each,
             }
             for (query, texts), rows in zip(requests, parts, strict=True)
         ]
         self.folder.mkdir(parents=True, exist_ok=True)
-        name = digest([side, [e["key"] for e in entries]])
-        atomic_write_text(
-            self.folder / f"{side}-{name}.json", json.dumps({"side": side, "entries": entries})
-        )
-        self._add(side, entries)
+        name = digest([e["key"] for e in entries])
+        atomic_write_text(self.folder / f"{name}.json", json.dumps({"entries": entries}))
+        self._add(entries)
 
 
 class GenerationCache:

@@ -42,6 +42,9 @@ FIRST_STAGE = "first-stage"
 QUESTIONS_PER_CALL = 8
 """Questions per `score_batch` call and per stored chunk: enough for a reranker to fill its
 batches across questions, few enough that a killed run loses little."""
+PASSAGES_PER_CALL = 20
+"""Passages per request of a query-free side (the prior): one question's worth, so that a
+chunk of `QUESTIONS_PER_CALL` requests is the work of one chunk of questions."""
 PROMPTS_PER_CALL = 8
 """Prompts answered side by side in one decoding (`answer_each`): SmolLM2-135M on one CPU
 thread answered 32 of the eval's prompts (0 to 5 passages) in chunks of 8 1.65x as fast as one at
@@ -221,38 +224,50 @@ def _rank_by_parts(
 ) -> list[Scored]:
     """`rank` for a kind whose settings combine the same model sums (CIS: the registry's
     `estimate_fields`): each side the setting reads (`config.sides()`) is computed once per
-    model setting and stored (`PartsCache`), and the scores are `config.estimate` of them, the
-    arithmetic `CISReranker.score_batch` does. A grid of estimators, priors and normalizations
-    over one model and template costs one pass of each side, not one per setting."""
+    setting of that side (`config.side_setting`) and stored (`PartsCache`), and the scores are
+    `config.estimate` of them, the arithmetic `CISReranker.score_batch` does. A grid of
+    estimators, priors, normalizations and templates costs one pass of each side and template,
+    not one per setting; the prior (query-free) is computed once per distinct passage."""
     record = spec.record
     assert record is not None
-    fields = record.estimate_fields
-    config = record.config(**{k: v for k, v in spec.options.items() if k in fields})
-    sides = config.sides()
-    model_setting = {k: v for k, v in spec.options.items() if k not in fields}
-    parts = PartsCache(
-        cache_root, {"kind": spec.kind, "model": spec.model, "options": model_setting}
-    )
-    for side in sides:
-        todo = [r for r in requests if not parts.has(side, *r)]
-        _compute_side(todo, spec, side, parts, workers, f"{name or spec.kind}: {side}", progress)
-    return [
-        Scored(config.estimate(parts.parts(sides, q, texts)), parts.seconds(sides, q, texts))
-        for q, texts in requests
-    ]
+    config: Any = record.config(**spec.options)
+    caches = []
+    for side in config.sides():
+        free = side in config.QUERY_FREE_SIDES
+        key = {"kind": spec.kind, "model": spec.model, "setting": config.side_setting(side)}
+        cache = PartsCache(cache_root, side, key, query_free=free)
+        if free:
+            texts = list(
+                dict.fromkeys(t for _, ts in requests for t in ts if not cache.has("", [t]))
+            )
+            todo = [
+                ("", texts[a : a + PASSAGES_PER_CALL])
+                for a in range(0, len(texts), PASSAGES_PER_CALL)
+            ]
+        else:
+            todo = [r for r in requests if not cache.has(*r)]
+        _compute_side(todo, spec, cache, workers, f"{name or spec.kind}: {side}", progress)
+        caches.append(cache)
+    out = []
+    for q, texts in requests:
+        rows: list[dict[str, float]] = [{} for _ in texts]
+        for cache in caches:
+            for row, part in zip(rows, cache.parts(q, texts), strict=True):
+                row.update(part)
+        out.append(Scored(config.estimate(rows), sum(c.seconds(q, texts) for c in caches)))
+    return out
 
 
 def _compute_side(
     requests: Sequence[tuple[str, list[str]]],
     spec: RerankerSpec,
-    side: str,
     parts: PartsCache,
     workers: WorkerOptions,
     label: str,
     progress: bool,
 ) -> None:
-    """One side of `spec`'s model sums for `requests`, in chunks of `QUESTIONS_PER_CALL`
-    questions on `workers`, each chunk stored as it ends."""
+    """`parts.side` of `spec`'s model sums for `requests`, in chunks of `QUESTIONS_PER_CALL`
+    requests on `workers`, each chunk stored as it ends."""
     items = [
         list(requests[a : a + QUESTIONS_PER_CALL])
         for a in range(0, len(requests), QUESTIONS_PER_CALL)
@@ -261,11 +276,11 @@ def _compute_side(
 
         def done(j: int, result: tuple[list[list[dict[str, float]]], float]) -> None:
             rows, seconds = result
-            parts.put(side, items[j], rows, seconds)
+            parts.put(items[j], rows, seconds)
             bar.update(len(items[j]))
 
         pool = for_device(workers, spec.options.get("device")) if items else workers
-        run_items(PartsJob(spec, side, pool.threads_per_worker), items, pool, done)
+        run_items(PartsJob(spec, parts.side, pool.threads_per_worker), items, pool, done)
 
 
 def _prompts(
