@@ -157,6 +157,17 @@ class PartsCache:
     def has(self, query: str, texts: Sequence[str]) -> bool:
         return all(self._key(query, t) in self._pairs for t in texts)
 
+    def missing(
+        self, requests: Sequence[tuple[str, list[str]]], passages_per_request: int
+    ) -> list[tuple[str, list[str]]]:
+        """The requests still to compute: those with a pair not stored; for a query-free side,
+        each distinct passage not stored, once, `passages_per_request` to a request."""
+        if not self.query_free:
+            return [r for r in requests if not self.has(*r)]
+        texts = list(dict.fromkeys(t for _, ts in requests for t in ts if not self.has("", [t])))
+        n = passages_per_request
+        return [("", texts[a : a + n]) for a in range(0, len(texts), n)]
+
     def parts(self, query: str, texts: Sequence[str]) -> list[dict[str, float]]:
         """Each pair's stored sum under the side's name, with the token count `estimate`
         divides by."""

@@ -233,19 +233,9 @@ def _rank_by_parts(
     config: Any = record.config(**spec.options)
     caches = []
     for side in config.sides():
-        free = side in config.QUERY_FREE_SIDES
         key = {"kind": spec.kind, "model": spec.model, "setting": config.side_setting(side)}
-        cache = PartsCache(cache_root, side, key, query_free=free)
-        if free:
-            texts = list(
-                dict.fromkeys(t for _, ts in requests for t in ts if not cache.has("", [t]))
-            )
-            todo = [
-                ("", texts[a : a + PASSAGES_PER_CALL])
-                for a in range(0, len(texts), PASSAGES_PER_CALL)
-            ]
-        else:
-            todo = [r for r in requests if not cache.has(*r)]
+        cache = PartsCache(cache_root, side, key, query_free=side in config.QUERY_FREE_SIDES)
+        todo = cache.missing(requests, PASSAGES_PER_CALL)
         _compute_side(todo, spec, cache, workers, f"{name or spec.kind}: {side}", progress)
         caches.append(cache)
     out = []
