@@ -145,7 +145,9 @@ rag: install  ## issue 46's experiment: retrieval figures (500 questions, K 10/2
 # template, and one log p(K) a passage, out/rag/cache/parts: 5 passes and the priors for 8
 # settings), chosen on questions 0-999 by MRR of the gold at K = 20 related (gold recall@3
 # breaks ties) and reported once on questions 1000-1999 with
-# RAG_CHOSEN (the grid's name of the choice) beside the first stage, mpnet and the default CIS.
+# RAG_CHOSEN (the grid's name of the choice) beside the first stage, mpnet and the paper's
+# forward CIS (`cis`).
+# Chosen on 0-999 (bench/RESULTS.md, item 3): cis-reverse, the TREC DL default, so no preset.
 RAG_CHOSEN ?=
 rag-select: install  ## issue 46 item 3: the CIS grid on questions 0-999 (then RAG_CHOSEN=NAME on 1000-1999)
 	$(RAG) --limit 1000 --candidates 20 --distractors related --rerankers bench/rag_cis_grid.json \
