@@ -329,6 +329,9 @@ class _RagSample:
     limit: Annotated[int | None, _rag_flag("limit", "--limit", min=1)] = None
     candidates: Annotated[int | None, _rag_flag("candidates", "--candidates", min=1)] = None
     distractors: Annotated[str | None, _rag_flag("distractors", "--distractors")] = None
+    skip_short: Annotated[bool | None, _rag_flag("skip_short", "--skip-short/--no-skip-short")] = (
+        None
+    )
 
 
 RAG_SAMPLE_FLAGS: FlagGroup[dict[str, Any]] = FlagGroup(_RagSample, dict)
@@ -488,6 +491,12 @@ def _print_rag(metrics: dict[str, Any], config: RagEvalConfig, versus: str, fold
         + (f", answers by {config.generator}" if config.generator else "")
     )
     console.print(figures_table(metrics, title))
+    skipped = metrics.get("skipped") or []
+    if skipped:
+        console.print(
+            f"{len(skipped)} question(s) left out, short of candidates (metrics.json 'skipped'), "
+            f"e.g. {skipped[0]['reason']}"
+        )
     answered = "baselines" in metrics or any(
         "accuracy" in row[str(k)] for row in metrics["rerankers"].values() for k in config.top_k
     )

@@ -216,6 +216,33 @@ def test_retrieval_alone_and_bad_settings(hand_file, tmp_path):
         run_rag_eval(hand_config(bad), {}, tmp_path / "z")
 
 
+def test_a_question_short_of_distractors_is_left_out_and_said(tmp_path):
+    """An answer inside every passage of the pool (a letter, as NQ-Open's "S" of question 1840)
+    leaves no distractor free of it: that question is left out with its reason and the others
+    are measured; `skip_short=False` stops the run on it instead."""
+    letter = ("which letter is most common in english", ["E"], [("Letters", "Most common.")], 0)
+    path = write_nq(tmp_path / "short.jsonl", [*HAND, letter])
+    config = hand_config(path, distractors="related", generator=None, top_k=(1,))
+    result = run_rag_eval(config, {}, tmp_path / "r", workers=ONE)
+    assert [r["index"] for r in result.records] == [0, 1, 2, 3]
+    assert result.metrics["questions"] == 4
+    [skipped] = result.metrics["skipped"]
+    assert skipped["question"] == 4
+    assert skipped["reason"].startswith(
+        "question 4: only 0 passages of the pool hold none of its answers ('E'), "
+        "2 distractors asked"
+    )
+    stored = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert stored["skipped"] == result.metrics["skipped"]
+    with pytest.raises(CisrankError, match=r"^question 4: only 0 passages"):
+        run_rag_eval(config.replace(skip_short=False), {}, tmp_path / "s", workers=ONE)
+    # the file's first question alone, and it is short: nothing to measure
+    with pytest.raises(
+        CisrankError, match=r"every question is short of candidates, e\.g\. question 4"
+    ):
+        run_rag_eval(config.replace(first=4), {}, tmp_path / "t", workers=ONE)
+
+
 # ------------------------------------------------------------------ tiny real models
 
 

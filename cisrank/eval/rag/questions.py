@@ -17,6 +17,13 @@ as the accuracy: `answers.has_answer`) nor the gold's text:
 - `given`: the question's own `ctxs` (a file with retrieved passages, e.g. lost in the middle's
   20-document files): the gold and the first K - 1 others, in file order.
 
+A question that cannot have K candidates (its answer is in nearly every passage of the pool, as
+the one-letter answer "S" of NQ-Open's "atlantic ocean's shape is similar to which english
+alphabet", or its file gives fewer than K) raises `ShortOfCandidates`; `candidate_sets` leaves
+such a question out and says why, so one question does not stop a run of a thousand, and an
+answer every passage holds measures nothing (any passage "holds" it, any long answer "contains"
+it).
+
 The candidates are in first-stage order: BM25's order of the K passages for the question (ties by
 input position: the gold, then the distractors), or the file's order for `given`. So the
 `first-stage` ranking is the identity, and with `related` distractors the gold is often not first.
@@ -38,6 +45,11 @@ from cisrank.eval.rag.answers import has_answer, normalize_answer
 
 Distractors = Literal["related", "random", "given"]
 DISTRACTORS: tuple[str, ...] = ("related", "random", "given")
+
+
+class ShortOfCandidates(DataError):
+    """A question cannot have the K candidates asked: too few passages free of its answer, or
+    too few `ctxs`."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +162,10 @@ class Pool:
 
     def _enough(self, q: Question, rows: Sequence[int], n: int) -> None:
         if len(rows) < n:
-            raise DataError(
-                f"question {q.index}: only {len(rows)} distractors hold no answer, {n} asked: "
-                "ask for fewer candidates"
+            shown = ", ".join(repr(a) for a in q.answers[:3])
+            raise ShortOfCandidates(
+                f"question {q.index}: only {len(rows)} passages of the pool hold none of its "
+                f"answers ({shown}), {n} distractors asked: ask for fewer candidates"
             )
 
     def random(
@@ -200,7 +213,7 @@ def given_candidates(q: Question, k: int) -> tuple[list[Passage], int]:
             "the file gives have no known gold: use related or random distractors"
         )
     if len(q.contexts) < k:
-        raise DataError(
+        raise ShortOfCandidates(
             f"question {q.index}: the file gives {len(q.contexts)} passages, fewer than the "
             f"{k} candidates asked: ask for at most {len(q.contexts)}"
         )
@@ -230,16 +243,29 @@ def candidate_sets(
     k: int,
     distractors: str,
     seed: int,
-) -> list[CandidateSet]:
-    """The candidate set of each of `questions`, the distractors from the gold passages of
-    `pool_of` (the whole file) or, for `given`, from each question's own `ctxs`."""
+    skip_short: bool = True,
+) -> tuple[list[CandidateSet], dict[int, str]]:
+    """(the candidate set of each of `questions`, the distractors from the gold passages of
+    `pool_of` (the whole file) or, for `given`, from each question's own `ctxs`; {question
+    index: why it was left out}). A question short of candidates is left out with its reason
+    (`skip_short`) or stops everything; every question short is an error either way."""
     if k < 1:
         raise CisrankError(f"candidates must be >= 1, got {k}")
-    if distractors == "given":
-        return [CandidateSet(q, *given_candidates(q, k)) for q in questions]
-    pool = Pool(pool_of)
-    out = []
+    pool = None if distractors == "given" else Pool(pool_of)
+    out: list[CandidateSet] = []
+    skipped: dict[int, str] = {}
     for q in questions:
-        passages, _, gold = build_candidates(pool, q, k, distractors, seed)
-        out.append(CandidateSet(q, passages, gold))
-    return out
+        try:
+            if pool is None:
+                out.append(CandidateSet(q, *given_candidates(q, k)))
+            else:
+                passages, _, gold = build_candidates(pool, q, k, distractors, seed)
+                out.append(CandidateSet(q, passages, gold))
+        except ShortOfCandidates as exc:
+            if not skip_short:
+                raise
+            skipped[q.index] = str(exc)
+    if not out:
+        first = next(iter(skipped.values()))
+        raise ShortOfCandidates(f"every question is short of candidates, e.g. {first}")
+    return out, skipped

@@ -90,6 +90,12 @@ class RagEvalConfig(ComponentConfig):
     max_new_tokens: int = Field(default=32, ge=1, description="Most tokens an answer has.")
     baselines: bool = Field(default=True, description="Also answer closed-book and gold-only.")
     seed: int = Field(default=0, description="Seed of the random distractors.")
+    skip_short: bool = Field(
+        default=True,
+        description="Leave out a question that cannot have the candidates asked (its answer in "
+        "nearly every passage, or fewer ctxs than asked), listed with why in metrics.json "
+        "'skipped'; off: such a question stops the run before any model loads.",
+    )
     device: str | None = Field(default=None, description="The generator's torch device.")
     dtype: str | None = Field(default=None, description="The generator's compute type.")
 
@@ -446,7 +452,9 @@ def run_rag_eval(
         raise CisrankError(
             f"--first {config.first}: the file holds {len(everything)} questions, none from there"
         )
-    sets = candidate_sets(chosen, everything, config.candidates, config.distractors, config.seed)
+    sets, skipped = candidate_sets(
+        chosen, everything, config.candidates, config.distractors, config.seed, config.skip_short
+    )
     wall: dict[str, float] = {}
     scores: dict[str, list[Scored]] = {}
     for name, spec in specs.items():
@@ -473,6 +481,7 @@ def run_rag_eval(
         for i, s in enumerate(sets)
     ]
     metrics = summarize(records, list(specs), config.top_k)
+    metrics["skipped"] = [{"question": i, "reason": why} for i, why in skipped.items()]
     metrics["settings"] = {
         **config.model_dump(mode="json"),
         "rerankers": {
