@@ -13,7 +13,7 @@ from cisrank.cli.config_flags import config_flags
 from cisrank.cli.defaults import field_help
 from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.cli.reranker_flags import reranker_flags
-from cisrank.distill.config import RunPlan, TrainConfig
+from cisrank.distill.config import RunPlan, SynthConfig, TrainConfig
 from cisrank.distill.teachers import TeacherSpec, teacher_kind, teacher_list
 from cisrank.rerank.registry import CIS
 from cisrank.workers import WorkerOptions
@@ -211,6 +211,75 @@ def _teacher_on(
     if engine.ray is None and pool.count == 1:
         set_threads(pool.threads_per_worker)
     return (spec if engine.ray is not None or pool.count > 1 else spec.load()), pool
+
+
+SYNTH_FLAGS = config_flags(SynthConfig)
+"""`distill synth`'s generation and filter settings: the `Flag()` fields of `SynthConfig`."""
+
+
+@distill_app.command("synth")
+@takes(synth=SYNTH_FLAGS, workers=WORKER_FLAGS)
+def synth_cmd(
+    corpus: Annotated[
+        Path,
+        typer.Option(
+            "--corpus", help="The passages (JSON lines {id, text}, the index build shape)."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for the queries and candidates.")
+    ],
+    shots: Annotated[
+        Path | None,
+        typer.Option(
+            "--shots",
+            help="Real examples: query<TAB>passage, MS MARCO triples or JSON lines {query, "
+            "passage} (default: the MS MARCO training triples of $CISRANK_DATA_DIR).",
+        ),
+    ] = None,
+    first_stage: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--first-stage",
+            help="Index folder whose top --depth are a query's candidates (repeat to fuse by "
+            "RRF; default: BM25 over the corpus, in memory).",
+        ),
+    ] = None,
+    filter_teacher: Annotated[
+        str | None,
+        typer.Option("--filter-teacher", help=f"With --filter teacher: {teacher_list()}."),
+    ] = None,
+    filter_model: Annotated[
+        str | None, typer.Option("--filter-model", help="The filter teacher's model.")
+    ] = None,
+    *,
+    synth: dict[str, Any],
+    workers: WorkerOptions,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write training queries from a corpus's own passages with a causal LM (few-shot), keep those
+    whose passage the first stage (or a teacher) ranks first again, and save topics, candidates
+    and qrels that `distill generate` and `distill train` read (resumable)."""
+    from cisrank.distill.synth import synthesize
+    from cisrank.distill.trainset import default_shots
+
+    config = SynthConfig().replace(**synth)
+    spec = None if filter_teacher is None else TeacherSpec.of(filter_teacher, filter_model)
+    summary = synthesize(
+        corpus,
+        out,
+        config,
+        shots=shots or default_shots(),
+        first_stage=first_stage or (),
+        teacher=spec,
+        workers=workers,
+        progress=not quiet,
+    )
+    dropped = ", ".join(f"{k} {v}" for k, v in summary["dropped"].items()) or "none"
+    typer.echo(
+        f"{out}: {summary['kept']} of {summary['written']} queries kept "
+        f"({summary['kept_passages']} of {summary['passages']} passages); dropped: {dropped}"
+    )
 
 
 @distill_app.command("pack")

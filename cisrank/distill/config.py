@@ -133,3 +133,73 @@ class RunPlan(ComponentConfig):
     eval_dataset: str = "trec-dl19"
     depth: int = Field(default=100, ge=1, description="Candidates scored per query.")
     eval_depth: int = Field(default=100, ge=1)
+
+
+FilterKind = Literal["none", "first-stage", "teacher"]
+
+
+class SynthConfig(ComponentConfig):
+    """How queries are written and filtered; recorded in `synth.json`. The `Flag()` fields are
+    the flags of `distill synth`."""
+
+    label: ClassVar[str] = "distill synth"
+
+    generator: Annotated[str, Flag()] = Field(
+        default="qwen2.5-coder-0.5b-instruct",
+        description="The causal LM that writes the queries: a catalogue name, Hugging Face id or "
+        "folder.",
+    )
+    passages: Annotated[int | None, Flag()] = Field(
+        default=None,
+        ge=1,
+        description="Write queries for this many passages, a seeded sample (all when unset; a "
+        "larger sample of the same seed reuses a smaller one's queries).",
+    )
+    queries_per_passage: Annotated[int, Flag()] = Field(
+        default=1, ge=1, description="Queries written per passage (each from other shots)."
+    )
+    num_shots: Annotated[int, Flag()] = Field(
+        default=3, ge=0, description="Real (passage, query) examples in each prompt."
+    )
+    shot_chars: Annotated[int, Flag()] = Field(
+        default=400, ge=20, description="Each example passage cut to this many characters."
+    )
+    passage_chars: Annotated[int, Flag()] = Field(
+        default=600, ge=20, description="The passage asked about cut to this many characters."
+    )
+    max_new_tokens: Annotated[int, Flag()] = Field(
+        default=32, ge=1, description="Tokens a query may take (it ends at a line break)."
+    )
+    max_words: Annotated[int, Flag()] = Field(
+        default=24, ge=1, description="A reply of more words is dropped as no query."
+    )
+    temperature: Annotated[float, Flag()] = Field(
+        default=0.0,
+        ge=0.0,
+        description="0: greedy (each query differs by its shots); above 0: sampled, seeded per "
+        "query.",
+    )
+    top_p: Annotated[float, Flag()] = Field(
+        default=1.0, gt=0.0, le=1.0, description="Nucleus sampling's mass (with --temperature)."
+    )
+    seed: Annotated[int, Flag()] = 12
+    dtype: Annotated[str | None, Flag()] = Field(
+        default=None,
+        description="The generator's compute type (default: bf16 on a GPU or a CPU with native "
+        "bf16, else float32).",
+    )
+    shard_passages: Annotated[int, Flag()] = Field(
+        default=16, ge=1, description="Passages per shard (decoded side by side)."
+    )
+    filter: Annotated[FilterKind, Flag()] = Field(
+        default="first-stage",
+        description="Keep a query only where its source passage ranks in the top --keep-top: "
+        "of the first stage's candidates (first-stage), of a teacher's order of them and the "
+        "source (teacher), or keep every query (none).",
+    )
+    keep_top: Annotated[int, Flag()] = Field(
+        default=1, ge=1, description="The rank the source passage must reach to keep a query."
+    )
+    depth: Annotated[int, Flag()] = Field(
+        default=20, ge=1, description="First-stage candidates written (and filtered) per query."
+    )

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cisrank import env
 from cisrank.data.datasets import load_named, open_text
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
@@ -129,3 +130,18 @@ def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
     info = PoolInfo(len(pool), by_source, excluded, len(topics), out)
     atomic_write_text(out / INFO_FILE, json.dumps(info.to_json(), indent=2) + "\n")
     return info
+
+
+def default_shots() -> Path:
+    """The examples `distill synth` shows its generator by default: the MS MARCO training triples
+    of the data folder (their positives, with the queries they answer)."""
+    root = env.data_dir()
+    if root is None:
+        raise DataError(
+            "no --shots file and no data folder: pass --shots FILE (query<TAB>passage lines) or "
+            "set CISRANK_DATA_DIR (its MS MARCO training triples are the default examples)"
+        )
+    path = root / TRIPLES
+    if not path.is_file():
+        raise DataError(f"no MS MARCO training triples at {path}: pass --shots FILE")
+    return path
