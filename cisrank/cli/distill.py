@@ -301,6 +301,14 @@ def pack_cmd(
         str | None, typer.Option("--dataset", help="... or the named dataset the pairs are from.")
     ] = None,
     note: Annotated[str, typer.Option("--note", help="Recorded in the provenance.")] = "",
+    with_queries: Annotated[
+        bool,
+        typer.Option(
+            "--with-queries",
+            help="Carry each pair's query text (queries distill synth wrote, which no data "
+            "folder holds); passages are still joined back by id.",
+        ),
+    ] = False,
 ) -> None:
     """Pack teacher components into one compact teacher set (ids, ranks, scores, provenance; no
     text) that the repository can carry and `distill train --teacher-set` reads."""
@@ -316,7 +324,7 @@ def pack_cmd(
             raise DataError(f"--component {spec!r}: expected NAME=FOLDER")
         parts[name] = folder
     texts: dict[str, str] = {"pool": str(pool)} if pool is not None else {"dataset": str(dataset)}
-    ts = pack(parts, out, texts, note)
+    ts = pack(parts, out, texts, note, with_queries=with_queries)
     size = out.stat().st_size
     typer.echo(
         f"{out}: {len(ts)} pairs of {ts.provenance['queries']} queries, components "

@@ -61,6 +61,16 @@ class TrainConfig(ComponentConfig):
     base_model: Annotated[str, Flag()] = Field(
         default="all-MiniLM-L6-v2", description="Student initialisation: Hugging Face id or folder."
     )
+    student: Annotated[Literal["cross-encoder", "bi-encoder"], Flag()] = Field(
+        default="cross-encoder",
+        description="cross-encoder: the base model reads query and passage together, under a new "
+        "one-logit head; bi-encoder: the base sentence-transformers model embeds them apart and "
+        "a pair scores their cosine (its pre-training kept, passage embeddings cacheable).",
+    )
+    bf16: Annotated[bool, Flag()] = Field(
+        default=False,
+        description="Train in bf16 mixed precision (autocast; on a CPU with native bf16 or a GPU).",
+    )
     epochs: Annotated[float, Flag()] = Field(default=2.0, gt=0.0)
     learning_rate: Annotated[float, Flag()] = Field(default=2e-4, gt=0.0)
     batch_size: Annotated[int, Flag()] = Field(default=32, ge=1, description="Pairs per step.")

@@ -58,6 +58,7 @@ QUERIES_FILE = "queries.jsonl"
 TOPICS_FILE = "topics.tsv"
 CANDIDATES_FILE = "candidates.json.gz"
 QRELS_FILE = "qrels.txt"
+SOURCE_RUN = "source.trec"
 SUMMARY_FILE = "synth.json"
 
 
@@ -405,9 +406,18 @@ def write_outputs(
     kept = [q for q in queries if q.dropped is None]
     atomic_write_text(out / TOPICS_FILE, "".join(f"{q.qid}\t{q.query}\n" for q in kept))
     atomic_write_text(out / QRELS_FILE, "".join(f"{q.qid} 0 {q.docid} 1\n" for q in kept))
-    entries = [{"query": q.query, "hits": _hits(q, ranks[q.qid].hits, passages)} for q in kept]
+    lists = [_hits(q, ranks[q.qid].hits, passages) for q in kept]
+    entries = [{"query": q.query, "hits": hits} for q, hits in zip(kept, lists, strict=True)]
     data = json.dumps(entries, ensure_ascii=False).encode()
     atomic_write_bytes(out / CANDIDATES_FILE, gzip.compress(data, mtime=0))
+    atomic_write_text(
+        out / SOURCE_RUN,
+        "".join(
+            f"{h['qid']} Q0 {h['docid']} {h['rank']} {int(h['docid'] == q.docid)} source\n"
+            for q, hits in zip(kept, lists, strict=True)
+            for h in hits
+        ),
+    )
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
 
 

@@ -34,6 +34,9 @@ from cisrank.fileio import atomic_write_bytes
 
 METADATA_KEY = b"cisrank"
 KEY_COLUMNS = ("qid", "docid", "rank")
+QUERY_COLUMN = "query"
+"""The query text of each pair, kept only for queries the project wrote itself (`distill synth`):
+they are in no data folder to join back from."""
 
 
 def _commit() -> str | None:
@@ -60,6 +63,8 @@ class TeacherSet:
     rank: list[int]
     scores: dict[str, np.ndarray]
     provenance: dict[str, Any]
+    queries: dict[str, str] | None = None
+    """Query text by qid, where the set carries it (`pack(..., with_queries=True)`)."""
 
     @property
     def components(self) -> list[str]:
@@ -81,11 +86,14 @@ def pack(
     out: str | Path,
     texts: Mapping[str, Any],
     note: str = "",
+    with_queries: bool = False,
 ) -> TeacherSet:
     """Join `distill generate` outputs (component name -> folder) over their (qid, docid)
     pairs into one compact Parquet file at `out`. Every folder must hold exactly the same
     pairs; `texts` says where their text lives (e.g. `{"pool": "out/trainset"}` or
-    `{"dataset": "trec-dl22"}`), recorded for `attach_text`."""
+    `{"dataset": "trec-dl22"}`), recorded for `attach_text`. `with_queries`: the set carries
+    each pair's query text too (for queries `distill synth` wrote, which no data folder holds;
+    passages are still joined back by id)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -93,10 +101,11 @@ def pack(
         raise DataError("give at least one component: NAME=FOLDER of a distill generate run")
     first_keys: list[tuple[str, str]] | None = None
     ranks: list[int] = []
+    query_text: list[str] = []
     scores: dict[str, np.ndarray] = {}
     provenance: dict[str, Any] = {"components": {}, "texts": dict(texts), "note": note}
     for name, folder in components.items():
-        table = R.read_rows(folder).select(["qid", "docid", "rank", "score"]).to_pydict()
+        table = R.read_rows(folder).select(["qid", "docid", "rank", "score", "query"]).to_pydict()
         keys = list(zip(table["qid"], table["docid"], strict=True))
         order = sorted(range(len(keys)), key=lambda i: keys[i])
         keys = [keys[i] for i in order]
@@ -105,6 +114,7 @@ def pack(
         if first_keys is None:
             first_keys = keys
             ranks = [int(table["rank"][i]) for i in order]
+            query_text = [str(table["query"][i]) for i in order]
         elif keys != first_keys:
             raise DataError(f"'{folder}' does not score the same pairs as the first component")
         values = np.asarray([table["score"][i] for i in order], dtype=np.float64)
@@ -126,6 +136,7 @@ def pack(
         "qid": pa.array([q for q, _ in first_keys], pa.string()),
         "docid": pa.array([d for _, d in first_keys], pa.string()),
         "rank": pa.array(ranks, pa.int32()),
+        **({QUERY_COLUMN: pa.array(query_text, pa.string())} if with_queries else {}),
         **{name: pa.array(v, pa.float32()) for name, v in scores.items()},
     }
     table = pa.table(columns).replace_schema_metadata(
@@ -173,7 +184,7 @@ def load(path: str | Path) -> TeacherSet:
     missing = [c for c in KEY_COLUMNS if c not in table.column_names]
     if missing:
         raise DataError(f"teacher set '{path}' lacks column(s) {', '.join(missing)}")
-    components = [c for c in table.column_names if c not in KEY_COLUMNS]
+    components = [c for c in table.column_names if c not in (*KEY_COLUMNS, QUERY_COLUMN)]
     if not components:
         raise DataError(f"teacher set '{path}' has no score column (a teacher component)")
     for name in table.column_names:
@@ -185,6 +196,9 @@ def load(path: str | Path) -> TeacherSet:
             want = "ids (strings or integers)"
         elif name == "rank":
             fits, want = pa.types.is_integer(kind), "integer first-stage ranks"
+        elif name == QUERY_COLUMN:
+            fits = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            want = "query texts"
         else:
             fits = pa.types.is_integer(kind) or pa.types.is_floating(kind)
             want = "numbers (a teacher component's scores)"
@@ -211,7 +225,15 @@ def load(path: str | Path) -> TeacherSet:
     for name, values in scores.items():
         if not np.all(np.isfinite(values)):
             raise DataError(f"teacher set '{path}': component '{name}' holds a non-finite score")
-    return TeacherSet(qids, docids, [int(r) for r in data["rank"]], scores, provenance)
+    queries: dict[str, str] | None = None
+    if QUERY_COLUMN in data:
+        queries = {}
+        for q, text in zip(qids, data[QUERY_COLUMN], strict=True):
+            if queries.setdefault(q, text) != text:
+                raise DataError(f"teacher set '{path}': query {q} has two texts ({REPACK})")
+    return TeacherSet(
+        qids, docids, [int(r) for r in data["rank"]], scores, provenance, queries=queries
+    )
 
 
 @dataclass(frozen=True)
@@ -260,6 +282,8 @@ def attach_text(
     shape `distill.train` builds examples from). Every id must be found."""
     out = []
     names = list(components or teacher_set.components)
+    if teacher_set.queries is not None:
+        texts = Texts({**texts.queries, **teacher_set.queries}, texts.passages)
     for qid, ix in teacher_set.by_query().items():
         if qid not in texts.queries:
             raise DataError(f"no text for query '{qid}' of the teacher set")

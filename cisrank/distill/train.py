@@ -148,21 +148,36 @@ def cut_depth(queries: list[dict[str, Any]], depth: int | None) -> list[dict[str
 
 
 class _PredictScorer(BaseReranker):
-    """A live CrossEncoder as a reranker (raw scores) for the dev evaluator."""
+    """A live student as a reranker for the dev evaluator: a CrossEncoder's raw logits, or a
+    bi-encoder's cosines (the scores the dense reranker serves)."""
 
     name = "student"
 
-    def __init__(self, model: Any, batch_size: int) -> None:
+    def __init__(self, model: Any, batch_size: int, bi_encoder: bool = False) -> None:
         import torch
 
         self.model, self.batch_size, self.identity = model, batch_size, torch.nn.Identity()
-        self.model_name = "student"
+        self.model_name, self.bi_encoder = "student", bi_encoder
+
+    def _flat(self, requests: Sequence[Request]) -> list[float]:
+        if not self.bi_encoder:
+            pairs = [(q, p) for q, ps in requests for p in ps]
+            return list(
+                self.model.predict(
+                    pairs,
+                    batch_size=self.batch_size,
+                    activation_fn=self.identity,
+                    show_progress_bar=False,
+                )
+            )
+        encode = dict(batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True)
+        queries = self.model.encode([q for q, _ in requests], **encode)
+        passages = self.model.encode([p for _, ps in requests for p in ps], **encode)
+        rows = np.repeat(queries, [len(ps) for _, ps in requests], axis=0)
+        return list((rows * passages).sum(axis=1))
 
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
-        pairs = [(q, p) for q, ps in requests for p in ps]
-        flat = self.model.predict(
-            pairs, batch_size=self.batch_size, activation_fn=self.identity, show_progress_bar=False
-        )
+        flat = self._flat(requests)
         out: list[list[float]] = []
         k = 0
         for _, ps in requests:
@@ -171,7 +186,7 @@ class _PredictScorer(BaseReranker):
         return out
 
 
-def _dev_evaluator(dev: Dataset, depth: int, batch_size: int):
+def _dev_evaluator(dev: Dataset, depth: int, batch_size: int, bi_encoder: bool = False):
     from sentence_transformers.base.evaluation import BaseEvaluator
 
     judged = [q for q in dev.qids if dev.qrels.get(q)]
@@ -186,7 +201,8 @@ def _dev_evaluator(dev: Dataset, depth: int, batch_size: int):
 
         def __call__(self, model, output_path=None, epoch=-1, steps=-1) -> dict[str, float]:
             t = time.perf_counter()
-            scores = score_dataset(_PredictScorer(model, batch_size), dev, depth, judged)
+            scorer = _PredictScorer(model, batch_size, bi_encoder)
+            scores = score_dataset(scorer, dev, depth, judged)
             metrics = {"ndcg@10": ndcg10(scores, dev.qrels)}
             log.info(
                 "dev %s nDCG@10 %.4f (%.0f s)",
@@ -242,20 +258,23 @@ def train(
     manifests = [R.read_manifest(f) for f in data]
     queries = training_queries(data, teacher_sets, pool, config)
     loss = load_loss(config.loss)
+    bi = config.student == "bi-encoder"
     examples = loss.examples(queries, config)
+    if bi:
+        examples = loss.bi_examples(examples)
     if not len(examples):  # transformers would fail on max_steps 0 with a traceback
         raise DataError(f"no training examples from {len(queries)} queries ({config.loss})")
     log.info("%d queries, %d training examples (%s)", len(queries), len(examples), config.loss)
 
     model = _student(config, device)
-    evaluator = _dev_evaluator(dev, config.dev_depth, config.batch_size) if dev else None
+    evaluator = _dev_evaluator(dev, config.dev_depth, config.batch_size, bi) if dev else None
     checkpoints = out / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
-    trainer = _trainer_class(loss.sampler(examples))(
+    trainer = _trainer_class(loss.sampler(examples), bi)(
         model=model,
         args=_arguments(config, checkpoints, evaluator),
         train_dataset=HFDataset.from_dict(examples.columns),
-        loss=loss.module(model),
+        loss=loss.bi_module(model) if bi else loss.module(model),
         evaluator=evaluator,
         callbacks=[_curve_writer(out)],
     )
@@ -308,7 +327,9 @@ def training_queries(
 
 
 def _student(config: TrainConfig, device: str | None) -> Any:
-    """The student: `config.base_model` with a one-logit head."""
+    """The student: `config.base_model` with a one-logit head, or (a bi-encoder) the base
+    sentence-transformers model itself, its pooling and normalization kept."""
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.cross_encoder import CrossEncoder
     from transformers import set_seed
 
@@ -318,6 +339,10 @@ def _student(config: TrainConfig, device: str | None) -> Any:
     # student (`make student` promises the same one from a clean clone).
     set_seed(config.seed)
     try:
+        if config.student == "bi-encoder":
+            model = SentenceTransformer(path, device=device)
+            model.max_seq_length = config.max_length
+            return model
         return CrossEncoder(path, num_labels=1, max_length=config.max_length, device=device)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
@@ -326,10 +351,16 @@ def _student(config: TrainConfig, device: str | None) -> Any:
 def _arguments(config: TrainConfig, checkpoints: Path, evaluator: Any) -> Any:
     """The trainer's arguments: checkpoints evaluated (with a dev set) and kept each epoch or
     each `config.eval_steps`, the best by dev nDCG@10 loaded at the end."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
 
     strategy = "steps" if config.eval_steps else "epoch"
-    return CrossEncoderTrainingArguments(
+    arguments = (
+        SentenceTransformerTrainingArguments
+        if config.student == "bi-encoder"
+        else CrossEncoderTrainingArguments
+    )
+    return arguments(
         output_dir=str(checkpoints),
         num_train_epochs=config.epochs,
         per_device_train_batch_size=config.batch_size,
@@ -351,15 +382,19 @@ def _arguments(config: TrainConfig, checkpoints: Path, evaluator: Any) -> Any:
         data_seed=config.seed,
         dataloader_drop_last=False,
         disable_tqdm=False,
+        bf16=config.bf16,
     )
 
 
-def _trainer_class(sampler_class: type | None) -> Any:
-    """sentence-transformers' trainer, its training set batched by `sampler_class` (the loss's;
-    None: its default)."""
+def _trainer_class(sampler_class: type | None, bi_encoder: bool = False) -> Any:
+    """sentence-transformers' trainer of the student's kind, its training set batched by
+    `sampler_class` (the loss's; None: its default)."""
+    from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.cross_encoder import CrossEncoderTrainer
 
-    class _Trainer(CrossEncoderTrainer):
+    base = SentenceTransformerTrainer if bi_encoder else CrossEncoderTrainer
+
+    class _Trainer(base):  # type: ignore[valid-type,misc]
         def get_batch_sampler(
             self,
             dataset: Any,

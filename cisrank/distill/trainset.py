@@ -36,8 +36,8 @@ from cisrank.fileio import atomic_write_text
 POOL_FILE = "pool.jsonl"
 TOPICS_FILE = "topics.tsv"
 INFO_FILE = "pool.json"
-POOL_SETS = ("trec-dl21", "trec-dl22")
-EXCLUDED_SETS = ("trec-dl19",)
+POOL_SETS = ("trec-dl22",)
+EXCLUDED_SETS = ("trec-dl19", "trec-dl21")
 TRIPLES = Path("msmarco-train") / "triples.train.small.first1000.tsv"
 
 

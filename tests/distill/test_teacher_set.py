@@ -79,6 +79,22 @@ def test_text_is_joined_back_and_labels_are_fused_per_query(packed):
         load_teacher_sets([path], "cis:1,bm25:1")
 
 
+def test_a_set_of_written_queries_carries_their_text(packed, data_sets, tmp_path):
+    """Queries the project wrote (distill synth) are in no data folder: the set carries them,
+    and they win over a data folder's text of the same qid; passages are joined back by id."""
+    source, _, _ = packed
+    cis = tmp_path / "rows-cis"
+    path = tmp_path / "with.parquet"
+    ts = TS.pack({"cis": cis}, path, {"dataset": "trec-dl22"}, with_queries=True)
+    assert pq.read_table(path).column_names == ["qid", "docid", "rank", "query", "cis"]
+    assert ts.components == ["cis"] and ts.queries == {q.qid: q.query for q in source.queries}
+    renamed = TS.Texts({q.qid: "another text" for q in source.queries}, {})
+    texts = TS.texts_of(TS.load(path))
+    attached = TS.attach_text(TS.load(path), TS.Texts(renamed.queries, texts.passages))
+    assert [a["query"] for a in attached] == [q.query for q in source.queries]
+    assert [a["passages"] for a in attached] == [q.passages for q in source.queries]
+
+
 def test_components_over_other_pairs_are_refused(data_sets, tmp_path):
     source = load_source(dataset="trec-dl22", data_dir=data_sets / "trec-dl22", depth=5)
     fewer = load_source(dataset="trec-dl22", data_dir=data_sets / "trec-dl22", depth=4)

@@ -14,11 +14,8 @@ from cisrank.data.datasets import load_folder
 from cisrank.distill import rows as R
 from cisrank.distill.config import TrainConfig
 from cisrank.distill.evaluate import spearman_to_teacher
-from cisrank.distill.generate import generate
 from cisrank.distill.losses import load_loss, normalized_labels
 from cisrank.distill.losses.sampling import length_grouped_batches
-from cisrank.distill.sources import load_source
-from cisrank.distill.teachers import load_teacher
 from cisrank.distill.train import CURVE_FILE, TRAINING_FILE, train
 from cisrank.errors import DataError
 
@@ -77,23 +74,6 @@ def test_spearman_to_teacher_is_the_mean_of_per_query_correlations():
     flat = {"q1": student["q1"], "q3": {"a": 1.0, "b": 1.0}}
     got = spearman_to_teacher(flat, {**teacher, "q3": {"a": 1.0, "b": 2.0}})
     assert got["undefined"] == 1 and got["queries"] == 1
-
-
-@pytest.fixture
-def rows_dir(data_sets, tmp_path):
-    """Teacher rows whose scores a tiny student can learn: a score per passage plus an offset per
-    query (which per-query standardization removes), written as a teacher run file."""
-    source = load_source(dataset="trec-dl22", data_dir=data_sets / "trec-dl22", depth=5)
-    run = tmp_path / "teacher.trec"
-    run.write_text(
-        "".join(
-            f"{q.qid} Q0 {d} {r} {3.0 * int(d[1:]) + 10 * n} t\n"
-            for n, q in enumerate(source.queries)
-            for r, d in enumerate(q.docids, 1)
-        )
-    )
-    generate(source, load_teacher("scores", scores_file=run), tmp_path / "rows", progress=False)
-    return tmp_path / "rows"
 
 
 def test_training_learns_the_teacher_and_saves_a_loadable_student(

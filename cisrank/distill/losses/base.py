@@ -88,6 +88,16 @@ class StudentLoss(ABC):
     def module(self, model: Any) -> nn.Module:
         """The sentence-transformers loss over `model` (a `CrossEncoder`)."""
 
+    @abstractmethod
+    def bi_module(self, model: Any) -> nn.Module:
+        """The same loss over a bi-encoder student (a `SentenceTransformer`), whose score of a
+        pair is `BI_SCALE` times the cosine of their embeddings (`cisrank.distill.losses.bi`)."""
+
+    def bi_examples(self, examples: Examples) -> Examples:
+        """`examples` as a bi-encoder's trainer takes them (each column tokenized apart): the
+        same columns for the pair losses."""
+        return examples
+
     def sampler(self, examples: Examples) -> type | None:
         """The batch sampler class of the training set, or None for sentence-transformers'
         default. By default rows of similar length share batches (`length_grouped_sampler`):

@@ -109,5 +109,27 @@ class ListNet(StudentLoss):
     def module(self, model: Any) -> nn.Module:
         return LengthSortedListNetLoss(model, mini_batch_size=MINI_BATCH_PAIRS)
 
+    def bi_module(self, model: Any) -> nn.Module:
+        from cisrank.distill.losses.bi import BiListNetLoss
+
+        return BiListNetLoss(model)
+
+    def bi_examples(self, examples: Examples) -> Examples:
+        """The lists as columns a bi-encoder's trainer tokenizes one by one (`doc_0`, ...):
+        lists of the most common length are kept, others refused in one line (cut them with
+        --list-depth)."""
+        sizes = {len(d) for d in examples.columns["docs"]}
+        if len(sizes) != 1:
+            raise DataError(
+                f"a bi-encoder's listwise loss takes lists of one length, got lengths "
+                f"{sorted(sizes)}: pass --list-depth N (each query's first N passages)"
+            )
+        (n,) = sizes
+        cols: dict[str, list[Any]] = {"query": examples.columns["query"]}
+        for i in range(n):
+            cols[f"doc_{i}"] = [d[i] for d in examples.columns["docs"]]
+        cols["labels"] = examples.columns["labels"]
+        return Examples(cols)
+
     def sampler(self, examples: Examples) -> type | None:
         return None

@@ -43,3 +43,10 @@ class MarginMSE(StudentLoss):
         from sentence_transformers.cross_encoder import losses
 
         return losses.MarginMSELoss(model)
+
+    def bi_module(self, model: Any) -> Any:
+        from sentence_transformers.sentence_transformer import losses
+
+        from cisrank.distill.losses.bi import scaled_cosine
+
+        return losses.MarginMSELoss(model, similarity_fct=scaled_cosine)

@@ -28,3 +28,8 @@ class MSE(StudentLoss):
         from sentence_transformers.cross_encoder import losses
 
         return losses.MSELoss(model)
+
+    def bi_module(self, model: Any) -> Any:
+        from cisrank.distill.losses.bi import PairMSELoss
+
+        return PairMSELoss(model)
