@@ -25,9 +25,10 @@ def _with_triples(root: Path, rows: list[tuple[str, str, str]]) -> None:
 
 
 def test_the_pool_leaves_out_every_test_passage_by_content(data_sets, tmp_path):
-    """The synthetic sets share sentences: every DL21/DL22 passage that DL19 also holds (by
-    text, whatever its id) is left out, duplicates by text are kept once, the triples' passages
-    join under content ids and their queries become the topics."""
+    """The synthetic sets share sentences: every DL22 passage that DL19 or DL21 (the dev set)
+    also holds (by text, whatever its id) is left out, DL21's own pool never enters, duplicates
+    by text are kept once, the triples' passages join under content ids and their queries
+    become the topics."""
     triples = [
         ("who wrote hamlet", "Hamlet was written by Shakespeare.", SAMPLE_SENTENCES[0]),
         ("who wrote hamlet", "Hamlet was written by Shakespeare.", "Fresh negative passage."),
@@ -41,9 +42,15 @@ def test_the_pool_leaves_out_every_test_passage_by_content(data_sets, tmp_path):
         for q in json.loads((data_sets / "trec-dl19" / "candidates-bm25-top100.json").read_text())
         for h in q["hits"]
     }
-    assert dl19 and not dl19 & set(pool.values())
+    held_out = {
+        h["content"]
+        for q in json.loads((data_sets / "trec-dl21" / "candidates-bm25-top100.json").read_text())
+        for h in q["hits"]
+    } | dl19
+    assert dl19 and not held_out & set(pool.values())
     assert len(set(pool.values())) == len(pool) == info.passages
-    assert info.excluded["msmarco-train"] == 1 and info.excluded["trec-dl21"] > 0
+    assert info.excluded["msmarco-train"] == 1 and info.excluded["trec-dl22"] > 0
+    assert set(info.by_source) == {"trec-dl22", "msmarco-train"}
     for text in ("Hamlet was written by Shakespeare.", "Lima is the capital of Peru."):
         assert pool[content_id("p", text)] == text
     topics = (tmp_path / "pool" / "topics.tsv").read_text().splitlines()
@@ -75,11 +82,12 @@ def test_training_pairs_come_from_the_first_stage_over_the_pool(data_sets, tmp_p
 
 @pytest.mark.shared_data
 def test_the_real_pool_counts(data_root, tmp_path):
-    """The figures bench/RESULTS.md records for the student's training pool."""
+    """The figures bench/RESULTS.md records for the student's training pool: DL22's pool and
+    the triples' passages, ten DL22 hits whose text is a DL21 candidate left out."""
     info = build_pool(tmp_path / "pool", data_root)
     assert info.to_json() == {
-        "passages": 12478,
-        "by_source": {"trec-dl21": 4504, "trec-dl22": 6705, "msmarco-train": 1269},
-        "excluded_by_content": {},
+        "passages": 7974,
+        "by_source": {"trec-dl22": 6705, "msmarco-train": 1269},
+        "excluded_by_content": {"trec-dl22": 10},
         "queries": 994,
     }
