@@ -98,9 +98,10 @@ def pool_cmd(
         typer.Option("--data-dir", help="Root of the datasets (default: $CISRANK_DATA_DIR)."),
     ] = None,
 ) -> None:
-    """Write the student's training pool: every passage here that no test set judges (DL21 and
-    DL22 pools, MS MARCO training triples; DL19 passages left out by content) and the 994
-    training queries, for `index build` and `distill generate --first-stage`."""
+    """Write the student's training pool: every passage here that no test or dev set judges
+    (DL22's pool and the MS MARCO training triples; DL19 and DL21 passages left out by content),
+    the 994 training queries and their triples' positives, for `index build` and `distill
+    generate --first-stage`."""
     from cisrank import env
     from cisrank.distill.trainset import build_pool
     from cisrank.errors import DataError

@@ -58,7 +58,6 @@ QUERIES_FILE = "queries.jsonl"
 TOPICS_FILE = "topics.tsv"
 CANDIDATES_FILE = "candidates.json.gz"
 QRELS_FILE = "qrels.txt"
-SOURCE_RUN = "source.trec"
 SUMMARY_FILE = "synth.json"
 
 
@@ -410,14 +409,6 @@ def write_outputs(
     entries = [{"query": q.query, "hits": hits} for q, hits in zip(kept, lists, strict=True)]
     data = json.dumps(entries, ensure_ascii=False).encode()
     atomic_write_bytes(out / CANDIDATES_FILE, gzip.compress(data, mtime=0))
-    atomic_write_text(
-        out / SOURCE_RUN,
-        "".join(
-            f"{h['qid']} Q0 {h['docid']} {h['rank']} {int(h['docid'] == q.docid)} source\n"
-            for q, hits in zip(kept, lists, strict=True)
-            for h in hits
-        ),
-    )
     atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from cisrank.rerank.cis import CISReranker
 
 SCORES_TEACHER = "scores"
+QRELS_TEACHER = "qrels"
 
 
 @dataclass
@@ -169,6 +170,38 @@ class ScoresFileTeacher:
         return [self.score(q.qid, q.query, q.docids, q.passages) for q in items]
 
 
+class QrelsTeacher:
+    """Judgments as a teacher: each pair scored by its grade in a qrels file (`qid 0 docid
+    grade`), 0 where the pair is unjudged. With `distill synth`'s qrels (the passage a query
+    was written from) or the MS MARCO training triples' positives (`distill pool`'s qrels), it
+    is the labelled positive that `--teacher-fuse` can weigh beside a model's scores."""
+
+    name = QRELS_TEACHER
+    passage_major = False
+
+    def __init__(self, path: str | Path) -> None:
+        from cisrank.data.corpus import file_checksum
+        from cisrank.data.datasets import read_qrels
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(f"--scores-file '{path}' (the qrels) does not exist")
+        self.qrels = read_qrels(self.path)
+        self.checksum = file_checksum(self.path)[0]
+
+    def describe(self) -> dict[str, Any]:
+        return {"teacher": self.name, "file": str(self.path), "sha256": self.checksum}
+
+    def score(
+        self, qid: str, query: str, docids: Sequence[str], passages: Sequence[str]
+    ) -> TeacherScores:
+        judged = self.qrels.get(qid, {})
+        return TeacherScores([float(judged.get(d, 0)) for d in docids])
+
+    def score_many(self, items: Sequence[QueryItems]) -> list[TeacherScores]:
+        return [self.score(q.qid, q.query, q.docids, q.passages) for q in items]
+
+
 @dataclass(frozen=True)
 class TeacherSpec:
     """How to build a teacher (`load_teacher`'s arguments), not the teacher: what travels to
@@ -229,6 +262,15 @@ def _scores_file(model: str | None, scores_file: str | None, options: Mapping[st
     return ScoresFileTeacher(scores_file)
 
 
+def _qrels_file(model: str | None, scores_file: str | None, options: Mapping[str, Any]) -> Teacher:
+    if scores_file is None:
+        raise DataError(f"teacher '{QRELS_TEACHER}' needs --scores-file QRELS (qid 0 docid grade)")
+    if model is not None or options:
+        given = ", ".join(["model", *options] if model is not None else options)
+        raise DataError(f"teacher '{QRELS_TEACHER}' reads its grades from a file; drop: {given}")
+    return QrelsTeacher(scores_file)
+
+
 def _of_reranker(
     kind: RerankerKind[Any, Any], teacher: type[RerankerTeacher], gloss: str = ""
 ) -> TeacherKind:
@@ -248,12 +290,18 @@ def _teachers() -> dict[str, TeacherKind]:
     scores = TeacherKind(
         SCORES_TEACHER, _scores_file, gloss="a TREC run file given with --scores-file"
     )
-    return {**found, scores.name: scores}
+    qrels = TeacherKind(
+        QRELS_TEACHER,
+        _qrels_file,
+        gloss="each pair's grade in a qrels file given with --scores-file, 0 where unjudged",
+    )
+    return {**found, scores.name: scores, qrels.name: qrels}
 
 
 TEACHERS: dict[str, TeacherKind] = _teachers()
 """Every teacher, in the order `--teacher`'s help lists them: CIS (the default, with its two
-log-likelihood terms), every other reranker kind that scores, and scores read from a file."""
+log-likelihood terms), every other reranker kind that scores, scores read from a run file and
+grades read from a qrels file."""
 
 
 def teacher_list(glossed: bool = True) -> str:

@@ -1,17 +1,18 @@
-"""The student's training pool: every passage available here that no test set judges, and the
-MS MARCO training queries that retrieve from it.
+"""The student's training pool: every passage available here that no test or dev set judges, and
+the MS MARCO training queries that retrieve from it.
 
 Why a pool of its own: a student learns from the teacher's scores on (query, passage) pairs, and
-those pairs must never come from a test set (DL19, DL20) or the dev set's queries (DL21). The
-passages that are available offline are the DL21 and DL22 BM25 pools (MS MARCO v2) and the
-passages of the MS MARCO training triples (v1); any passage whose text is a DL19 candidate is
-left out (matched by content, since v1 and v2 ids differ). DL20 is not in `../shared/data`, so it
-cannot be excluded by content here; the triples are MS MARCO *training* passages and the v2 pools
-belong to DL21/DL22 topics.
+those pairs must never come from a test set (DL19, DL20) or the dev set (DL21, whose queries and
+pool passages choose every recipe). The passages that are available offline for training are
+DL22's BM25 pool (MS MARCO v2) and the passages of the MS MARCO training triples (v1); any
+passage whose text is a DL19 or DL21 candidate is left out (matched by content, since v1 and v2
+ids differ). DL20 is not in `../shared/data`, so it cannot be excluded by content here; the
+triples are MS MARCO *training* passages.
 
-`build_pool` writes the corpus (`pool.jsonl`, for `cisrank index build bm25|dense`) and the
-training topics (`topics.tsv`, qids are content ids as in `distill generate --triples`), plus a
-`pool.json` with the counts. The candidates come from the project's own indexes:
+`build_pool` writes the corpus (`pool.jsonl`, for `cisrank index build bm25|dense`), the
+training topics (`topics.tsv`, qids are content ids as in `distill generate --triples`), their
+judged positives (`qrels.txt`: each triple's positive, the labelled passage `distill generate
+--teacher qrels` scores 1) and a `pool.json` with the counts. The candidates come from the project's own indexes:
 
     cisrank distill pool --out out/trainset
     cisrank index build bm25 --corpus out/trainset/pool.jsonl --out out/trainset/bm25
@@ -35,6 +36,7 @@ from cisrank.fileio import atomic_write_text
 
 POOL_FILE = "pool.jsonl"
 TOPICS_FILE = "topics.tsv"
+QRELS_FILE = "qrels.txt"
 INFO_FILE = "pool.json"
 POOL_SETS = ("trec-dl22",)
 EXCLUDED_SETS = ("trec-dl19", "trec-dl21")
@@ -115,10 +117,13 @@ def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
         raise DataError(f"no MS MARCO triples at {triples_path}: pass the data folder")
     triples = read_triples(triples_path)
     topics: dict[str, str] = {}
+    positives: dict[tuple[str, str], None] = {}
     for query, pos, neg in triples:
         for text in (pos, neg):
             add("msmarco-train", content_id("p", text), text)
         topics.setdefault(content_id("q", query), query)
+        if content_id("p", pos) in pool:
+            positives.setdefault((content_id("q", query), content_id("p", pos)), None)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(
         out / POOL_FILE,
@@ -127,6 +132,7 @@ def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
         ),
     )
     atomic_write_text(out / TOPICS_FILE, "".join(f"{q}\t{t}\n" for q, t in topics.items()))
+    atomic_write_text(out / QRELS_FILE, "".join(f"{q} 0 {d} 1\n" for q, d in positives))
     info = PoolInfo(len(pool), by_source, excluded, len(topics), out)
     atomic_write_text(out / INFO_FILE, json.dumps(info.to_json(), indent=2) + "\n")
     return info

@@ -131,10 +131,11 @@ def _flags(verb: str) -> list[str]:
 
 
 STUDENT_FLAGS = [
-    "--base-model", "--epochs", "--lr", "--train-batch-size", "--max-length", "--label-norm",
+    "--base-model", "--student", "--bf16", "--epochs", "--lr", "--train-batch-size", "--max-length", "--label-norm",
     "--loss", "--dev-dataset", "--dev-depth", "--eval-steps", "--seed",
 ]  # fmt: skip
-"""The student's flags of `distill train` and `distill run`, in the order they always had."""
+"""The student's flags of `distill train` and `distill run`, in the order they always had (the
+student's kind and bf16 training added after its base model)."""
 
 
 def test_training_flags_are_the_marked_config_fields_in_the_order_they_had():

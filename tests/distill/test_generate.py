@@ -226,3 +226,19 @@ def test_a_teacher_that_combines_its_query_is_never_cut_by_passage(monkeypatch, 
     teacher = load_teacher("hybrid", str(tiny_bert_dir), fuse="dense:1,first-stage:1")
     assert teacher.reranker.passage_major and not teacher.passage_major
     assert load_teacher("dense", str(tiny_bert_dir)).passage_major
+
+
+def test_a_qrels_teacher_scores_each_pair_by_its_grade(source, tmp_path):
+    first, second = source.queries[:2]
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(f"{first.qid} 0 {first.docids[1]} 1\n{second.qid} 0 {second.docids[0]} 3\n")
+    generate(source, load_teacher("qrels", scores_file=qrels), tmp_path / "rows", progress=False)
+    table = R.read_rows(tmp_path / "rows").to_pydict()
+    got = {(q, d): s for q, d, s in zip(table["qid"], table["docid"], table["score"], strict=True)}
+    want = {(q.qid, d): 0.0 for q in source.queries for d in q.docids}
+    want[(first.qid, first.docids[1])], want[(second.qid, second.docids[0])] = 1.0, 3.0
+    assert got == want
+    with pytest.raises(DataError, match="teacher 'qrels' needs --scores-file QRELS"):
+        load_teacher("qrels")
+    with pytest.raises(DataError, match="reads its grades from a file; drop: model"):
+        load_teacher("qrels", "some-model", scores_file=qrels)

@@ -59,6 +59,11 @@ def test_the_pool_leaves_out_every_test_passage_by_content(data_sets, tmp_path):
         f"{content_id('q', 'capital of peru')}\tcapital of peru",
     ]
     assert content_id("q", "x") == "q" + hashlib.sha1(b"x").hexdigest()[:16]
+    # each triple's positive is its query's judged passage (once, however often it repeats)
+    assert (tmp_path / "pool" / "qrels.txt").read_text().splitlines() == [
+        f"{content_id('q', 'who wrote hamlet')} 0 {content_id('p', triples[0][1])} 1",
+        f"{content_id('q', 'capital of peru')} 0 {content_id('p', triples[2][1])} 1",
+    ]
 
 
 def test_training_pairs_come_from_the_first_stage_over_the_pool(data_sets, tmp_path):
