@@ -109,10 +109,15 @@ def read_run(folder: Path) -> dict | None:
 
 
 def summarize(
-    root: Path, variants: list[str], seeds: list[int], recipe: str = RECIPE
+    root: Path,
+    variants: list[str],
+    seeds: list[int],
+    recipe: str = RECIPE,
+    defined: dict[str, str] | None = None,
 ) -> list[dict]:
     """Each row names the recipe its variant changed, so a summary stays readable after the
-    recipe moves on."""
+    recipe moves on. `defined`: the variants' flags (default `VARIANTS`)."""
+    defined = VARIANTS if defined is None else defined
     rows = []
     for name in variants:
         runs = {s: read_run(root / f"{name}-s{s}") for s in seeds}
@@ -123,7 +128,7 @@ def summarize(
         rows.append(
             {
                 "variant": name,
-                "flags": VARIANTS.get(name, "?"),
+                "flags": defined.get(name, "?"),
                 "recipe": recipe,
                 "seeds": sorted(done),
                 "mean_best_dev": round(statistics.fmean(bests), 4),
@@ -156,7 +161,14 @@ def summarize(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=None, help="names of VARIANTS or --variant")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="a variant of the recipe defined here ('cross=--student cross-encoder'); repeat",
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[12, 13, 14])
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--device", default=None)
@@ -165,9 +177,20 @@ def main() -> None:
     ap.add_argument("--cli", default=f"{sys.executable} -m cisrank.cli", help="how to run cisrank")
     ap.add_argument("--summarize", action="store_true", help="only reread finished runs")
     args = ap.parse_args()
+    defined = dict(VARIANTS)
+    for spec in args.variant:
+        name, sep, text = spec.partition("=")
+        if not sep or not name:
+            ap.error(f"--variant {spec!r}: expected NAME=FLAGS")
+        defined[name] = text
+    chosen = args.variants or ([v.partition("=")[0] for v in args.variant] or list(VARIANTS))
+    unknown = [v for v in chosen if v not in defined]
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}: one of {', '.join(defined)}")
+    args.variants = chosen
     args.out.mkdir(parents=True, exist_ok=True)
     if args.summarize:
-        rows = summarize(args.out, args.variants, args.seeds, args.recipe)
+        rows = summarize(args.out, args.variants, args.seeds, args.recipe, defined)
         print((args.out / "summary.md").read_text() if rows else "no finished runs")
         return
     # seed by seed: an early stop still leaves every variant measured on the first seeds
@@ -176,7 +199,7 @@ def main() -> None:
     with ThreadPoolExecutor(args.parallel) as pool:
         futures = {}
         for variant, seed in jobs:
-            run_args = [*flags(args.recipe, VARIANTS[variant]), "--seed", str(seed)]
+            run_args = [*flags(args.recipe, defined[variant]), "--seed", str(seed)]
             run_args += ["--base-model", args.base_model]
             if args.device:
                 run_args += ["--device", args.device]
@@ -191,7 +214,7 @@ def main() -> None:
             except Exception as exc:  # one failed run must not lose the others
                 failures.append(str(exc))
                 print(f"FAILED {exc}", flush=True)
-            summarize(args.out, args.variants, args.seeds, args.recipe)
+            summarize(args.out, args.variants, args.seeds, args.recipe, defined)
     print((args.out / "summary.md").read_text())
     if failures:
         raise SystemExit(f"{len(failures)} runs failed: {failures[0]}")

@@ -5,6 +5,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,29 @@ def test_the_recipe_is_make_students(sweep):
     assert made.pop("--base-model") == ["all-MiniLM-L6-v2"]
     assert made.pop("--seed") == ["12"] and made.pop("--out") == ["out/student"]
     assert made == sweep._options(sweep.RECIPE)
+
+
+def test_variants_defined_on_the_command_line_are_summarized_with_their_flags(sweep, tmp_path):
+    _finished(tmp_path / "bi-s12", [0.58, 0.61])
+    root = Path(__file__).resolve().parents[2]
+    args = ["--out", str(tmp_path), "--seeds", "12", "--variant", "bi=--student bi-encoder"]
+    done = subprocess.run(
+        [sys.executable, str(root / "bench" / "student_sweep.py"), *args, "--summarize"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads((tmp_path / "summary.json").read_text())
+    assert (row["variant"], row["flags"], row["mean_best_dev"]) == (
+        "bi",
+        "--student bi-encoder",
+        0.61,
+    )
+    bad = subprocess.run(
+        [sys.executable, str(root / "bench" / "student_sweep.py"), *args, "--variants", "nope"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "unknown variant(s) nope" in bad.stderr
