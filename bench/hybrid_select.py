@@ -62,13 +62,16 @@ def load_runs(specs: list[str], dataset_dir: Path) -> tuple[dict[str, Run], Any]
     return runs, dataset
 
 
-def grid(runs: dict[str, Run], qrels, step: float, depth: int) -> list[dict[str, Any]]:
-    """Every setting's DL21 figures; CIS is in every combination (it is what is being fused)."""
-    others = [n for n in runs if n != "cis"]
+def grid(
+    runs: dict[str, Run], qrels, step: float, depth: int, anchor: str = "cis"
+) -> list[dict[str, Any]]:
+    """Every setting's DL21 figures; `anchor` (CIS for the hybrid) is in every combination (it
+    is what is being fused)."""
+    others = [n for n in runs if n != anchor]
     rows = []
     for r in range(1, len(others) + 1):
         for combo in itertools.combinations(others, r):
-            names = ["cis", *combo]
+            names = [anchor, *combo]
             for weights in simplex(len(names), step):
                 for method, norm in SETTINGS:
                     fused = fuse_runs([runs[n] for n in names], weights, method, norm, depth=depth)
@@ -85,29 +88,36 @@ def grid(runs: dict[str, Run], qrels, step: float, depth: int) -> list[dict[str,
     return rows
 
 
-def families(runs: dict[str, Run]) -> list[tuple[tuple[str, ...], str, str]]:
-    """(parts, method, normalization) of every family: CIS with each non-empty set of others."""
-    others = [n for n in runs if n != "cis"]
+def families(runs: dict[str, Run], anchor: str = "cis") -> list[tuple[tuple[str, ...], str, str]]:
+    """(parts, method, normalization) of every family: `anchor` with each non-empty set of
+    the others."""
+    others = [n for n in runs if n != anchor]
     out = []
     for r in range(1, len(others) + 1):
         for combo in itertools.combinations(others, r):
             for method, norm in SETTINGS:
-                out.append((("cis", *combo), method, norm))
+                out.append(((anchor, *combo), method, norm))
     return out
 
 
 def cross_validate(
-    runs: dict[str, Run], qrels, step: float, depth: int, folds: int, seed: int = 0
+    runs: dict[str, Run],
+    qrels,
+    step: float,
+    depth: int,
+    folds: int,
+    seed: int = 0,
+    anchor: str = "cis",
 ) -> list[dict[str, Any]]:
     """Per family: mean held-out nDCG@10 over `folds` folds of the queries (weights chosen on
     the others), and the weights chosen on all queries."""
     import random
 
-    qids = sorted(q for q in qrels if q in runs["cis"].rankings)
+    qids = sorted(q for q in qrels if q in runs[anchor].rankings)
     random.Random(seed).shuffle(qids)
     parts = [qids[i::folds] for i in range(folds)]
     rows = []
-    for names, method, norm in families(runs):
+    for names, method, norm in families(runs, anchor):
         per_query: dict[tuple[float, ...], dict[str, float]] = {}
         for weights in simplex(len(names), step):
             fused = fuse_runs([runs[n] for n in names], weights, method, norm, depth=depth)
@@ -134,7 +144,18 @@ def cross_validate(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--select", action="append", required=True, help="NAME=run.trec on DL21")
-    ap.add_argument("--apply", action="append", required=True, help="NAME=run.trec on DL19")
+    ap.add_argument(
+        "--apply",
+        action="append",
+        default=[],
+        help="NAME=run.trec on DL19 (none: the choice is only made, reported nowhere else)",
+    )
+    ap.add_argument(
+        "--anchor",
+        default="cis",
+        help="the run in every fusion (cis: the hybrid; a teacher's main part to choose a "
+        "teacher's fusion)",
+    )
     ap.add_argument("--select-data", default="trec-dl21")
     ap.add_argument("--apply-data", default="trec-dl19")
     ap.add_argument("--step", type=float, default=0.1)
@@ -144,10 +165,11 @@ def main() -> None:
     args = ap.parse_args()
     root = data_dir() or dl19_dir().parent
     sel_runs, sel = load_runs(args.select, root / args.select_data)
-    app_runs, app = load_runs(args.apply, root / args.apply_data)
     cv_rows: list[dict[str, Any]] = []
     if args.cv:
-        cv_rows = cross_validate(sel_runs, sel.qrels, args.step, args.depth, args.cv)
+        cv_rows = cross_validate(
+            sel_runs, sel.qrels, args.step, args.depth, args.cv, anchor=args.anchor
+        )
         top = max(r["cv_nDCG@10"] for r in cv_rows)
         near = [r for r in cv_rows if r["cv_nDCG@10"] >= top - 0.002]
         pick = min(near, key=lambda r: (r["free_weights"], -r["cv_nDCG@10"]))
@@ -159,8 +181,29 @@ def main() -> None:
                 f"{r['normalize']} {r['fuse']}"
             )
     else:
-        rows = grid(sel_runs, sel.qrels, args.step, args.depth)
+        rows = grid(sel_runs, sel.qrels, args.step, args.depth, args.anchor)
         best = max(rows, key=lambda row: row["nDCG@10"])  # first of equals: fewest parts
+    select_parts = {n: M.evaluate(run, sel.qrels, MEASURES) for n, run in sel_runs.items()}
+    print(f"selected on {args.select_data} ({len(rows)} settings): {best}")
+    print(f"{args.select_data} parts: {select_parts}")
+    result = {
+        "select": {"data": args.select_data, "runs": args.select, "settings": len(rows)},
+        "anchor": args.anchor,
+        "cv_folds": args.cv,
+        "cv": sorted(cv_rows, key=lambda r: -r["cv_nDCG@10"]),
+        "chosen": best,
+        "select_parts": select_parts,
+        "top10_on_select": sorted(rows, key=lambda r: -r.get("nDCG@10", 0))[:10],
+    }
+    if args.apply:
+        result.update(apply_choice(args, best))
+    write_result(args.name, result)
+
+
+def apply_choice(args: argparse.Namespace, best: dict[str, Any]) -> dict[str, Any]:
+    """The chosen fusion on the apply set (DL19), once, beside its parts, with paired tests."""
+    root = data_dir() or dl19_dir().parent
+    app_runs, app = load_runs(args.apply, root / args.apply_data)
     parts = [p.split(":") for p in best["fuse"].split(",")]
     names, weights = [n for n, _ in parts], [float(w) for _, w in parts]
     method, norm = best["fusion"], best["normalize"]
@@ -172,12 +215,9 @@ def main() -> None:
         f"hybrid vs {n}": M.paired_test(per_query[n]["nDCG@10"], per_query["hybrid"]["nDCG@10"])
         for n in app_runs
     }
-    select_parts = {n: M.evaluate(run, sel.qrels, MEASURES) for n, run in sel_runs.items()}
     command = (
         f"cisrank eval {args.apply_data} --reranker hybrid --fuse {best['fuse']} --fusion {method}"
     )
-    print(f"selected on {args.select_data} ({len(rows)} settings): {best}")
-    print(f"{args.select_data} parts: {select_parts}")
     for name, figures in report.items():
         print(
             f"{args.apply_data} {name:12s} " + "  ".join(f"{m} {v:.4f}" for m, v in figures.items())
@@ -187,20 +227,11 @@ def main() -> None:
             f"{name}: delta {test['mean_delta']:+.4f}, randomization p={test['p_randomization']:.3g}"
         )
     print("command:", command)
-    write_result(
-        args.name,
-        {
-            "select": {"data": args.select_data, "runs": args.select, "settings": len(rows)},
-            "cv_folds": args.cv,
-            "cv": sorted(cv_rows, key=lambda r: -r["cv_nDCG@10"]),
-            "chosen": best,
-            "select_parts": select_parts,
-            "top10_on_select": sorted(rows, key=lambda r: -r.get("nDCG@10", 0))[:10],
-            "apply": {"data": args.apply_data, "runs": args.apply, "figures": report},
-            "significance": tests,
-            "command": command,
-        },
-    )
+    return {
+        "apply": {"data": args.apply_data, "runs": args.apply, "figures": report},
+        "significance": tests,
+        "command": command,
+    }
 
 
 if __name__ == "__main__":
