@@ -279,7 +279,7 @@ def synth_cmd(
     dropped = ", ".join(f"{k} {v}" for k, v in summary["dropped"].items()) or "none"
     typer.echo(
         f"{out}: {summary['kept']} of {summary['written']} queries kept "
-        f"({summary['kept_passages']} of {summary['passages']} passages); dropped: {dropped}"
+        f"({summary['kept_passages']} of {summary['sampled_passages']} passages); dropped: {dropped}"
     )
 
 

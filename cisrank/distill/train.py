@@ -272,7 +272,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     trainer = _trainer_class(loss.sampler(examples), bi)(
         model=model,
-        args=_arguments(config, checkpoints, evaluator),
+        args=_arguments(config, checkpoints, evaluator, device),
         train_dataset=HFDataset.from_dict(examples.columns),
         loss=loss.bi_module(model) if bi else loss.module(model),
         evaluator=evaluator,
@@ -348,7 +348,9 @@ def _student(config: TrainConfig, device: str | None) -> Any:
         raise ModelNotFoundError(f"cannot load base model '{config.base_model}': {exc}") from exc
 
 
-def _arguments(config: TrainConfig, checkpoints: Path, evaluator: Any) -> Any:
+def _arguments(
+    config: TrainConfig, checkpoints: Path, evaluator: Any, device: str | None = None
+) -> Any:
     """The trainer's arguments: checkpoints evaluated (with a dev set) and kept each epoch or
     each `config.eval_steps`, the best by dev nDCG@10 loaded at the end."""
     from sentence_transformers import SentenceTransformerTrainingArguments
@@ -383,7 +385,15 @@ def _arguments(config: TrainConfig, checkpoints: Path, evaluator: Any) -> Any:
         dataloader_drop_last=False,
         disable_tqdm=False,
         bf16=config.bf16,
+        # bf16 on a CPU is autocast there, which the trainer allows only when told it is one
+        use_cpu=config.bf16 and _on_cpu(device),
     )
+
+
+def _on_cpu(device: str | None) -> bool:
+    import torch
+
+    return device == "cpu" or (device in (None, "auto") and not torch.cuda.is_available())
 
 
 def _trainer_class(sampler_class: type | None, bi_encoder: bool = False) -> Any:

@@ -112,3 +112,24 @@ def test_a_bi_encoder_student_learns_the_teacher_and_serves_as_dense(
     rows = [i for i, qid in enumerate(table["qid"]) if qid == first]
     served = dense.score(table["query"][rows[0]], [table["passage"][i] for i in rows])
     assert served == pytest.approx([float(cos[i]) for i in rows], abs=1e-5)
+
+
+def test_bf16_training_runs_on_a_cpu(rows_dir, tiny_bert_dir, tmp_path):
+    """Mixed precision on a CPU is autocast, which the trainer refuses unless told it runs on
+    one: a bf16 run trains and saves float32 weights."""
+    from safetensors.torch import load_file
+
+    cfg = TrainConfig(
+        base_model=str(tiny_bert_dir),
+        student="bi-encoder",
+        loss="margin-mse",
+        epochs=1,
+        batch_size=4,
+        max_length=64,
+        dev_dataset=None,
+        bf16=True,
+    )
+    record = train([rows_dir], tmp_path / "s", cfg, device="cpu")
+    assert record["config"]["bf16"] is True and record["examples"] == 20
+    weights = load_file(str(tmp_path / "s" / "model.safetensors"))
+    assert {str(w.dtype) for w in weights.values()} == {"torch.float32"}
