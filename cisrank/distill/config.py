@@ -61,10 +61,11 @@ class TrainConfig(ComponentConfig):
     base_model: Annotated[str, Flag()] = Field(
         default="all-MiniLM-L6-v2", description="Student initialisation: Hugging Face id or folder."
     )
-    student: Annotated[Literal["cross-encoder", "bi-encoder"], Flag()] = Field(
-        default="cross-encoder",
-        description="cross-encoder: the base model reads query and passage together, under a new "
-        "one-logit head; bi-encoder: the base sentence-transformers model embeds them apart and "
+    student: Annotated[Literal["cross", "bi"], Flag()] = Field(
+        default="cross",
+        description="cross: a cross-encoder, the base model reads query and passage together, "
+        "under a new one-logit head; bi: a bi-encoder, the base sentence-transformers model "
+        "embeds them apart and "
         "a pair scores their cosine (its pre-training kept, passage embeddings cacheable).",
     )
     bf16: Annotated[bool, Flag()] = Field(

@@ -37,6 +37,7 @@ from cisrank.data.shard_runner import Progress, Shards, ShardWriter, run_shards
 from cisrank.distill.config import SynthConfig
 from cisrank.distill.synth_prompt import (
     Shot,
+    SynthItem,
     clean,
     draw_shots,
     query_key,
@@ -59,15 +60,6 @@ TOPICS_FILE = "topics.tsv"
 CANDIDATES_FILE = "candidates.json.gz"
 QRELS_FILE = "qrels.txt"
 SUMMARY_FILE = "synth.json"
-
-
-@dataclass(frozen=True)
-class SynthItem:
-    """One query to write: its passage and prompt (rendered in the driver)."""
-
-    docid: str
-    n: int
-    prompt: str
 
 
 class SynthShardJob:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from cisrank.distill.synth import SynthConfig, SynthItem
+    from cisrank.distill.config import SynthConfig
+    from cisrank.distill.synth_prompt import SynthItem
 
 
 @lru_cache(maxsize=8)

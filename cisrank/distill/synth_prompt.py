@@ -42,6 +42,15 @@ TEMPLATE_ASK = "Example {n}:\nDocument: {passage}\nRelevant Query:"
 
 
 @dataclass(frozen=True)
+class SynthItem:
+    """One query to write: its passage and prompt (rendered in the driver)."""
+
+    docid: str
+    n: int
+    prompt: str
+
+
+@dataclass(frozen=True)
 class Shot:
     """A real (query, passage) example shown to the model."""
 

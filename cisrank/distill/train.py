@@ -157,7 +157,7 @@ class _PredictScorer(BaseReranker):
         import torch
 
         self.model, self.batch_size, self.identity = model, batch_size, torch.nn.Identity()
-        self.model_name, self.bi_encoder = "student", bi_encoder
+        self.model_name, self.bi_encoder = self.name, bi_encoder
 
     def _flat(self, requests: Sequence[Request]) -> list[float]:
         if not self.bi_encoder:
@@ -258,7 +258,7 @@ def train(
     manifests = [R.read_manifest(f) for f in data]
     queries = training_queries(data, teacher_sets, pool, config)
     loss = load_loss(config.loss)
-    bi = config.student == "bi-encoder"
+    bi = config.student == "bi"
     examples = loss.examples(queries, config)
     if bi:
         examples = loss.bi_examples(examples)
@@ -339,7 +339,7 @@ def _student(config: TrainConfig, device: str | None) -> Any:
     # student (`make student` promises the same one from a clean clone).
     set_seed(config.seed)
     try:
-        if config.student == "bi-encoder":
+        if config.student == "bi":
             model = SentenceTransformer(path, device=device)
             model.max_seq_length = config.max_length
             return model
@@ -359,7 +359,7 @@ def _arguments(
     strategy = "steps" if config.eval_steps else "epoch"
     arguments = (
         SentenceTransformerTrainingArguments
-        if config.student == "bi-encoder"
+        if config.student == "bi"
         else CrossEncoderTrainingArguments
     )
     return arguments(

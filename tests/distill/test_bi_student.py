@@ -78,7 +78,7 @@ def test_a_bi_encoder_student_learns_the_teacher_and_serves_as_dense(
 
     cfg = TrainConfig(
         base_model=str(tiny_bert_dir),
-        student="bi-encoder",
+        student="bi",
         loss=loss,
         epochs=epochs,  # about 60 steps: a random tiny BERT embeds every text alike at first
         learning_rate=1e-2,
@@ -92,7 +92,7 @@ def test_a_bi_encoder_student_learns_the_teacher_and_serves_as_dense(
     record = train([rows_dir], out, cfg)
     losses = [h["loss"] for h in record["history"] if "loss" in h]
     assert losses[-1] < losses[0]  # ListNet's floor is the target's entropy, not 0
-    assert record["config"]["student"] == "bi-encoder"
+    assert record["config"]["student"] == "bi"
 
     table = R.read_rows(rows_dir).to_pydict()
     student = SentenceTransformer(str(out))
@@ -121,7 +121,7 @@ def test_bf16_training_runs_on_a_cpu(rows_dir, tiny_bert_dir, tmp_path):
 
     cfg = TrainConfig(
         base_model=str(tiny_bert_dir),
-        student="bi-encoder",
+        student="bi",
         loss="margin-mse",
         epochs=1,
         batch_size=4,

@@ -309,20 +309,32 @@ def test_none_is_a_record_that_keeps_order_and_is_not_served(tmp_path):
 
 
 def test_teachers_are_registry_entries(tiny_gpt2_dir, tiny_bert_dir, tmp_path):
-    assert list(TEACHERS) == ["cis", "cross-encoder", "dense", "hybrid", "student", "scores"]
-    assert teacher_kind("scores").reads_file and not teacher_kind("cis").reads_file
+    assert list(TEACHERS) == [
+        "cis",
+        "cross-encoder",
+        "dense",
+        "hybrid",
+        "student",
+        "scores",
+        "qrels",
+    ]
+    assert teacher_kind("scores").reads_file and teacher_kind("qrels").reads_file
+    assert not teacher_kind("cis").reads_file
     run = tmp_path / "run.txt"
     run.write_text("q1 Q0 d1 1 2.5 t\n", encoding="utf-8")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 2\n", encoding="utf-8")
     cases = [
         TeacherSpec.of("cis", str(tiny_gpt2_dir), estimator="forward", template="qa"),
         TeacherSpec.of("cis", str(tiny_gpt2_dir), estimator="reverse"),
         TeacherSpec.of("dense", str(tiny_bert_dir)),
         TeacherSpec.of("hybrid", str(tiny_bert_dir), fuse="dense:1,first-stage:1"),
         TeacherSpec.of("scores", scores_file=run),
+        TeacherSpec.of("qrels", scores_file=qrels),
     ]
     for spec in cases:  # the spec says what the teacher it builds says
         assert spec.passage_major == spec.load().passage_major, spec
-    assert [s.passage_major for s in cases] == [False, True, True, False, False]
+    assert [s.passage_major for s in cases] == [False, True, True, False, False, False]
     with pytest.raises(DataError, match="teacher 'none' has no scores: pick cis, cross-enc"):
         load_teacher("none")
     with pytest.raises(UnknownRerankerError, match="unknown teacher 'bm25': choose one of cis"):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cisrank.distill.losses.listwise import listnet_loss
+from cisrank.distill.losses.listnet import listnet_loss
 
 BI_SCALE = 6.0
 

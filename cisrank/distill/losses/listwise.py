@@ -24,6 +24,7 @@ from sentence_transformers.util import batch_to_device
 from torch import Tensor, nn
 
 from cisrank.distill.losses.base import Examples, LossOptions, Query, StudentLoss, normalized_labels
+from cisrank.distill.losses.listnet import listnet_loss
 from cisrank.errors import DataError
 
 MINI_BATCH_PAIRS = 32
@@ -34,15 +35,6 @@ def length_sorted_chunks(lengths: Sequence[int], size: int) -> list[list[int]]:
     """Indices cut into chunks of at most `size`, shortest first, so each chunk pads little."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     return [order[k : k + size] for k in range(0, len(order), size)]
-
-
-def listnet_loss(scores: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
-    """Mean over queries of -sum_i softmax(labels)_i log softmax(scores)_i, over the positions
-    where `mask` is true (lists of unequal length are padded to one width)."""
-    neg = torch.finfo(scores.dtype).min
-    target = labels.masked_fill(~mask, float("-inf")).softmax(dim=1)
-    log_p = scores.masked_fill(~mask, neg).log_softmax(dim=1)
-    return -(target * log_p.masked_fill(~mask, 0.0)).sum(dim=1).mean()
 
 
 class LengthSortedListNetLoss(nn.Module):
