@@ -19,10 +19,10 @@ from cisrank.distill.evaluate import Scores, spearman_to_teacher
 from cisrank.distill.generate import generate
 from cisrank.distill.sources import PairSource, from_dataset, from_triples
 from cisrank.distill.teachers import Teacher
-from cisrank.distill.train import TRAINING_FILE, train
+from cisrank.distill.train import TRAINING_FILE, student_kind, train
 from cisrank.eval.pipeline import KEY_MEASURE, run_eval
 from cisrank.fileio import atomic_write_text
-from cisrank.rerank.registry import CROSS_ENCODER, load_reranker
+from cisrank.rerank.registry import load_reranker
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
@@ -76,7 +76,7 @@ def distill_run(
     timings["train_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    reranker = load_reranker(CROSS_ENCODER.name, str(student), device=device)
+    reranker = load_reranker(student_kind(config), str(student), device=device)
     result = run_eval(
         eval_ds, reranker, depth=plan.eval_depth, output=out / "eval", progress=progress
     )

@@ -33,8 +33,15 @@ from typing import Any
 
 from cisrank.errors import CisrankError
 from cisrank.fileio import atomic_write_text, exchange_folders
-from cisrank.models.integrity import PROVENANCE_FILE, record_files, seal, sha256_file
+from cisrank.models.integrity import (
+    PROVENANCE_FILE,
+    folder_files,
+    record_files,
+    seal,
+    sha256_file,
+)
 from cisrank.models.shipped import SHIPPED_FORMAT
+from cisrank.rerank.registry import CROSS_ENCODER, DENSE, RerankerKind
 
 WEIGHTS = "model.safetensors"
 COPIED = (
@@ -48,8 +55,10 @@ COPIED = (
     "vocab.txt",
     "added_tokens.json",
 )
-"""The files a sentence-transformers CrossEncoder folder loads from besides its weights (those
-present are copied); training logs, checkpoints and the model card stay behind."""
+"""The files a sentence-transformers folder (a CrossEncoder, or a bi-encoder's first module)
+loads from besides its weights (those present are copied); training logs, checkpoints and the
+model card stay behind. A bi-encoder's other modules (`1_Pooling/`, ...) are copied whole, as its
+`modules.json` lists them."""
 
 MAX_SHIPPED_BYTES = 50_000_000
 """The repository's bound on shipped weights (issue 45): 50 MB for the whole folder."""
@@ -66,26 +75,52 @@ class Shipped:
     files: dict[str, str]
 
 
-def _check_source(source: Path) -> dict[str, Any]:
+def _check_source(source: Path) -> RerankerKind[Any, Any]:
+    """The kind that serves the student in `source`: a one-logit cross-encoder, or a
+    sentence-transformers bi-encoder (`distill train --student bi`); anything else refused."""
     if not (source / WEIGHTS).is_file() or not (source / "config.json").is_file():
         raise CisrankError(
             f"'{source}' is not a trained student folder (it needs {WEIGHTS} and config.json: "
             "the folder `cisrank distill train` or `make student` writes)"
         )
-    try:
-        config = json.loads((source / "config.json").read_text("utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CisrankError(f"{source / 'config.json'}: not readable JSON ({exc})") from None
+    config = _read_json(source / "config.json")
     archs = config.get("architectures") or []
     if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        if (source / "modules.json").is_file() and _module_folders(source):
+            return DENSE
         raise CisrankError(
-            f"'{source}' holds a {archs[0] if archs else 'model'} with no classification head, "
-            "not a cross-encoder student"
+            f"'{source}' holds a {archs[0] if archs else 'model'} with no classification head "
+            "and no sentence-transformers modules: neither a cross-encoder nor a bi-encoder "
+            "student"
         )
     labels = len(config.get("id2label") or {}) or config.get("num_labels", 1)
     if labels != 1:
         raise CisrankError(f"'{source}' has {labels} labels; a student has one (its score)")
-    return config
+    return CROSS_ENCODER
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CisrankError(f"{path}: not readable JSON ({exc})") from None
+
+
+def _module_folders(source: Path) -> list[str]:
+    """The folders of a bi-encoder's modules after the first (`1_Pooling`, ...), as its
+    `modules.json` lists them; a listed folder that is missing is fine where the module has
+    no files (`Normalize`), and sentence-transformers loads it so."""
+    modules = _read_json(source / "modules.json")
+    if not isinstance(modules, list) or not modules:
+        raise CisrankError(f"{source / 'modules.json'}: not a list of modules")
+    folders = []
+    for m in modules:
+        path = str(m.get("path", "")) if isinstance(m, dict) else ""
+        if path and (".." in Path(path).parts or Path(path).is_absolute()):
+            raise CisrankError(f"{source / 'modules.json'}: module path '{path}' leaves the folder")
+        if path:
+            folders.append(path)
+    return folders
 
 
 def half_tensors(source: Path) -> dict[str, Any]:
@@ -116,17 +151,23 @@ def half_tensors(source: Path) -> dict[str, Any]:
 def _write(source: Path, staging: Path, name: str, recipe: str) -> None:
     from safetensors.torch import save_file
 
-    _check_source(source)
+    kind = _check_source(source)
     save_file(half_tensors(source), str(staging / WEIGHTS), metadata={"format": "pt"})
     used = [WEIGHTS]
     for rel in COPIED:
         if (source / rel).is_file():
             shutil.copyfile(source / rel, staging / rel)
             used.append(rel)
+    if kind.embeds:  # a bi-encoder: its pooling and other modules in folders of their own
+        for folder in _module_folders(source):
+            for rel in folder_files(source / folder):
+                (staging / folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / folder / rel, staging / folder / rel)
+                used.append(f"{folder}/{rel}")
     files, _ = record_files(staging)
     provenance = {
         "name": name,
-        "kind": "cross-encoder",
+        "kind": kind.name,
         "format": SHIPPED_FORMAT,
         "weights": "float16 (round to nearest even) of the float32 student below; config.json "
         "says float32, so loaders widen them to float32",
@@ -135,6 +176,15 @@ def _write(source: Path, staging: Path, name: str, recipe: str) -> None:
         "files": files,
     }
     atomic_write_text(staging / PROVENANCE_FILE, json.dumps(seal(provenance), indent=2) + "\n")
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder` (its provenance included), by POSIX path."""
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def ship_student(
@@ -151,17 +201,17 @@ def ship_student(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.ship-", dir=out.parent))
     try:
         _write(source, staging, name, recipe)
-        total = sum(p.stat().st_size for p in staging.iterdir())
+        total = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
         if total > MAX_SHIPPED_BYTES:
             raise CisrankError(
                 f"the shipped student would take {total / 1e6:.1f} MB, over the "
                 f"{MAX_SHIPPED_BYTES / 1e6:.0f} MB the repository allows"
             )
-        hashes = {p.name: sha256_file(p) for p in sorted(staging.iterdir())}
+        hashes = _hashes(staging)
         # package data: readable by every user of an installation (mkdtemp made it 0700)
         staging.chmod(0o755)
-        for p in staging.iterdir():
-            p.chmod(0o644)
+        for p in staging.rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
         if out.exists():
             if not exchange_folders(staging, out):
                 old = staging.with_name(staging.name + ".old")
@@ -181,9 +231,7 @@ def check_shipped(source: str | Path, shipped: str | Path, **options: Any) -> li
     shipped = Path(shipped)
     with tempfile.TemporaryDirectory() as tmp:
         fresh = ship_student(source, Path(tmp) / shipped.name, **options)
-        have = (
-            {p.name: sha256_file(p) for p in sorted(shipped.iterdir())} if shipped.is_dir() else {}
-        )
+        have = _hashes(shipped) if shipped.is_dir() else {}
         diffs = []
         for rel in sorted(set(fresh.files) | set(have)):
             if rel not in have:

@@ -32,12 +32,19 @@ from cisrank.errors import DataError, ModelNotFoundError, require
 from cisrank.fileio import atomic_write_text
 from cisrank.models.resolve import resolve_model
 from cisrank.rerank.base import BaseReranker, Request
+from cisrank.rerank.registry import CROSS_ENCODER, DENSE
 from cisrank.version import __version__
 
 log = logging.getLogger(__name__)
 
 TRAINING_FILE = "distill-training.json"
 CURVE_FILE = "learning_curve.tsv"
+
+
+def student_kind(config: TrainConfig) -> str:
+    """The reranker kind that serves a student trained with `config`: a cross-encoder's one
+    logit, or a bi-encoder's cosine (the dense kind, whose passage embeddings can be cached)."""
+    return DENSE.name if config.student == "bi" else CROSS_ENCODER.name
 
 
 def load_teacher_rows(folders: Sequence[str | Path]) -> list[dict[str, Any]]:

@@ -167,6 +167,15 @@ CROSS_ENCODER: RerankerKind[CrossEncoderRerankerConfig, CrossEncoderReranker] = 
     _cross_encoder,
 )
 """Also the kind a student trained by `cisrank distill train` is loaded as (a folder)."""
+DENSE: RerankerKind[DenseRerankerConfig, DenseReranker] = RerankerKind(
+    "dense",
+    "cosine of bi-encoder embeddings",
+    DenseRerankerConfig,
+    _dense,
+    embeds=True,
+    passage_major=_always,  # a passage is embedded once for all its queries
+)
+"""Also the kind a bi-encoder student (`distill train --student bi`) is loaded as."""
 NONE: RerankerKind[NoRerankerConfig, IdentityReranker] = RerankerKind(
     "none",
     "keep the first stage's order",
@@ -181,14 +190,7 @@ KINDS: dict[str, RerankerKind[Any, Any]] = {
     for k in (
         CIS,
         CROSS_ENCODER,
-        RerankerKind(
-            "dense",
-            "cosine of bi-encoder embeddings",
-            DenseRerankerConfig,
-            _dense,
-            embeds=True,
-            passage_major=_always,  # a passage is embedded once for all its queries
-        ),
+        DENSE,
         RerankerKind(
             "student",
             "the cross-encoder shipped with cisrank (DL19 0.6458)",

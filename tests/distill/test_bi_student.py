@@ -12,8 +12,9 @@ from cisrank.distill.config import TrainConfig
 from cisrank.distill.evaluate import spearman_to_teacher
 from cisrank.distill.losses import load_loss
 from cisrank.distill.losses.bi import BI_SCALE, BiListNetLoss, PairMSELoss, scaled_cosine
-from cisrank.distill.train import train
+from cisrank.distill.train import student_kind, train
 from cisrank.errors import DataError
+from cisrank.rerank.registry import kind_of
 
 
 class _Fixed(torch.nn.Module):
@@ -133,3 +134,10 @@ def test_bf16_training_runs_on_a_cpu(rows_dir, tiny_bert_dir, tmp_path):
     assert record["config"]["bf16"] is True and record["examples"] == 20
     weights = load_file(str(tmp_path / "s" / "model.safetensors"))
     assert {str(w.dtype) for w in weights.values()} == {"torch.float32"}
+
+
+def test_a_trained_student_is_loaded_as_the_kind_of_its_architecture():
+    """`distill run` evaluates the student it trained through this: a bi-encoder loaded as a
+    cross-encoder would be a classification head on random weights."""
+    assert kind_of(student_kind(TrainConfig(student="bi"))).embeds
+    assert not kind_of(student_kind(TrainConfig())).embeds

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from cisrank.distill import teacher_set as TS
 from cisrank.distill.trainset import build_pool
@@ -17,19 +16,31 @@ TRAIN = TEACHERS / "msmarco-train-top20.parquet"
 DL22 = TEACHERS / "trec-dl22-bm25-top100.parquet"
 
 
-@pytest.mark.parametrize(
-    ("path", "pairs", "queries", "depth"),
-    [(TRAIN, 19_880, 994, 20), (DL22, 7_600, 76, 100)],
-    ids=["msmarco-train", "trec-dl22"],
-)
-def test_a_committed_set_names_its_teachers_and_holds_no_text(path, pairs, queries, depth):
-    ts = TS.load(path)
-    assert len(ts) == pairs and ts.components == ["cis", "dense"]
+def _lists_ranked(ts: TS.TeacherSet, queries: int, depth: int) -> None:
     lists = ts.by_query()
     assert len(lists) == queries and max(len(v) for v in lists.values()) == depth
     for rows in lists.values():  # each query's list is its first-stage top, ranks 1..n
         assert [ts.rank[i] for i in rows] == list(range(1, len(rows) + 1))
     assert all(np.isfinite(v).all() for v in ts.scores.values())
+    assert ts.provenance["commit"]
+
+
+def test_the_msmarco_set_names_its_teachers_and_holds_no_text():
+    ts = TS.load(TRAIN)
+    assert len(ts) == 19_880 and ts.components == ["dense", "qrels"]
+    _lists_ranked(ts, 994, 20)
+    components = ts.provenance["components"]
+    assert components["dense"]["teacher"] == {"model": "all-mpnet-base-v2", "teacher": "dense"}
+    assert components["qrels"]["teacher"]["teacher"] == "qrels"
+    assert set(np.unique(ts.scores["qrels"])) == {0.0, 1.0}  # the triples' positives, graded 1
+    source = components["dense"]["source"]
+    assert source["retriever"] == "rrf(bm25,dense)" and source["depth"] == 20
+
+
+def test_the_dl22_set_names_its_teachers_and_holds_no_text():
+    ts = TS.load(DL22)
+    assert len(ts) == 7_600 and ts.components == ["cis", "dense"]
+    _lists_ranked(ts, 76, 100)
     cis = ts.provenance["components"]["cis"]["teacher"]
     assert (cis["model"], cis["backend"], cis["dtype"], cis["estimator"]) == (
         "smollm2-135m-instruct",
@@ -38,18 +49,14 @@ def test_a_committed_set_names_its_teachers_and_holds_no_text(path, pairs, queri
         "reverse",
     )
     assert cis["reverse_template"] == "upr" and len(cis["fingerprint"]) == 64
-    assert ts.provenance["components"]["dense"]["teacher"]["model"] == "all-mpnet-base-v2"
-    assert ts.provenance["commit"]
 
 
-def test_both_sets_were_scored_by_the_same_engine():
-    """Fused and normalised alike in one training, so both name one CIS engine: model, backend,
-    compute type, template (the fingerprint). The host's int8 kernels are not in it: the two were
-    scored on an AVX2 and an AVX-512 VNNI host (teachers/README.md)."""
-    fingerprints = {
-        TS.load(p).provenance["components"]["cis"]["teacher"]["fingerprint"] for p in (TRAIN, DL22)
+def test_both_sets_name_one_dense_teacher():
+    """Fused and normalised alike where a student takes both, so both name one bi-encoder."""
+    models = {
+        TS.load(p).provenance["components"]["dense"]["teacher"]["model"] for p in (TRAIN, DL22)
     }
-    assert len(fingerprints) == 1
+    assert models == {"all-mpnet-base-v2"}
 
 
 def test_every_id_is_found_in_the_pool_rebuilt_from_the_data(data_root, tmp_path):
@@ -58,6 +65,12 @@ def test_every_id_is_found_in_the_pool_rebuilt_from_the_data(data_root, tmp_path
     texts = TS.texts_of(ts, tmp_path / "pool")
     assert set(ts.qid) <= set(texts.queries)
     assert set(ts.docid) <= set(texts.passages)
+    positives = {(q, d) for q, d, g in zip(ts.qid, ts.docid, ts.scores["qrels"], strict=True) if g}
+    triples = {
+        tuple(line.split()[::2][:2])
+        for line in (tmp_path / "pool" / "qrels.txt").read_text().splitlines()
+    }
+    assert positives <= triples  # every graded pair is a training triple's positive
 
 
 def test_the_dl22_set_is_dl22s_bm25_top_100_rank_for_rank(data_root, monkeypatch):

@@ -180,3 +180,49 @@ def test_a_float16_folder_is_computed_in_float32_even_when_its_config_says_float
     assert {p.dtype for p in reranker.runner.net.parameters()} == {torch.float32}
     got = [s for q, p in PAIRS for s in reranker.score(q, [p])]
     assert got == pytest.approx(_rounded_reference(student_dir), abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def bi_student_dir(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A float32 bi-encoder folder as `distill train --student bi` writes one: the transformer
+    in the root, mean pooling in `1_Pooling/`, normalisation (no files) in `2_Normalize/`."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    first = Transformer(str(tiny_bert_dir))
+    pooling = Pooling(first.get_embedding_dimension(), "mean")
+    model = SentenceTransformer(modules=[first, pooling, Normalize()], device="cpu")
+    out = tmp_path_factory.mktemp("bi") / "student"
+    model.save(str(out))
+    (out / "learning_curve.tsv").write_text("step\tnDCG@10\n1\t0.5\n")
+    return out
+
+
+def test_a_bi_encoder_student_ships_with_its_modules_and_serves_as_dense(bi_student_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    shipped = ship_student(bi_student_dir, tmp_path / "cisrank-student")
+    provenance = json.loads((shipped.folder / PROVENANCE_FILE).read_text())
+    assert provenance["kind"] == "dense"
+    assert "1_Pooling/config.json" in provenance["files"] and "learning_curve.tsv" not in str(
+        provenance
+    )
+    assert (shipped.folder / "1_Pooling/config.json").read_bytes() == (
+        bi_student_dir / "1_Pooling/config.json"
+    ).read_bytes()
+    assert shipped.files == {
+        p.relative_to(shipped.folder).as_posix(): sha256_file(p)
+        for p in sorted(shipped.folder.rglob("*"))
+        if p.is_file()
+    }
+    assert verify_model(shipped.folder, full=True).status == "intact"
+    assert check_shipped(bi_student_dir, shipped.folder) == []
+    # its scores: the cosine of the float32 bi-encoder with every weight rounded through float16
+    ref = SentenceTransformer(str(bi_student_dir), device="cpu")
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.to(torch.float16).float())
+    reranker = load_reranker("dense", str(shipped.folder))
+    for q, p in PAIRS:
+        e = ref.encode([q, p], convert_to_tensor=True, normalize_embeddings=True)
+        assert reranker.score(q, [p])[0] == pytest.approx(float(e[0] @ e[1]), abs=1e-5)
