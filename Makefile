@@ -72,17 +72,23 @@ demo-cis: demo  ## the same as demo (its former name)
 demo-dense: install  ## TREC DL19: BM25 top-100 reranked by all-MiniLM-L6-v2, with the metrics table
 	$(VENV)/bin/cisrank eval trec-dl19 --reranker dense --output out/demo-dl19
 
-# The kept student (issue 30): an all-MiniLM-L6-v2 cross-encoder trained on the committed teacher
-# set (teachers/, ids and scores only: CIS reverse on ONNX int8 and the all-mpnet-base-v2
-# bi-encoder over the RRF(BM25, dense) top 20 of the 994 MS MARCO training queries; texts are
-# joined back from ../shared/data by `distill pool`). The fusion was chosen on DL21
+# The kept student: an all-MiniLM-L6-v2 cross-encoder trained on the committed teacher set it was
+# made from (teachers/shipped-student-msmarco-top20.parquet, ids and scores only: CIS reverse on
+# ONNX int8 and the all-mpnet-base-v2 bi-encoder over the RRF(BM25, dense) top 20 of the 994 MS
+# MARCO training queries; texts are joined back from ../shared/data by `distill pool`). That set
+# was drawn from a pool that held DL21's candidates (texts only, no DL21 query or judgment), so
+# `make student` rebuilds that pool (STUDENT_POOL_FLAGS); the default pool leaves them out, and
+# the next student is trained on teachers/msmarco-train-top20.parquet, drawn from it
+# (teachers/README.md). The fusion was chosen on DL21
 # (bench/hybrid_select.py --cv 5); DL19 is evaluated once at the end. bench/RESULTS.md has the
 # time on 2 cores and every student tried. A rerun on the same host should write the same weights
 # (training seeds before it makes the model, and a fixed thread count sums in a fixed order);
 # bench/RESULTS.md says where that was shown.
 # One or more committed teacher sets, each a --teacher-set. Adding teachers/trec-dl22-bm25-top100.parquet
 # (DL22's 76 queries; STUDENT_EXTRA="--list-depth 20") lost on DL21, so it is not in the default.
-STUDENT_SET ?= teachers/msmarco-train-top20.parquet
+STUDENT_SET ?= teachers/shipped-student-msmarco-top20.parquet
+STUDENT_POOL ?= out/trainset-shipped
+STUDENT_POOL_FLAGS ?= --pool-sets trec-dl21,trec-dl22 --held-out trec-dl19
 STUDENT_FUSE ?= cis:0.1,dense:0.9
 # The loss and its steps, chosen on DL21 dev only (bench/RESULTS.md): Margin-MSE among MSE,
 # Margin-MSE and listwise; two passes over the 19,880 pair examples, the best of 8 variants x 3
@@ -98,9 +104,9 @@ STUDENT_SEED ?= 12
 # More `distill train` flags, e.g. STUDENT_EXTRA=--keep-checkpoints (the best and the last).
 STUDENT_EXTRA ?=
 student: install  ## train the kept student from the committed teacher rows into out/student, then DL19
-	$(VENV)/bin/cisrank distill pool --out out/trainset
+	$(VENV)/bin/cisrank distill pool --out $(STUDENT_POOL) $(STUDENT_POOL_FLAGS)
 	OMP_NUM_THREADS=$(STUDENT_THREADS) $(VENV)/bin/cisrank distill train \
-		$(addprefix --teacher-set ,$(STUDENT_SET)) --pool out/trainset \
+		$(addprefix --teacher-set ,$(STUDENT_SET)) --pool $(STUDENT_POOL) \
 		--teacher-fuse $(STUDENT_FUSE) --teacher-fusion zscore --label-norm query \
 		--base-model all-MiniLM-L6-v2 --lr 2e-4 --max-length 256 --loss $(STUDENT_LOSS) \
 		--dev-dataset trec-dl21 --dev-depth 30 --seed $(STUDENT_SEED) $(STUDENT_EXTRA) --out out/student

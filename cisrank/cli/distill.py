@@ -15,6 +15,7 @@ from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, t
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, SynthConfig, TrainConfig
 from cisrank.distill.teachers import TeacherSpec, teacher_kind, teacher_list
+from cisrank.distill.trainset import EXCLUDED_SETS, POOL_SETS
 from cisrank.rerank.registry import CIS
 from cisrank.workers import WorkerOptions
 
@@ -90,6 +91,10 @@ def _dev(name: str | None):
     return None if name is None else load_named(name)
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+
+
 @distill_app.command("pool")
 def pool_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for pool.jsonl and topics.tsv.")],
@@ -97,6 +102,21 @@ def pool_cmd(
         Path | None,
         typer.Option("--data-dir", help="Root of the datasets (default: $CISRANK_DATA_DIR)."),
     ] = None,
+    pool_sets: Annotated[
+        str,
+        typer.Option(
+            "--pool-sets",
+            help="Comma-separated datasets whose candidates join the pool (beside the triples).",
+        ),
+    ] = ",".join(POOL_SETS),
+    held_out: Annotated[
+        str,
+        typer.Option(
+            "--held-out",
+            help="Comma-separated datasets whose passages are left out by text (the test and dev "
+            "sets). Other values than the defaults only rebuild the pool of an older teacher set.",
+        ),
+    ] = ",".join(EXCLUDED_SETS),
 ) -> None:
     """Write the student's training pool: every passage here that no test or dev set judges
     (DL22's pool and the MS MARCO training triples; DL19 and DL21 passages left out by content),
@@ -109,7 +129,7 @@ def pool_cmd(
     root = data_dir or env.data_dir()
     if root is None:
         raise DataError("no data folder: pass --data-dir or set CISRANK_DATA_DIR")
-    info = build_pool(out, root)
+    info = build_pool(out, root, _names(pool_sets), _names(held_out))
     sources = ", ".join(f"{k} {v}" for k, v in info.by_source.items())
     typer.echo(
         f"{out}: {info.passages} passages ({sources}), {info.queries} queries; "

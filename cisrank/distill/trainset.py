@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,13 @@ class PoolInfo:
     excluded: dict[str, int]
     queries: int
     out: Path
+    sets: tuple[str, ...] = POOL_SETS
+    held_out: tuple[str, ...] = EXCLUDED_SETS
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "sets": list(self.sets),
+            "held_out": list(self.held_out),
             "passages": self.passages,
             "by_source": self.by_source,
             "excluded_by_content": self.excluded,
@@ -84,12 +89,23 @@ def read_triples(path: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
-    """Write `pool.jsonl`, `topics.tsv` and `pool.json` under `out` (each atomically)."""
+def build_pool(
+    out: str | Path,
+    data_dir: str | Path,
+    sets: Sequence[str] = POOL_SETS,
+    held_out: Sequence[str] = EXCLUDED_SETS,
+) -> PoolInfo:
+    """Write `pool.jsonl`, `topics.tsv` and `pool.json` under `out` (each atomically): the
+    passages of `sets` and of the training triples, less every passage whose text is one of
+    `held_out`'s. The defaults are the data rules (DL19 reported, DL21 the dev set); other sets
+    rebuild the pool a past teacher set was drawn from (its provenance says which)."""
+    both = sorted(set(sets) & set(held_out))
+    if both:
+        raise DataError(f"a set cannot be both pooled and held out: {', '.join(both)}")
     root = Path(data_dir)
     out = Path(out)
     excluded_keys: set[str] = set()
-    for name in EXCLUDED_SETS:
+    for name in held_out:
         ds = load_named(name, root / name, require_qrels=False)
         excluded_keys.update(text_key(t) for t in ds.passages().values())
     pool: dict[str, str] = {}
@@ -108,7 +124,7 @@ def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
         seen.add(key)
         by_source[source] = by_source.get(source, 0) + 1
 
-    for name in POOL_SETS:
+    for name in sets:
         ds = load_named(name, root / name, require_qrels=False)
         for docid, text in ds.passages().items():
             add(name, docid, text)
@@ -133,7 +149,7 @@ def build_pool(out: str | Path, data_dir: str | Path) -> PoolInfo:
     )
     atomic_write_text(out / TOPICS_FILE, "".join(f"{q}\t{t}\n" for q, t in topics.items()))
     atomic_write_text(out / QRELS_FILE, "".join(f"{q} 0 {d} 1\n" for q, d in positives))
-    info = PoolInfo(len(pool), by_source, excluded, len(topics), out)
+    info = PoolInfo(len(pool), by_source, excluded, len(topics), out, tuple(sets), tuple(held_out))
     atomic_write_text(out / INFO_FILE, json.dumps(info.to_json(), indent=2) + "\n")
     return info
 

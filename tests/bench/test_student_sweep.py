@@ -54,10 +54,10 @@ def test_the_dl22_variant_adds_the_dl22_set_at_the_recipes_depth_and_nothing_els
     base = sweep._options(" ".join(sweep.flags(sweep.RECIPE, "")))
     got = sweep._options(" ".join(sweep.flags(sweep.RECIPE, sweep.VARIANTS["dl22"])))
     assert got.pop("--teacher-set") == [
-        "teachers/msmarco-train-top20.parquet",
+        "teachers/shipped-student-msmarco-top20.parquet",
         "teachers/trec-dl22-bm25-top100.parquet",
     ]
-    assert base.pop("--teacher-set") == ["teachers/msmarco-train-top20.parquet"]
+    assert base.pop("--teacher-set") == ["teachers/shipped-student-msmarco-top20.parquet"]
     assert got.pop("--list-depth") == ["20"]
     assert (got.pop("--eval-steps"), base.pop("--eval-steps")) == (["167"], ["156"])
     assert got == base

@@ -4,9 +4,11 @@ names: the training pool that `distill pool` rebuilds from the real data, or DL2
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cisrank.distill import teacher_set as TS
 from cisrank.distill.trainset import build_pool
@@ -14,6 +16,9 @@ from cisrank.distill.trainset import build_pool
 TEACHERS = Path(__file__).resolve().parents[2] / "teachers"
 TRAIN = TEACHERS / "msmarco-train-top20.parquet"
 DL22 = TEACHERS / "trec-dl22-bm25-top100.parquet"
+SHIPPED = TEACHERS / "shipped-student-msmarco-top20.parquet"
+"""The set the shipped student was trained on, drawn from a pool that held DL21's candidates."""
+SHIPPED_POOL = {"sets": ("trec-dl21", "trec-dl22"), "held_out": ("trec-dl19",)}
 
 
 def _lists_ranked(ts: TS.TeacherSet, queries: int, depth: int) -> None:
@@ -37,10 +42,15 @@ def test_the_msmarco_set_names_its_teachers_and_holds_no_text():
     assert source["retriever"] == "rrf(bm25,dense)" and source["depth"] == 20
 
 
-def test_the_dl22_set_names_its_teachers_and_holds_no_text():
-    ts = TS.load(DL22)
-    assert len(ts) == 7_600 and ts.components == ["cis", "dense"]
-    _lists_ranked(ts, 76, 100)
+@pytest.mark.parametrize(
+    ("path", "pairs", "queries", "depth"),
+    [(DL22, 7_600, 76, 100), (SHIPPED, 19_880, 994, 20)],
+    ids=["trec-dl22", "shipped-student"],
+)
+def test_the_cis_sets_name_their_teachers_and_hold_no_text(path, pairs, queries, depth):
+    ts = TS.load(path)
+    assert len(ts) == pairs and ts.components == ["cis", "dense"]
+    _lists_ranked(ts, queries, depth)
     cis = ts.provenance["components"]["cis"]["teacher"]
     assert (cis["model"], cis["backend"], cis["dtype"], cis["estimator"]) == (
         "smollm2-135m-instruct",
@@ -51,12 +61,16 @@ def test_the_dl22_set_names_its_teachers_and_holds_no_text():
     assert cis["reverse_template"] == "upr" and len(cis["fingerprint"]) == 64
 
 
-def test_both_sets_name_one_dense_teacher():
-    """Fused and normalised alike where a student takes both, so both name one bi-encoder."""
-    models = {
-        TS.load(p).provenance["components"]["dense"]["teacher"]["model"] for p in (TRAIN, DL22)
-    }
+def test_the_sets_name_one_dense_teacher_and_one_cis_engine():
+    """Fused and normalised alike where a student takes two, so all name one bi-encoder, and
+    the two with CIS one engine: model, backend, compute type, template (the fingerprint). The
+    host's int8 kernels are not in it: the two were scored on an AVX2 and an AVX-512 VNNI host
+    (teachers/README.md)."""
+    sets = [TS.load(p) for p in (TRAIN, DL22, SHIPPED)]
+    models = {ts.provenance["components"]["dense"]["teacher"]["model"] for ts in sets}
     assert models == {"all-mpnet-base-v2"}
+    engines = {ts.provenance["components"]["cis"]["teacher"]["fingerprint"] for ts in sets[1:]}
+    assert len(engines) == 1
 
 
 def test_every_id_is_found_in_the_pool_rebuilt_from_the_data(data_root, tmp_path):
@@ -71,6 +85,19 @@ def test_every_id_is_found_in_the_pool_rebuilt_from_the_data(data_root, tmp_path
         for line in (tmp_path / "pool" / "qrels.txt").read_text().splitlines()
     }
     assert positives <= triples  # every graded pair is a training triple's positive
+
+
+def test_the_shipped_students_set_is_found_in_the_pool_it_was_drawn_from(data_root, tmp_path):
+    """`make student` rebuilds that pool (`distill pool --pool-sets ... --held-out ...`); the
+    default pool, without DL21's candidates, lacks some of its passages."""
+    ts = TS.load(SHIPPED)
+    info = build_pool(tmp_path / "old", data_root, **SHIPPED_POOL)
+    assert info.passages == 12_478
+    texts = TS.texts_of(ts, tmp_path / "old")
+    assert set(ts.qid) <= set(texts.queries) and set(ts.docid) <= set(texts.passages)
+    build_pool(tmp_path / "new", data_root)
+    lines = (tmp_path / "new" / "pool.jsonl").read_text(encoding="utf-8").splitlines()
+    assert not set(ts.docid) <= {json.loads(line)["id"] for line in lines}
 
 
 def test_the_dl22_set_is_dl22s_bm25_top_100_rank_for_rank(data_root, monkeypatch):

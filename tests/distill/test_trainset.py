@@ -91,8 +91,13 @@ def test_the_real_pool_counts(data_root, tmp_path):
     the triples' passages, ten DL22 hits whose text is a DL21 candidate left out."""
     info = build_pool(tmp_path / "pool", data_root)
     assert info.to_json() == {
+        "sets": ["trec-dl22"],
+        "held_out": ["trec-dl19", "trec-dl21"],
         "passages": 7974,
         "by_source": {"trec-dl22": 6705, "msmarco-train": 1269},
         "excluded_by_content": {"trec-dl22": 10},
         "queries": 994,
     }
+    with pytest.raises(DataError, match="both pooled and held out: trec-dl21"):
+        build_pool(tmp_path / "bad", data_root, sets=("trec-dl21",))
+    assert not (tmp_path / "bad").exists()
