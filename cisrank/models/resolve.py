@@ -59,8 +59,10 @@ def resolve_model(name_or_path: str) -> str:
     Order: an existing local folder; a model shipped with cisrank (`cisrank-student`); a
     catalogue name (`cisrank models list`), pulled on first use or with `cisrank models pull`;
     the packaged all-MiniLM-L6-v2 for its names; the local Hugging Face
-    cache; the hub id (only when not offline). A name that fails offline and is close to a
-    catalogue name, or is the upstream id of a catalogue model, says which name to pull.
+    cache; the hub id (only when not offline, and when the hub answers one short probe: an
+    unreachable hub is one error at once, with the nearest local names, not a minute of the hub
+    clients' retries). A name that fails offline and is close to a catalogue name, or is the
+    upstream id of a catalogue model, says which name to pull.
 
     A folder written by `cisrank models pull` (by name or by path) is checked against the
     checksums its pull recorded (`cisrank.models.integrity`, fast path: a stat per file while
