@@ -51,3 +51,11 @@ def test_the_own_data_page_covers_every_file_of_the_example_folder():
         "topics.tsv",
     ]
     assert all(f"(../examples/own-data/{name})" in page for name in files)
+
+
+def test_the_deploy_page_names_every_environment_variable():
+    from cisrank import env
+
+    names = sorted(v for k, v in vars(env).items() if k.isupper() and str(v).startswith("CISRANK_"))
+    page = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    assert len(names) == 8 and [n for n in names if f"`{n}`" not in page] == []
