@@ -44,9 +44,9 @@ def test_the_own_data_page_covers_every_file_of_the_example_folder():
     page = (ROOT / "docs" / "own-data.md").read_text(encoding="utf-8")
     files = sorted(p.name for p in (ROOT / "examples" / "own-data").iterdir())
     assert files == [
-        "candidates-bm25-top100.json",
         "corpus.jsonl",
-        "qrels.txt",
+        "first-stage.json",
+        "judgments.txt",
         "questions.jsonl",
         "topics.tsv",
     ]

@@ -143,7 +143,7 @@ def test_generator_none_gives_the_retrieval_figures_alone(
     assert "baselines" not in metrics
 
 
-def test_reranker_none_evaluates_the_first_stage_of_a_folder(
+def test_reranker_none_evaluates_the_first_stage_of_own_files(
     hub_unreachable, monkeypatch, capsys, tmp_path
 ):
     ran = main_in_process(
@@ -151,8 +151,12 @@ def test_reranker_none_evaluates_the_first_stage_of_a_folder(
         capsys,
         "eval",
         "run",
-        "--data-dir",
-        str(OWN),
+        "--topics",
+        str(OWN / "topics.tsv"),
+        "--qrels",
+        str(OWN / "judgments.txt"),
+        "--candidates",
+        str(OWN / "first-stage.json"),
         "--reranker",
         "none",
         "--json",
