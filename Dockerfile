@@ -1,5 +1,8 @@
 # cisrank REST API (CPU). Build:  docker build -t cisrank .
-# Run:    docker run -p 8000:8000 -v $PWD/indexes:/app/indexes cisrank
+# Run:    docker run -p 8000:8000 -v cisrank-models:/models -v $PWD/indexes:/app/indexes cisrank
+# With no flags it serves what `cisrank serve` serves (deploy/server.json, copied in below): the
+# shipped student on /v1/rerank (ONNX Runtime int8, exported once into /models/cache) and the
+# all-MiniLM-L6-v2 bi-encoder on /v1/embeddings. docs/deploy.md has the rest.
 # GPU hosts: build FROM an image with CUDA torch instead, or set TORCH_INDEX_URL to a CUDA index.
 FROM python:3.11-slim AS base
 
@@ -8,6 +11,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/models/hf \
+    CISRANK_MODEL_HOME=/models/cisrank \
+    XDG_CACHE_HOME=/models/cache \
     TOKENIZERS_PARALLELISM=false
 
 WORKDIR /app
@@ -21,12 +26,15 @@ RUN pip install --index-url "$TORCH_INDEX_URL" -c constraints.txt torch
 # Dependencies before the source, so that code edits do not reinstall them.
 COPY pyproject.toml README.md ./
 COPY cisrank ./cisrank
-ARG EXTRAS=serve,minilm,dense
+# onnx: the student's fast path; models: `cisrank models pull` (CIS's language model); dense:
+# BM25 and FAISS indexes (/v1/search) and the related distractors of `eval rag`.
+ARG EXTRAS=serve,onnx,minilm,models,dense
 RUN pip install -c constraints.txt ".[${EXTRAS}]"
 
 RUN useradd --create-home --uid 1000 cisrank \
-    && mkdir -p /app/indexes /models/hf /etc/cisrank \
+    && mkdir -p /app/indexes /models/hf /models/cisrank /models/cache /etc/cisrank \
     && chown -R cisrank /app/indexes /models
+COPY deploy/server.json /etc/cisrank/server.json
 USER cisrank
 
 EXPOSE 8000
@@ -36,4 +44,4 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
 # SIGTERM (docker stop) lets in-flight requests finish; give it time: docker stop -t 60.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["cisrank"]
-CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000", "--config", "/etc/cisrank/server.json"]

@@ -1,7 +1,7 @@
 """Every `CISRANK_*` environment variable, read in one place.
 
 A variable is named once, here, with what it means; code elsewhere calls these functions instead
-of reading `os.environ`, so `grep CISRANK_` finds the whole list and the README's table.
+of reading `os.environ`, so `grep CISRANK_` finds the whole list and docs/deploy.md's table.
 
 | variable | meaning |
 |---|---|

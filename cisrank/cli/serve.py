@@ -301,11 +301,13 @@ def serve(
     No flags: the student shipped with cisrank on /v1/rerank and the all-MiniLM-L6-v2
     bi-encoder on /v1/embeddings.
 
-    Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/msmarco;
+    Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/bm25
+    (a folder of `cisrank index build bm25`);
     cisrank serve --reranker cis --estimator forward --template qa (every option of a kind is a
     flag, listed below by kind).
 
-    Several models: cisrank serve --config server.yaml.
+    Several models: cisrank serve --config deploy/server.json (the no-flag server's config, to
+    copy and edit; JSON or YAML).
 
     Start: the config, every index, prior store and pulled model are checked and the port is
     bound first (any fault: one line, exit 2); "ready on http://HOST:PORT" once every model has

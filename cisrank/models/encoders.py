@@ -27,11 +27,11 @@ def load_sentence_transformer(
     """Load a bi-encoder by id or path through sentence-transformers, with actionable errors, on
     `device` in `dtype` (None: the device's default precision). A folder pulled by `cisrank
     models pull` is checked against its recorded checksums first (`resolve_model`)."""
+    path = resolve_model(model)  # before the import of seconds: a bad name fails at once
+    refuse_causal_lm(model, path)
     from safetensors import SafetensorError
     from sentence_transformers import SentenceTransformer
 
-    path = resolve_model(model)
-    refuse_causal_lm(model, path)
     dev = resolve_device(device)
     precision = resolve_dtype(dtype, dev)
     try:

@@ -113,10 +113,10 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 def load_cross_encoder(model: str, device: torch.device, max_length: int | None = None):
     """A sentence-transformers CrossEncoder with a one-logit classification head, checked."""
+    path = resolve_model(model)  # before the import of seconds: a bad name fails at once
     from sentence_transformers import CrossEncoder
     from sentence_transformers.base.modules import Transformer
 
-    path = resolve_model(model)
     try:
         # float32 by name: transformers 5 loads in the checkpoint's own type by default, and the
         # shipped student is stored as float16 (widened here; bf16 is made from float32 later).

