@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from cisrank.api.auth import KeyChecker, keys_from_env
+from cisrank.api.auth import KeyChecker, KeyGateMiddleware, keys_from_env
 from cisrank.api.docs import install_docs
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
@@ -101,6 +101,10 @@ def create_app(
         max_inflight_bytes=config.limits.max_inflight_body_bytes,
         max_body_bytes=config.limits.max_body_bytes,
         retry_after_s=config.batching.retry_after_s,
+    )
+    # The key is checked from the head, before a byte of the body budget is reserved.
+    app.add_middleware(
+        KeyGateMiddleware, keys=app.state.keys, max_body_bytes=config.limits.max_body_bytes
     )
     app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=config.limits.body_read_timeout_s)
     app.add_middleware(ShutdownAnswerMiddleware, retry_after_s=config.batching.retry_after_s)
