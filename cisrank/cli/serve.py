@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from cisrank import env
 from cisrank.cli.options import ModelOpt
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
@@ -311,12 +312,14 @@ def serve(
     bound first (any fault: one line, exit 2); "ready on http://HOST:PORT" once every model has
     loaded; a model that cannot load stops the server (one line, exit 2).
 
-    API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>'.
+    API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>' (each key
+    at least 16 characters; a variable set but holding no usable key refuses to start).
 
     Stopping: SIGTERM (or Ctrl-C) stops taking connections and waits up to graceful_timeout_s
     (config, default 60) for the requests in flight; any still running then are answered 503 with
     Retry-After. Exit code 0 after a SIGTERM.
     """
+    env.api_keys()  # before the checks of the config, which can take minutes
     cfg = server_config(config, reranker, model, index or (), options)
     run_server(cfg, host, port, workers)
 
@@ -327,6 +330,7 @@ def run_server(cfg: ServerConfig, host: str, port: int, workers: int) -> None:
     require("uvicorn", "serve", "cisrank serve")
     from cisrank.api.http_protocol import uvicorn_options
 
+    env.api_keys()  # a key variable that holds no usable key: one line, exit 2, nothing bound
     sock = listen(host, port)
     signal.signal(signal.SIGTERM, _stopped_by_sigterm)
     try:
