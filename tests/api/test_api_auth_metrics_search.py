@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import sys
 
 import pytest
@@ -51,17 +49,19 @@ def test_a_key_variable_without_a_usable_key_fails_closed(value, says):
     assert "fifteen" not in str(raised.value)  # a key is never shown
 
 
-def test_serve_with_a_blank_key_variable_refuses_to_start_in_one_line():
-    env = {**os.environ, "CISRANK_API_KEYS": " , "}
-    done = subprocess.run(
-        [sys.executable, "-m", "cisrank.cli", "serve", "--port", "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
+def test_serve_with_a_blank_key_variable_refuses_to_start_in_one_line(monkeypatch, capsys):
+    from cisrank.cli.app import main
+
+    def no_config(*args, **kwargs):
+        raise AssertionError("the config was checked before the keys")
+
+    monkeypatch.setattr("cisrank.cli.serve.server_config", no_config)
+    monkeypatch.setenv("CISRANK_API_KEYS", " , ")
+    monkeypatch.setattr(sys, "argv", ["cisrank", "serve", "--port", "0"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "error: CISRANK_API_KEYS is set but holds no key: set it to key1,key2 (each at least "
         "16 characters), or unset it to serve without keys"
     ]
