@@ -38,7 +38,12 @@ from cisrank.api.auth import KeyChecker, KeyGateMiddleware, keys_from_env
 from cisrank.api.docs import install_docs
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
-from cisrank.api.middleware import BodyBudgetMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from cisrank.api.middleware import (
+    BodyBudgetMiddleware,
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    TrailingSlashMiddleware,
+)
 from cisrank.api.routes import router
 from cisrank.api.schemas import ErrorBody
 from cisrank.rerank.base import Reranker
@@ -80,6 +85,7 @@ def create_app(
         summary="Rerank and search passages by causal relevance (CIS), in the Cohere rerank shape.",
         version=_version(),
         lifespan=lifespan,
+        redirect_slashes=False,  # no redirect built from the Host header: TrailingSlash serves
         docs_url=None,  # served from installed assets by install_docs, never from a CDN
         redoc_url=None,
         responses={
@@ -110,6 +116,7 @@ def create_app(
     app.add_middleware(ShutdownAnswerMiddleware, retry_after_s=config.batching.retry_after_s)
     paths = [path for r in router.routes if isinstance(path := getattr(r, "path", None), str)]
     app.add_middleware(MetricsMiddleware, metrics=metrics, paths=paths)
+    app.add_middleware(TrailingSlashMiddleware, paths=paths)
     install_error_handlers(app)
     app.include_router(router)
     install_docs(app)

@@ -397,6 +397,36 @@ class BodyBudgetMiddleware(HttpMiddleware):
             stream.held = 0
 
 
+# ----------------------------------------------------------------------------- trailing slash
+
+
+class TrailingSlashMiddleware(HttpMiddleware):
+    """`/v1/rerank/` is served as `/v1/rerank` (the path rewritten, nothing redirected) for
+    every path of `paths`; any other path is left to the routes (404).
+
+    Why: Starlette answered a trailing slash with a 307 to a URL built from the request's
+    `Host` header, so `POST /v1/rerank/` with `Host: evil.example` was redirected to
+    `http://evil.example/v1/rerank` (an open redirect, and a client that follows it sends its
+    body, and its key, to that host). The app is built with `redirect_slashes=False`."""
+
+    def __init__(self, app: ASGIApp, paths: Collection[str]) -> None:
+        super().__init__(app)
+        self.paths = frozenset(paths)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if len(path) > 1 and path.endswith("/"):
+            root = scope.get("root_path", "")
+            bare = path.rstrip("/")
+            route = bare[len(root) :] if root and bare.startswith(root) else bare
+            if route in self.paths:
+                scope = dict(scope, path=bare)
+                raw = scope.get("raw_path")
+                if isinstance(raw, bytes):
+                    scope["raw_path"] = raw.rstrip(b"/")
+        await self.app(scope, receive, send)
+
+
 # ------------------------------------------------------------------------------------ metrics
 
 

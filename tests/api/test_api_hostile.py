@@ -103,3 +103,26 @@ def test_clients_without_a_key_get_401_from_the_head_and_reserve_no_body_budget(
         while chunk := sock.recv(65536):
             data += chunk
         assert data.startswith(b"HTTP/1.1 401 ") and time.monotonic() - started < 3
+
+
+def test_a_trailing_slash_is_served_never_redirected_to_the_host_header(make_client):
+    """Before: `POST /v1/rerank/` with `Host: evil.example` answered 307 with `location:
+    http://evil.example/v1/rerank`."""
+    client = make_client({"ov": OverlapReranker()}, api_keys=[KEY])
+    client.follow_redirects = False
+    evil = {"host": "evil.example", "authorization": f"Bearer {KEY}"}
+    body = {"query": "hamlet", "documents": ["hamlet", "paris"]}
+    for path in ("/v1/rerank/", "/v1/rerank//", "/rerank/"):
+        r = client.post(path, json=body, headers=evil)
+        assert r.status_code == 200, (path, r.status_code, r.headers)
+        assert "location" not in r.headers
+        assert [x["index"] for x in r.json()["results"]] == [0, 1]
+    assert client.get("/healthz/", headers={"host": "evil.example"}).status_code == 200
+    r = client.get("/v1/models/", headers=evil)
+    assert r.status_code == 200 and r.json()["default"] == "ov"
+    # without the key a trailing slash is refused like the path itself; an unknown one is 404
+    assert (
+        client.post("/v1/rerank/", json=body, headers={"host": "evil.example"}).status_code == 401
+    )
+    r = client.post("/v1/nothing/", json=body, headers=evil)
+    assert r.status_code == 404 and "location" not in r.headers
