@@ -25,6 +25,15 @@ uvicorn has) is for h11 alone, answered 400.
   the same event-loop turn and the process never runs out of descriptors (the model, prior store
   and index files, the loader and the load watch keep theirs).
 
+Pipelined requests (several in one read) are each held to these limits alone: a head counts the
+bytes from where it began, never those of the requests before it in the same read (302 complete
+requests of 99 bytes in one read were refused 431 as one head of 32 KB, none answered). A head
+refused behind requests still being answered is answered after them, in order. A client that
+hangs up while its pipelined requests are answered is one log line, and each request it left
+unanswered counts as a client abort (499) in the metrics: uvicorn marks only the connection's
+newest request as disconnected, so the one being answered wrote to the closed transport, which
+was an ERROR with two tracebacks and a request counted 200.
+
 No limit here applies to bodies: those are the app's (`cisrank.api.middleware`,
 `cisrank.api.lifecycle`). Where httptools is not installed, `cisrank serve` falls back to h11 with
 `h11_max_incomplete_event_size` (heads over it: 400), without the deadline or the connection cap.
@@ -42,10 +51,14 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from cisrank.api.middleware import CLIENT_GONE, ClientGone
 from cisrank.api.schemas import ErrorBody, FieldError
 from cisrank.serving.config import ServerConfig
 
 log = logging.getLogger(__name__)
+
+PARSE_SLICE = 8 * 1024
+"""Bytes of a read handed to the parser at a time (see `GuardedHttpToolsProtocol.data_received`)."""
 
 RESERVED_DESCRIPTORS = 128
 """Descriptors kept free of connections for everything else a server process opens (model,
@@ -165,16 +178,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size = 0  # bytes of the head's parts the parser handed over
         self._head_lines = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._begun = 0  # requests whose head began on this connection
+        self._answering: set[Any] = set()  # cycles whose app runs (uvicorn tracks the newest only)
+        self._refusal: bytes | None = None  # a refusal waiting for the answers before it
 
     # ---- refusals
 
     def _refuse(self, response: bytes) -> None:
-        """Answer `response` and close: the parser's callbacks are ignored from now on."""
+        """Answer `response` and close: the parser's callbacks are ignored from now on. Behind
+        requests of this connection still being answered (pipelined), it waits for them: they
+        are answered first, in order, then the refusal."""
         self._refused = True
         self._cancel_head_timer()
-        if not self.transport.is_closing():
-            self.transport.write(response)
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        if self._unanswered():
+            self._refusal = response
+            if self.flow is not None:
+                self.flow.pause_reading()
+            return
+        self.transport.write(response)
+        self.transport.close()
+
+    def _unanswered(self) -> bool:
+        """Whether requests of this connection are being answered or wait in line."""
+        return bool(self.pipeline) or any(not c.response_complete for c in self._answering)
 
     def _refuse_head(self, why: str) -> None:
         self.logger.warning("request head refused (431): %s", why)
@@ -228,19 +256,68 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self._refused and self.flow is None:  # refused in connection_made: nothing else
             return
+        cut = [c for c in self._answering if not c.response_complete]
+        waiting = [c for c, _ in self.pipeline]
+        for cycle in [*cut, *waiting]:
+            # uvicorn marks only its newest request (the last pipelined one) disconnected: the
+            # one being answered would write to the closed transport
+            cycle.disconnected = True
+            cycle.message_event.set()
+            gone = cycle.scope.get(CLIENT_GONE)
+            if gone is not None:
+                gone.gone = True
+        self.pipeline.clear()
+        if cut:
+            first = cut[0].scope
+            self.logger.info(
+                "client hung up during the response to %s %s (%d request(s) of the connection "
+                "unanswered)",
+                first.get("method"),
+                first.get("path"),
+                len(cut) + len(waiting),
+            )
         super().connection_lost(exc)
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._answering.add(cycle)
+        super()._start_asgi_task(cycle, app)
+
+    def on_response_complete(self) -> None:
+        self._answering = {c for c in self._answering if not c.response_complete}
+        super().on_response_complete()
+        if self._refusal is not None and not self._unanswered() and not self.transport.is_closing():
+            self.transport.write(self._refusal)
+            self.transport.close()
+
     def data_received(self, data: bytes) -> None:
+        """A read, handed to the parser in slices of at most `PARSE_SLICE` bytes, so that a
+        head that begins inside a read behind other requests (pipelined) is counted from the
+        next slice: at most one slice short of its size, never the whole read."""
+        if len(data) <= PARSE_SLICE:
+            self._parse(data)
+            return
+        view = memoryview(data)
+        for at in range(0, len(data), PARSE_SLICE):
+            if self._refused or self.transport.is_closing() or self.parser is None:
+                return
+            if self.transport.get_protocol() is not self:  # upgraded: not ours to parse
+                return
+            self._parse(bytes(view[at : at + PARSE_SLICE]))
+
+    def _parse(self, data: bytes) -> None:
         if self._refused:
             return
         in_head = self._in_head
+        begun = self._begun
         super().data_received(data)
         if self._refused or not self._in_head:
             return
         # Still inside a head: everything received since it began counts, the part of a header
         # the parser is still joining included (it hands a header over only once it is whole).
-        # A head that began inside this read (a pipelined request) counts from the next read.
-        if in_head:
+        # A head that began inside this slice behind other requests (pipelined) counts from
+        # the next slice: this one's bytes are mostly the requests before it. The
+        # connection's first head counts from its first byte.
+        if in_head and (self._begun == begun or (begun == 0 and self._begun == 1)):
             self._head_bytes += len(data)
         if max(self._head_bytes, self._head_size) > self.guard.max_header_bytes:
             self._refuse_head(f"the request head is over {self.guard.max_header_bytes} bytes")
@@ -251,6 +328,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused:
             return
         super().on_message_begin()
+        self._begun += 1
         if not self._in_head:  # a following request on a kept-alive connection
             self._in_head = True
             self._head_bytes = 0
@@ -281,6 +359,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_size > self.guard.max_header_bytes:
             self._refuse_head(f"the request head is {self._head_size} bytes")
             return
+        self.scope[CLIENT_GONE] = ClientGone()  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:

@@ -429,6 +429,22 @@ class TrailingSlashMiddleware(HttpMiddleware):
 
 # ------------------------------------------------------------------------------------ metrics
 
+CLIENT_GONE = "cisrank.client_gone"
+"""The scope key of a request's `ClientGone`, which `cisrank serve`'s connection protocol
+(`cisrank.api.http_protocol`) puts in every request's scope."""
+
+
+class ClientGone:
+    """Whether the client hung up before this request's response was complete: set by the
+    connection protocol when the connection is lost (the app's sends then go nowhere, silently,
+    and the status it sent is not what the client got). One per request; copies of the scope
+    share it."""
+
+    __slots__ = ("gone",)
+
+    def __init__(self) -> None:
+        self.gone = False
+
 
 class MetricsMiddleware(HttpMiddleware):
     """Counts requests and latency per route template (bounded label cardinality); a request whose
@@ -465,9 +481,12 @@ class MetricsMiddleware(HttpMiddleware):
             if route is None:
                 route = scope["path"] if scope.get("path") in self.paths else "unmatched"
             seconds = time.perf_counter() - started
-            # hung up mid-body, or while its generation ran (answered 499 to nobody): client
-            # behaviour, not a server error
-            if client_gone and status in (None, CLIENT_CLOSED_REQUEST):
+            # hung up mid-body, or while its generation ran (answered 499 to nobody), or before
+            # its response was complete: client behaviour, not a server error nor a 200
+            lost = scope.get(CLIENT_GONE)
+            if (client_gone and status in (None, CLIENT_CLOSED_REQUEST)) or (
+                isinstance(lost, ClientGone) and lost.gone
+            ):
                 self.metrics.observe_client_abort(route, seconds)
             else:
                 self.metrics.observe_request(route, status or 500, seconds)

@@ -8,14 +8,20 @@ with raw sockets and small loads.
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import struct
+import threading
 import time
 from urllib.parse import urlparse
 
 import httpx
+import pytest
+import uvicorn
 from api_fakes import OverlapReranker, config_for
 
 from cisrank.api.app import create_app
+from cisrank.api.http_protocol import ConnectionLimits, GuardedHttpToolsProtocol
 from cisrank.serving.config import BatchingConfig, Limits
 
 KEY = "hostile-test-key-0123"
@@ -126,3 +132,115 @@ def test_a_trailing_slash_is_served_never_redirected_to_the_host_header(make_cli
     )
     r = client.post("/v1/nothing/", json=body, headers=evil)
     assert r.status_code == 404 and "location" not in r.headers
+
+
+@pytest.fixture
+def guarded_app():
+    """`guarded_app(app)` -> the port of `app` under an in-process uvicorn with `cisrank serve`'s
+    connection protocol (the guarded httptools one, default limits)."""
+    servers = []
+
+    def start(app) -> int:
+        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits())
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, http=protocol, log_config=None)
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        return server.servers[0].sockets[0].getsockname()[1]
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _metric(app, name: str) -> float:
+    text = app.state.metrics.render()[0].decode()
+    for line in text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if key == name:
+            return float(value)
+    return 0.0
+
+
+def test_pipelined_requests_are_each_held_to_the_head_limit_and_all_answered(guarded_app):
+    """Before: 400 pipelined GETs of 99 bytes in one read (and the start of one more) were
+    answered `431 the request head is over 32768 bytes` and none of them was answered: the head
+    guard counted the whole read as the last head's."""
+    app = create_app(config_for(["ov"]), rerankers={"ov": OverlapReranker()}, api_keys=[])
+    port = guarded_app(app)
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 56 + b"\r\n\r\n"
+    assert len(head) == 99
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head * 400 + head[:50])
+        sock.settimeout(5)
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 400:
+            chunk = sock.recv(65536)
+            assert chunk, data[-300:]
+            data += chunk
+        assert data.count(b"HTTP/1.1 200 OK\r\n") == 400 and b"431" not in data
+        # the 401st head, completed: still one head of 99 bytes
+        sock.sendall(head[50:])
+        while data.count(b"HTTP/1.1 ") < 401:
+            data += sock.recv(65536)
+    assert _metric(app, 'cisrank_requests_total{route="/healthz",status="200"}') == 401
+    # one head over the limit behind complete requests: they are answered first, then the 431
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head * 3 + b"GET /healthz HTTP/1.1\r\nX-Big: " + b"b" * 48_000)
+        sock.settimeout(5)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    statuses = [int(x[:3]) for x in data.split(b"HTTP/1.1 ")[1:] if x[:3].isdigit()]
+    assert statuses == [200, 200, 200, 431], data[-400:]
+
+
+def test_a_client_hanging_up_mid_pipelined_response_is_one_line_and_a_client_abort(
+    guarded_app, caplog
+):
+    """Before: a client that hung up while the first of its pipelined requests was worked on
+    got `ERROR ... unhandled error` with two tracebacks once its answer was written (uvicorn
+    marks only the newest request of a connection disconnected; the one answered wrote to the
+    closed transport) and the request counted as a 200."""
+    reranker = OverlapReranker()
+    reranker.gate = threading.Event()
+    cfg = config_for(["ov"], batching=BatchingConfig(max_wait_ms=0))
+    app = create_app(cfg, rerankers={"ov": reranker}, api_keys=[])
+    port = guarded_app(app)
+    scorer = app.state.serving.scorers["ov"]
+    body = json.dumps({"query": "hamlet", "documents": ["hamlet", "paris"]}).encode()
+    request = (
+        b"POST /v1/rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    caplog.set_level(logging.INFO, logger="uvicorn.error")  # a live server may have raised it
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(request * 3)  # the first is scored (held at the gate), two wait in line
+    deadline = time.monotonic() + 10
+    while scorer.depth < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # a reset while the first is worked on
+    time.sleep(0.3)
+    reranker.gate.set()  # its answer is written now, to nobody
+    name = 'cisrank_requests_total{route="/v1/rerank",status="499"}'
+    while _metric(app, name) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert _metric(app, name) == 1
+    assert _metric(app, 'cisrank_requests_total{route="/v1/rerank",status="200"}') == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    lines = [r.getMessage() for r in caplog.records if "hung up" in r.getMessage()]
+    assert lines == [
+        "client hung up during the response to POST /v1/rerank (3 request(s) of the "
+        "connection unanswered)"
+    ]
+    # the server serves on: a new connection is answered once the gate is open
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/rerank", content=body, timeout=5)
+    assert r.status_code == 200
