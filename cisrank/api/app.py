@@ -27,7 +27,13 @@ complete by its deadline 408, and a connection over the cap 503 + Retry-After.
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import logging
 import os
+import signal
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -54,6 +60,8 @@ from cisrank.serving.engine import Serving
 from cisrank.serving.metrics import Metrics
 from cisrank.serving.ranking import RankingService
 
+log = logging.getLogger(__name__)
+
 
 def create_app(
     config: ServerConfig | None = None,
@@ -63,11 +71,17 @@ def create_app(
     api_keys: Sequence[str] | None = None,
     on_loaded: Callable[[str | None], None] | None = None,
     preflight: bool = True,
+    hold_until_loaded: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The app. Without `rerankers`, the configured ones load in the background at startup,
     after the pre-start checks (`preflight`: unless they have run already); `on_loaded` is
     called once that has ended (`Serving.on_loaded`). An app whose checks or loading fail
-    answers 503 `load_failed` on every route until it is stopped."""
+    answers 503 `load_failed` on every route until it is stopped.
+
+    `hold_until_loaded`, asked once at startup: when it says True, the app's startup waits for
+    the loading to end, so the server takes no connection before its models are in (a worker
+    restarted beside ready ones, which would answer 503 `not_ready` to the requests it takes
+    from their shared socket)."""
     config = config or ServerConfig()
     serving: Serving | None = None
     metrics = Metrics(lambda: serving.rerankers if serving is not None else {})
@@ -77,6 +91,11 @@ def create_app(
     async def lifespan(app: FastAPI):
         serving.open()
         serving.start_loading()
+        if hold_until_loaded is not None and hold_until_loaded():
+            log.info("waiting for the models to load before taking connections")
+            loop = asyncio.get_running_loop()
+            while not await loop.run_in_executor(None, serving.wait_loaded, 1.0):
+                pass
         yield
         await serving.aclose()
 
@@ -148,12 +167,66 @@ def report_loading_to(folder: Path) -> Callable[[str | None], None]:
     return report
 
 
-def served_app(config: ServerConfig, status: Path) -> FastAPI:
+def _any_worker_ready(folder: Path) -> Callable[[], bool]:
+    def ready() -> bool:
+        try:
+            return any(name.startswith("ready-") for name in os.listdir(folder))
+        except OSError:
+            return False
+
+    return ready
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal this process gets when the thread that created it ends."""
+
+ORPHAN_POLL_S = 0.5
+
+
+def die_with_parent(parent: int, grace_s: float) -> None:
+    """Make this worker of `cisrank serve --workers N` stop when `parent`, its supervisor, dies.
+
+    Why: a SIGKILLed supervisor runs no cleanup, and its workers, re-parented to PID 1, kept
+    serving on the shared port (`/readyz` 200 after 116 s) and a new `cisrank serve` on that
+    port failed "the port is in use". On Linux the kernel sends SIGTERM at the parent's death
+    (PR_SET_PDEATHSIG; uvicorn's supervisor starts its workers from its main thread, whose end
+    is the process's); a thread polls the parent pid as well (other systems, and a parent gone
+    before the signal was asked for). SIGTERM is the graceful stop: the requests in flight are
+    answered, then the worker exits; `grace_s` after it, the worker exits whatever is left."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the poll remains
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(ORPHAN_POLL_S)
+        log.warning("the server's supervisor (pid %d) is gone: this worker stops", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cisrank-parent-watch", daemon=True).start()
+
+
+def served_app(config: ServerConfig, status: Path, supervisor: int | None = None) -> FastAPI:
     """The app of one `cisrank serve` worker (the uvicorn factory, with `config` and `status`
     bound; under --workers N each worker process unpickles them and builds its own): the config
     checked already (no pre-start checks again), the end of loading reported to the folder
-    `status` (`cisrank serve` stops when a worker's loading fails)."""
+    `status` (`cisrank serve` stops when a worker's loading fails).
+
+    `supervisor`: the pid of `cisrank serve` under --workers N. A worker (a process other than
+    it) dies with it (`die_with_parent`), and one started while another worker is ready (a
+    restart) takes no connection before its models are loaded."""
     from cisrank.log import setup_logging
 
     setup_logging()
-    return create_app(config, on_loaded=report_loading_to(status), preflight=False)
+    hold = None
+    if supervisor is not None and os.getpid() != supervisor:
+        die_with_parent(supervisor, config.graceful_timeout_s + 5)
+        hold = _any_worker_ready(status)
+    return create_app(
+        config, on_loaded=report_loading_to(status), preflight=False, hold_until_loaded=hold
+    )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -47,6 +48,8 @@ from cisrank.rerank.registry import factory_path, servable
 
 if TYPE_CHECKING:
     from cisrank.serving.config import ServerConfig
+
+log = logging.getLogger(__name__)
 
 SERVED_KINDS = ", ".join(k.name for k in servable())
 """The registry's kinds that can be served (every one but `none`), for the help."""
@@ -186,10 +189,38 @@ class LoadWatch(threading.Thread):
         self.stop_server = stop
         self.failure: str | None = None
         self.done = threading.Event()
+        self.processes: Any = None  # uvicorn's Multiprocess under --workers N
+        self._seen: list[Any] = []
+
+    def _deaths(self) -> None:
+        """A WARNING for each worker uvicorn's supervisor replaced since the last look (it logs
+        "Child process [PID] died" at INFO, which a server at CISRANK_LOG_LEVEL=WARNING, or
+        any log that keeps warnings only, never shows)."""
+        if self.processes is None:
+            return
+        now = list(self.processes.processes)
+        if self.processes.should_exit.is_set():  # stopping: workers end on purpose
+            self._seen = now
+            return
+        for old, new in zip(self._seen, now, strict=False):
+            if old is not new:
+                code = old.process.exitcode
+                how = (
+                    f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+                )
+                log.warning(
+                    "worker %s died (%s): worker %s replaces it, and takes requests once its "
+                    "models are loaded",
+                    old.pid,
+                    how,
+                    new.pid,
+                )
+        self._seen = now
 
     def run(self) -> None:
         announced = False
         while not self.done.wait(0.1):
+            self._deaths()
             try:
                 names = os.listdir(self.folder)
                 failed = sorted(n for n in names if n.startswith("failed-"))
@@ -220,16 +251,19 @@ def run_uvicorn(cfg: ServerConfig, sock: socket.socket, **options: Any) -> str |
     folder = Path(tempfile.mkdtemp(prefix="cisrank-serve-"))
     # The config and the status folder go to every worker with the factory (pickled into each
     # process under --workers N), not through the environment.
-    config = uvicorn.Config(functools.partial(served_app, cfg, folder), factory=True, **options)
+    supervisor = os.getpid() if workers > 1 else None
+    factory = functools.partial(served_app, cfg, folder, supervisor)
+    config = uvicorn.Config(factory, factory=True, **options)
     watch: LoadWatch | None = None
     try:
         if workers > 1:
-            supervisor = Multiprocess(config, sockets=[sock])
+            processes = Multiprocess(config, sockets=[sock])
             watch = LoadWatch(
-                folder, workers, _url(config.host, config.port), supervisor.should_exit.set
+                folder, workers, _url(config.host, config.port), processes.should_exit.set
             )
+            watch.processes = processes
             watch.start()
-            supervisor.run()
+            processes.run()
         else:
             server = uvicorn.Server(config)
 

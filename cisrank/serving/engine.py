@@ -232,6 +232,10 @@ class Serving:
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout) and self.error is None
 
+    def wait_loaded(self, timeout: float) -> bool:
+        """Whether loading has ended (well or not) within `timeout` seconds."""
+        return self._ready.wait(timeout)
+
     def open(self) -> None:
         """Accept requests again (an app whose lifespan runs more than once)."""
         for scorer in self.scorers.values():
