@@ -107,6 +107,8 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     max_connections: int = 1 << 20
     retry_after_s: int = 1
+    max_inflight_response_bytes: int = 256 * 1024 * 1024
+    response_send_timeout_s: float = 30.0
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> ConnectionLimits:
@@ -117,7 +119,42 @@ class ConnectionLimits:
             header_timeout_s=limits.header_timeout_s,
             max_connections=connection_cap(limits.max_connections),
             retry_after_s=config.batching.retry_after_s,
+            max_inflight_response_bytes=limits.max_inflight_response_bytes,
+            response_send_timeout_s=limits.response_send_timeout_s,
         )
+
+
+SEND_SLICE = 64 * 1024
+"""Bytes of a response body written at a time: each slice waits for the transport to drain
+(uvicorn waits only before a body message, and one message held the whole answer), so a client
+that does not read holds at most a slice and the transport's high-water mark in its buffers."""
+
+
+class ResponseBudget:
+    """Bytes of response bodies over `SEND_SLICE` that this process holds while their clients
+    read them. One per process and limit (every connection of a process has the same limits);
+    used from the event loop's thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+_budgets: dict[int, ResponseBudget] = {}
+
+
+def response_budget(limit: int) -> ResponseBudget:
+    """This process's response budget of `limit` bytes."""
+    return _budgets.setdefault(limit, ResponseBudget(limit))
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,8 +178,9 @@ class _RefusalLog:
     """One warning for a run of refused connections, at most every `every_s` seconds, with the
     count since the last: a flood of thousands must not become thousands of log lines."""
 
-    def __init__(self, every_s: float = 10.0) -> None:
+    def __init__(self, every_s: float = 10.0, what: str = "connection refused (503)") -> None:
         self.every_s = every_s
+        self.what = what
         self.last = -float("inf")
         self.suppressed = 0
 
@@ -151,11 +189,12 @@ class _RefusalLog:
             self.suppressed += 1
             return
         more = f" (and {self.suppressed} more since the last warning)" if self.suppressed else ""
-        logger.warning("connection refused (503): %s%s", message, more)
+        logger.warning("%s: %s%s", self.what, message, more)
         self.last, self.suppressed = now, 0
 
 
 _refusals = _RefusalLog()
+_answer_refusals = _RefusalLog(what="answer refused (503)")
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -361,6 +400,108 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self.scope[CLIENT_GONE] = ClientGone()  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
+        if self.cycle is not None and not self._refused:
+            self.cycle.send = self._bounded_send(self.cycle)  # type: ignore[method-assign]
+
+    # ---- responses: a budget of bytes in flight and a send timeout
+
+    def _bounded_send(self, cycle: Any) -> Callable[[Any], Any]:
+        """`cycle.send` with the response budget and the send timeout: a body over
+        `SEND_SLICE` reserves its bytes before its head is written (503 + Retry-After when
+        they do not fit), is written a slice at a time, each slice waiting at most
+        `response_send_timeout_s` for the client to take in the one before (else the
+        connection is cut, a client abort), and gives its bytes back once written."""
+        send = cycle.send
+        budget = response_budget(self.guard.max_inflight_response_bytes)
+        timeout = self.guard.response_send_timeout_s
+        head: dict[str, Any] | None = None
+        dropped = False  # answered otherwise (503) or cut: the app's later messages go nowhere
+
+        async def timed(message: Any) -> None:
+            if self.flow is not None and self.flow.write_paused:
+                try:
+                    await asyncio.wait_for(self.flow.drain(), timeout)
+                except TimeoutError:
+                    self._cut(cycle, timeout)
+                    return
+            await send(message)
+
+        async def bounded(message: Any) -> None:
+            nonlocal head, dropped
+            kind = message["type"]
+            if dropped or cycle.disconnected:
+                return
+            if kind == "http.response.start" and not cycle.response_started:
+                head = message  # written with the first body, once its size is known
+                return
+            if kind != "http.response.body":
+                await send(message)
+                return
+            body = message.get("body", b"")
+            held = len(body) if len(body) > SEND_SLICE else 0
+            if head is not None:
+                start, head = head, None
+                if held and not budget.take(held):
+                    dropped = True
+                    await self._over_budget(cycle, send, budget, held)
+                    return
+                await send(start)
+            elif held and not budget.take(held):  # a later piece of a stream: sent unreserved
+                held = 0
+            try:
+                if not held:
+                    await timed(message)
+                    return
+                view = memoryview(body)
+                for at in range(0, len(body), SEND_SLICE):
+                    if cycle.disconnected:
+                        return
+                    piece = bytes(view[at : at + SEND_SLICE])
+                    await timed({"type": kind, "body": piece, "more_body": True})
+                if not cycle.disconnected:
+                    more = message.get("more_body", False)
+                    await timed({"type": kind, "body": b"", "more_body": more})
+            finally:
+                budget.give(held)
+
+        return bounded
+
+    async def _over_budget(self, cycle: Any, send: Any, budget: ResponseBudget, n: int) -> None:
+        """The 503 sent instead of an answer of `n` bytes the response budget cannot take."""
+        message = (
+            f"the server holds {budget.used} bytes of responses its clients are still reading, "
+            f"its limit is {budget.limit}; this answer is {n} bytes: retry later"
+        )
+        body = ErrorBody(error="overloaded", message=message).model_dump_json().encode()
+        gone = cycle.scope.get(CLIENT_GONE)
+        if gone is not None:
+            gone.answered = 503
+        _answer_refusals(self.logger, self.loop.time(), message)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(self.guard.retry_after_s).encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _cut(self, cycle: Any, timeout: float) -> None:
+        """The client took in nothing for `timeout` s: its connection is closed, the rest of
+        its answer dropped (a client abort in the metrics)."""
+        scope = cycle.scope
+        self.logger.warning(
+            "response to %s %s cut: the client took in none of it for %g s",
+            scope.get("method"),
+            scope.get("path"),
+            timeout,
+        )
+        cycle.disconnected = True
+        gone = scope.get(CLIENT_GONE)
+        if gone is not None:
+            gone.gone = True
+        if not self.transport.is_closing():
+            self.transport.abort()  # the buffered bytes go too
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -440,10 +440,12 @@ class ClientGone:
     and the status it sent is not what the client got). One per request; copies of the scope
     share it."""
 
-    __slots__ = ("gone",)
+    __slots__ = ("answered", "gone")
 
     def __init__(self) -> None:
         self.gone = False
+        self.answered: int | None = None
+        """The status the client was sent instead of the app's (a 503 of the response budget)."""
 
 
 class MetricsMiddleware(HttpMiddleware):
@@ -481,9 +483,11 @@ class MetricsMiddleware(HttpMiddleware):
             if route is None:
                 route = scope["path"] if scope.get("path") in self.paths else "unmatched"
             seconds = time.perf_counter() - started
+            lost = scope.get(CLIENT_GONE)
+            if isinstance(lost, ClientGone) and lost.answered is not None:
+                status = lost.answered
             # hung up mid-body, or while its generation ran (answered 499 to nobody), or before
             # its response was complete: client behaviour, not a server error nor a 200
-            lost = scope.get(CLIENT_GONE)
             if (client_gone and status in (None, CLIENT_CLOSED_REQUEST)) or (
                 isinstance(lost, ClientGone) and lost.gone
             ):

@@ -7,6 +7,7 @@ with raw sockets and small loads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -140,8 +141,8 @@ def guarded_app():
     connection protocol (the guarded httptools one, default limits)."""
     servers = []
 
-    def start(app) -> int:
-        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits())
+    def start(app, **limits) -> int:
+        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits(**limits))
         config = uvicorn.Config(app, host="127.0.0.1", port=0, http=protocol, log_config=None)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
@@ -244,3 +245,65 @@ def test_a_client_hanging_up_mid_pipelined_response_is_one_line_and_a_client_abo
     # the server serves on: a new connection is answered once the gate is open
     r = httpx.post(f"http://127.0.0.1:{port}/v1/rerank", content=body, timeout=5)
     assert r.status_code == 200
+
+
+def test_responses_in_flight_are_bounded_and_a_client_that_stops_reading_is_cut(
+    guarded_app, caplog
+):
+    """Before: 32 sockets that asked for an 8.1 MB answer and never read it held +306 MB for as
+    long as they stayed open (no budget, no send timeout). Scaled down: a budget of 8 MB,
+    answers of 6 MB (more than the kernel's socket buffers take), a send timeout of 1 s."""
+    cfg = config_for(
+        ["ov"],
+        limits=Limits(max_request_cost=8_000_000),
+        batching=BatchingConfig(max_wait_ms=0, max_inflight_cost=16_000_000),
+    )
+    app = create_app(cfg, rerankers={"ov": OverlapReranker()}, api_keys=[])
+    port = guarded_app(app, max_inflight_response_bytes=8_000_000, response_send_timeout_s=1.0)
+    caplog.set_level(logging.INFO, logger="uvicorn.error")
+    body = json.dumps(
+        {"query": "word", "documents": ["word " * 1600] * 750, "return_documents": True}
+    ).encode()  # its answer holds the 6 MB of documents
+    request = (
+        b"POST /v1/rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    reader = socket.socket()
+    try:
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(("127.0.0.1", port))
+        reader.sendall(request)  # its answer is sent and never read: it holds 6 MB
+        deadline = time.monotonic() + 20
+        while _metric(app, 'cisrank_batch_requests_count{reranker="ov"}') < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port)) as second:
+            second.sendall(request)
+            status, headers, answer = _read_response(second)
+        assert status == 503 and headers["retry-after"] == "1", answer[:300]
+        error = json.loads(answer)
+        assert error["error"] == "overloaded"
+        assert (
+            "bytes of responses its clients are still reading, its limit is 8000000"
+            in (error["message"])
+        )
+        # the reader took in nothing for 1 s: cut, its bytes given back
+        name = 'cisrank_requests_total{route="/v1/rerank",status="499"}'
+        while _metric(app, name) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _metric(app, name) == 1
+        assert _metric(app, 'cisrank_requests_total{route="/v1/rerank",status="503"}') == 1
+        assert _metric(app, 'cisrank_requests_total{route="/v1/rerank",status="200"}') == 0
+        reader.settimeout(5)
+        got = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := reader.recv(65536):  # what was in the buffers, then the end
+                got += len(chunk)
+        assert got < len(body)
+        cut = [r.getMessage() for r in caplog.records if " cut: " in r.getMessage()]
+        assert cut == ["response to POST /v1/rerank cut: the client took in none of it for 1 s"]
+    finally:
+        reader.close()
+    # the budget is whole again: an answer read at once is served
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/rerank", content=body, timeout=20)
+    assert r.status_code == 200 and len(r.content) > 6_000_000
