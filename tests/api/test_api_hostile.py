@@ -22,7 +22,11 @@ import uvicorn
 from api_fakes import OverlapReranker, config_for
 
 from cisrank.api.app import create_app
-from cisrank.api.http_protocol import ConnectionLimits, GuardedHttpToolsProtocol
+from cisrank.api.http_protocol import (
+    ConnectionLimits,
+    GuardedHttpToolsProtocol,
+    response_budget,
+)
 from cisrank.serving.config import BatchingConfig, Limits
 
 KEY = "hostile-test-key-0123"
@@ -273,9 +277,10 @@ def test_responses_in_flight_are_bounded_and_a_client_that_stops_reading_is_cut(
         reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         reader.connect(("127.0.0.1", port))
         reader.sendall(request)  # its answer is sent and never read: it holds 6 MB
-        deadline = time.monotonic() + 20
-        while _metric(app, 'cisrank_batch_requests_count{reranker="ov"}') < 1:
-            assert time.monotonic() < deadline
+        deadline = time.monotonic() + 30
+        budget = response_budget(8_000_000)
+        while budget.used < 6_000_000:  # its answer is being written: held
+            assert time.monotonic() < deadline, budget.used
             time.sleep(0.02)
         with socket.create_connection(("127.0.0.1", port)) as second:
             second.sendall(request)
@@ -305,5 +310,6 @@ def test_responses_in_flight_are_bounded_and_a_client_that_stops_reading_is_cut(
     finally:
         reader.close()
     # the budget is whole again: an answer read at once is served
+    assert budget.used == 0
     r = httpx.post(f"http://127.0.0.1:{port}/v1/rerank", content=body, timeout=20)
     assert r.status_code == 200 and len(r.content) > 6_000_000
