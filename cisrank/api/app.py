@@ -40,13 +40,14 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from cisrank.api.auth import KeyChecker, KeyGateMiddleware, keys_from_env
+from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.docs import install_docs
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
 from cisrank.api.middleware import (
     BodyBudgetMiddleware,
     BodyLimitMiddleware,
+    KeyGateMiddleware,
     MetricsMiddleware,
     TrailingSlashMiddleware,
 )

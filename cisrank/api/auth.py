@@ -5,7 +5,8 @@ response timing says nothing about how much of a key was right. Keys are never l
 count is. Probes (`/healthz`, `/readyz`, `/health`) and the API docs stay open.
 
 The key is checked from the request's head, before anything else the app does with the request
-(`KeyGateMiddleware`, outside the body limit and the in-flight body budget): a client without a
+(`cisrank.api.middleware.KeyGateMiddleware`, outside the body limit and the in-flight body
+budget; this module stays free of the web framework): a client without a
 valid key is answered 401 without a byte of its body held or a byte of the budget reserved.
 Checked only by the route before, 17 unauthenticated sockets that each declared a 16 MB body held
 the whole 256 MiB budget, and every client with a key got 503 for as long as they stayed.
@@ -16,11 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from cisrank import env
-from cisrank.api.middleware import HttpMiddleware, answer_then_drop_body
-from cisrank.api.schemas import ErrorBody, FieldError
 
 log = logging.getLogger(__name__)
 
@@ -74,50 +71,3 @@ OPEN_PREFIXES = ("/docs-assets/",)
 def is_open(path: str) -> bool:
     """Whether `path` (without the app's root path) is served without a key."""
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
-
-
-class KeyGateMiddleware(HttpMiddleware):
-    """401 from the request head alone for a request without a valid key to any path that is
-    not open (an unknown path included: without a key, nothing about the routes is told).
-
-    Sits outside the body limit and the body budget, so the budget is never spent on a client
-    that has not shown a key. The 401 is sent at once; the body the client may be sending is
-    then read and dropped, never held, as the budget's 503 does (closing with it unread resets
-    the connection, and the client never reads its 401)."""
-
-    def __init__(self, app: ASGIApp, keys: KeyChecker, max_body_bytes: int) -> None:
-        super().__init__(app)
-        self.keys = keys
-        self.max_body_bytes = max_body_bytes
-        self._body = (
-            ErrorBody(
-                error="unauthorized",
-                message=UNAUTHORIZED,
-                fields=[
-                    FieldError(field="authorization", message=UNAUTHORIZED, type="unauthorized")
-                ],
-            )
-            .model_dump_json()
-            .encode()
-        )
-
-    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.keys.enabled:
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        authorization = None
-        for name, value in scope.get("headers") or []:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-                break
-        if is_open(path) or self.keys.allows(authorization):
-            await self.app(scope, receive, send)
-            return
-        headers = [(b"www-authenticate", b"Bearer")]
-        await answer_then_drop_body(
-            scope, receive, send, 401, self._body, headers, self.max_body_bytes
-        )

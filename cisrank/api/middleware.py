@@ -14,6 +14,7 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cisrank.api.auth import UNAUTHORIZED, KeyChecker, is_open
 from cisrank.api.schemas import ErrorBody, FieldError
 from cisrank.serving.metrics import CLIENT_CLOSED_REQUEST, Metrics
 
@@ -395,6 +396,56 @@ class BodyBudgetMiddleware(HttpMiddleware):
             self.budget.end(stream)
             self.budget.give(stream.held)
             stream.held = 0
+
+
+# ------------------------------------------------------------------------------------ API keys
+
+
+class KeyGateMiddleware(HttpMiddleware):
+    """401 from the request head alone for a request without a valid key to any path that is
+    not open (an unknown path included: without a key, nothing about the routes is told).
+
+    Sits outside the body limit and the body budget, so the budget is never spent on a client
+    that has not shown a key. The 401 is sent at once; the body the client may be sending is
+    then read and dropped, never held, as the budget's 503 does (closing with it unread resets
+    the connection, and the client never reads its 401)."""
+
+    def __init__(self, app: ASGIApp, keys: KeyChecker, max_body_bytes: int) -> None:
+        super().__init__(app)
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+        self._body = (
+            ErrorBody(
+                error="unauthorized",
+                message=UNAUTHORIZED,
+                fields=[
+                    FieldError(field="authorization", message=UNAUTHORIZED, type="unauthorized")
+                ],
+            )
+            .model_dump_json()
+            .encode()
+        )
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.keys.enabled:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        authorization = None
+        for name, value in scope.get("headers") or []:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        if is_open(path) or self.keys.allows(authorization):
+            await self.app(scope, receive, send)
+            return
+        headers = [(b"www-authenticate", b"Bearer")]
+        await answer_then_drop_body(
+            scope, receive, send, 401, self._body, headers, self.max_body_bytes
+        )
 
 
 # ----------------------------------------------------------------------------- trailing slash
