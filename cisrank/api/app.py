@@ -14,7 +14,8 @@ shares, ranking, RAG context and generation, model work and its errors); the con
 wire shape in `cisrank.api.shapes`; routes in `cisrank.api.routes`, error bodies in
 `cisrank.api.errors`, body limit and metrics in `cisrank.api.middleware`, reading bodies in
 `cisrank.api.body`. Status codes: 400 a body that is
-not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 408 body not received
+not UTF-8 JSON (it says why), 401 missing/wrong API key (from the request head, before the body
+is read or any budget reserved; an unknown path too), 404 unknown path, 408 body not received
 within `body_read_timeout_s`, 413 body over `max_body_bytes`, 415 a body that is not JSON, 422 a
 field out of its limits or holding a lone surrogate (the body names it), 503 + Retry-After while
 loading, when the queue, the reranker's cost budget or the in-flight body bytes
@@ -22,7 +23,8 @@ loading, when the queue, the reranker's cost budget or the in-flight body bytes
 it (SIGTERM past `graceful_timeout_s`). Bugs and server faults are 500, logged, never raised into
 the server, and never carry a server path. Before a request reaches the app, `cisrank serve`'s
 connection protocol (`cisrank.api.http_protocol`) answers a head over its limits 431, a head not
-complete by its deadline 408, and a connection over the cap 503 + Retry-After.
+complete by its deadline 408, a connection over the cap 503 + Retry-After, and an answer that
+the response budget cannot take 503 + Retry-After instead of it.
 """
 
 from __future__ import annotations

@@ -34,9 +34,17 @@ unanswered counts as a client abort (499) in the metrics: uvicorn marks only the
 newest request as disconnected, so the one being answered wrote to the closed transport, which
 was an ERROR with two tracebacks and a request counted 200.
 
-No limit here applies to bodies: those are the app's (`cisrank.api.middleware`,
+Responses are bounded here too (`_bounded_send`): a body is written in `SEND_SLICE` pieces, each
+waiting for the transport to drain; a body over a slice reserves its bytes from a budget per
+process (`limits.max_inflight_response_bytes`), and one that does not fit is answered 503 +
+Retry-After instead; a client that takes in no slice for `limits.response_send_timeout_s` is cut
+(a client abort). uvicorn waited only before a body message, so 32 clients that never read an
+8 MB answer held 306 MB for as long as they stayed.
+
+No limit here applies to request bodies: those are the app's (`cisrank.api.middleware`,
 `cisrank.api.lifecycle`). Where httptools is not installed, `cisrank serve` falls back to h11 with
-`h11_max_incomplete_event_size` (heads over it: 400), without the deadline or the connection cap.
+`h11_max_incomplete_event_size` (heads over it: 400), without the deadline, the connection cap or
+the response bounds.
 """
 
 from __future__ import annotations
