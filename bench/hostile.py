@@ -46,6 +46,16 @@ Time bounds are on the server's CPU seconds, read from /proc (a shared host's sc
 wall-clock figures many times: here, under a load of 10, a request of 0.2 s of server CPU took
 2.5-7 s); wall-clock seconds are reported beside them.
     CISRANK_DATA_DIR=../shared/data HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile.py
+
+`--issue61` runs instead the second probe's holes 1, 2, 4 and 5 (issue 61) against a real
+`cisrank serve --workers 2` with API keys on and a weightless reranker (tests/api/api_fakes), in
+about a minute: 17 sockets without a key that each declare a 16 MB body, while 20 clients with
+the key send 1 MB bodies (none may be refused); 32 clients that ask for a 4 MB answer and never
+read it (peak RSS within the documented bound, every held one cut at the send timeout); 400
+pipelined heads in one write (all answered) and a client hanging up mid pipelined answer (no
+ERROR in the log); then `kill -9` of the parent (no worker left, the port free).
+
+    .venv/bin/python bench/hostile.py --issue61
 """
 
 from __future__ import annotations
@@ -711,6 +721,251 @@ def run_fuzz(url: str, n: int, concurrency: int, seed: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ main
 
 
+# ------------------------------------------------------------------ the second probe (issue 61)
+
+KEY = "bench-hostile-key-0123456789"
+FAKES = HERE.parent / "tests" / "api"
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        with contextlib.suppress(FileNotFoundError):
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with contextlib.suppress(FileNotFoundError):
+                    text = Path(f"/proc/{parent}/task/{task}/children").read_text()
+                    for child in map(int, text.split()):
+                        if child not in found:
+                            found.add(child)
+                            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _rss_mb(pids: Sequence[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+    return total
+
+
+def _head(path: str, length: int, key: bool) -> bytes:
+    auth = f"Authorization: Bearer {KEY}\r\n" if key else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _status_of(sock: socket.socket) -> int:
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return 0
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def run_issue61(args: Any) -> None:
+    """Holes 1, 2, 4 and 5 of issue 61 at the issue's loads (see the module doc)."""
+    budget_mib = args.response_budget_mib
+    config = {
+        "rerankers": {"fake": {"kind": "api_fakes:slow_reranker", "options": {"delay": 0.0}}},
+        "limits": {
+            "max_request_cost": 10**8,
+            "max_inflight_body_bytes": args.body_budget_mib * 1024 * 1024,
+            "max_inflight_response_bytes": budget_mib * 1024 * 1024,
+            "response_send_timeout_s": args.send_timeout,
+        },
+        "batching": {"max_inflight_cost": 10**9, "max_batch_tokens": 10**9, "max_slice_s": 600},
+    }
+    result: dict[str, Any] = {
+        "workers": 2,
+        "response_budget_mib": budget_mib,
+        "body_budget_mib": args.body_budget_mib,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "server.json"
+        cfg.write_text(json.dumps(config), encoding="utf-8")
+        err_path = Path(tmp) / "server.err"
+        env = dict(os.environ, CISRANK_LOG_LEVEL="WARNING", CISRANK_API_KEYS=KEY)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg), "--port", "0"]
+        with err_path.open("w") as err:
+            proc = subprocess.Popen(
+                [*cmd, "--workers", "2"], env=env, stderr=err, stdout=subprocess.DEVNULL
+            )
+        below: set[int] = set()
+        try:
+            deadline = time.monotonic() + 120
+            while "ready on " not in err_path.read_text() and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise SystemExit(err_path.read_text()[-3000:])
+                time.sleep(0.2)
+            url = err_path.read_text().split("ready on ", 1)[1].split()[0]
+            port = int(url.rsplit(":", 1)[1])
+            below = _descendants(proc.pid)
+            auth = {"authorization": f"Bearer {KEY}"}
+
+            # 1: no key, no budget
+            attackers = []
+            for _ in range(17):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.sendall(_head("/v1/rerank", 16_000_000, key=False) + b'{"query": "' * 9)
+                attackers.append(sock)
+            attacker_statuses = Counter(_status_of(s) for s in attackers)
+            body = json.dumps({"query": "word", "documents": ["word " * 200] * 1000}).encode()
+            with ThreadPoolExecutor(4) as pool:
+                statuses = list(
+                    pool.map(
+                        lambda _: (
+                            httpx.post(
+                                url + "/v1/rerank", content=body, headers=auth, timeout=60
+                            ).status_code
+                        ),
+                        range(20),
+                    )
+                )
+            for sock in attackers:
+                sock.close()
+            result["hole1"] = {
+                "unauthenticated_answers": dict(attacker_statuses),
+                "authorised_statuses": dict(Counter(statuses)),
+                "authorised_refused": sum(s != 200 for s in statuses),
+            }
+
+            # 2: slow readers
+            workers = [p for p in _descendants(proc.pid) if p != proc.pid]
+            time.sleep(1)
+            baseline = _rss_mb(workers)
+            answer = json.dumps(
+                {"query": "word", "documents": ["word " * 1600] * 750, "return_documents": True}
+            ).encode()  # a 6 MB body, and an answer as large: more than socket buffers take
+            readers = []
+            for _ in range(32):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", port))
+                with contextlib.suppress(OSError):  # refused mid-upload by the body budget
+                    sock.sendall(_head("/v1/rerank", len(answer), key=True) + answer)
+                readers.append(sock)
+            peak = baseline
+            started = time.monotonic()
+            while time.monotonic() - started < 6:
+                peak = max(peak, _rss_mb(workers))
+                time.sleep(0.05)
+            answers: Counter[int] = Counter()
+            for sock in readers:  # the first bytes of each answer: a 200 (held) or a 503
+                with contextlib.suppress(OSError):
+                    sock.settimeout(5)
+                    head12 = sock.recv(12)
+                    answers[int(head12[9:12]) if head12.startswith(b"HTTP/1.1 ") else 0] += 1
+            time.sleep(args.send_timeout + 2)  # the held ones are cut by now
+            cut = 0
+            for sock in readers:
+                sock.settimeout(10)
+                got = 0
+                with contextlib.suppress(OSError):
+                    while chunk := sock.recv(1 << 20):
+                        got += len(chunk)
+                cut += got < len(answer) - 12
+                sock.close()
+            # per worker: the answers held (the response budget) and the parsed request bodies
+            # behind them (about 4x the body budget)
+            bound = 2 * (budget_mib + 4 * args.body_budget_mib)
+            result["hole2"] = {
+                "readers": 32,
+                "answer_mb": round(len(answer) / 1e6, 1),
+                "answers": dict(answers),
+                "held_then_cut_or_refused": cut,
+                "rss_baseline_mb": round(baseline, 1),
+                "rss_peak_mb": round(peak, 1),
+                "rss_peak_delta_mb": round(peak - baseline, 1),
+                "documented_bound_delta_mb": bound,
+                "within_bound": peak - baseline <= bound,
+            }
+
+            # 5: pipelining, and a hang-up mid pipelined answer
+            head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 56 + b"\r\n\r\n"
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(head * 400)
+                sock.settimeout(10)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while data.count(b"HTTP/1.1 ") < 400 and (chunk := sock.recv(65536)):
+                        data += chunk
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall((_head("/v1/rerank", len(answer), key=True) + answer) * 2)
+            time.sleep(1.5)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+            sock.close()
+            time.sleep(1.5)
+            log = err_path.read_text()
+            result["hole5"] = {
+                "pipelined": 400,
+                "answered_200": data.count(b"HTTP/1.1 200 "),
+                "answered_431": data.count(b"HTTP/1.1 431 "),
+                "error_lines_in_log": sum(" ERROR " in ln for ln in log.splitlines()),
+            }
+
+            # 4: the parent killed
+            below |= _descendants(proc.pid)
+            proc.kill()
+            proc.wait(10)
+            killed = time.monotonic()
+            while any(map(_alive, below)) and time.monotonic() - killed < 30:
+                time.sleep(0.1)
+            orphans = [p for p in below if _alive(p)]
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as serve binds
+                try:
+                    probe.bind(("127.0.0.1", port))
+                    free = True
+                except OSError:
+                    free = False
+            result["hole4"] = {
+                "orphans": len(orphans),
+                "seconds_until_none_left": round(time.monotonic() - killed, 1),
+                "port_free": free,
+            }
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in below | _descendants(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    passed = (
+        result["hole1"]["authorised_refused"] == 0
+        and result["hole1"]["unauthenticated_answers"] == {401: 17}
+        and result["hole2"]["within_bound"]
+        and result["hole2"]["answers"].get(200, 0) < 32
+        and result["hole5"]["answered_200"] == 400
+        and result["hole5"]["error_lines_in_log"] == 0
+        and result["hole4"]["orphans"] == 0
+        and result["hole4"]["port_free"]
+    )
+    result["passed"] = passed
+    print(json.dumps(result, indent=2))
+    write_result(result_name("hostile", "issue61", args.tag), result)
+    if not passed:
+        raise SystemExit(1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -732,8 +987,15 @@ def main() -> None:
     ap.add_argument("--max-request-cost", type=int, default=16_384)
     ap.add_argument("--max-slice-s", type=float, default=2.0)
     ap.add_argument("--hangup-chars", type=int, default=2000)
+    ap.add_argument("--issue61", action="store_true", help="the second probe's holes instead")
+    ap.add_argument("--response-budget-mib", type=int, default=16)
+    ap.add_argument("--body-budget-mib", type=int, default=48)
+    ap.add_argument("--send-timeout", type=float, default=5.0)
     add_tag_option(ap)
     args = ap.parse_args()
+    if args.issue61:
+        run_issue61(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         if args.tiny:

@@ -7,7 +7,7 @@ of reading `os.environ`, so `grep CISRANK_` finds the whole list and docs/deploy
 |---|---|
 | `CISRANK_DATA_DIR` | root holding one folder per dataset (`trec-dl19/`, ...), like `../shared/data` |
 | `CISRANK_LOG_LEVEL` | logging level of the CLI and the server (default INFO) |
-| `CISRANK_API_KEYS` | comma-separated API keys; set, they require `Authorization: Bearer <key>` |
+| `CISRANK_API_KEYS` | comma-separated API keys of at least 16 characters; set, they require `Authorization: Bearer <key>`; set but holding no usable key, the server refuses to start |
 | `CISRANK_MODEL_HOME` | where `cisrank models pull` puts models (default `$XDG_CACHE_HOME/cisrank/models`) |
 | `CISRANK_LM_BACKEND` | the causal LM's runtime where `--backend auto` (the default) is asked: torch, onnx or ctranslate2 |
 | `CISRANK_CPU_BF16` | `0`: treat this CPU as having no native bf16 (float32 defaults everywhere); `1`: as having it; unset: detect (AVX512-BF16 or AMX) |
@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from cisrank.errors import CisrankError
 
 DATA_DIR = "CISRANK_DATA_DIR"
 LOG_LEVEL = "CISRANK_LOG_LEVEL"
@@ -46,10 +48,33 @@ def log_level() -> str:
     return _get(LOG_LEVEL) or "INFO"
 
 
+MIN_API_KEY_CHARS = 16
+"""The shortest API key accepted: a short key is guessed (and was most often a placeholder)."""
+
+
 def api_keys(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The configured API keys; empty when auth is off. Blank entries are ignored."""
-    raw = _get(API_KEYS, environ) or ""
-    return tuple(k.strip() for k in raw.split(",") if k.strip())
+    """The configured API keys; empty when auth is off (the variable unset, or set to the empty
+    string, which is what `${CISRANK_API_KEYS:-}` gives). Blank entries between keys are ignored.
+
+    Fails closed: a variable that is set but holds no key (`" , "`) is a `CisrankError`, and so
+    is a key shorter than `MIN_API_KEY_CHARS`. Before, `" , "` served every route without a key
+    and said nothing. The message names the key by its position, never its text."""
+    raw = (environ if environ is not None else os.environ).get(API_KEYS)
+    if not raw:
+        return ()
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    if not keys:
+        raise CisrankError(
+            f"{API_KEYS} is set but holds no key: set it to key1,key2 (each at least "
+            f"{MIN_API_KEY_CHARS} characters), or unset it to serve without keys"
+        )
+    for number, key in enumerate(keys, 1):
+        if len(key) < MIN_API_KEY_CHARS:
+            raise CisrankError(
+                f"{API_KEYS}: key {number} of {len(keys)} has {len(key)} characters, at least "
+                f"{MIN_API_KEY_CHARS} are required: use a long random key (openssl rand -hex 24)"
+            )
+    return keys
 
 
 def model_home() -> Path | None:

@@ -14,7 +14,8 @@ shares, ranking, RAG context and generation, model work and its errors); the con
 wire shape in `cisrank.api.shapes`; routes in `cisrank.api.routes`, error bodies in
 `cisrank.api.errors`, body limit and metrics in `cisrank.api.middleware`, reading bodies in
 `cisrank.api.body`. Status codes: 400 a body that is
-not UTF-8 JSON (it says why), 401 missing/wrong API key, 404 unknown path, 408 body not received
+not UTF-8 JSON (it says why), 401 missing/wrong API key (from the request head, before the body
+is read or any budget reserved; an unknown path too), 404 unknown path, 408 body not received
 within `body_read_timeout_s`, 413 body over `max_body_bytes`, 415 a body that is not JSON, 422 a
 field out of its limits or holding a lone surrogate (the body names it), 503 + Retry-After while
 loading, when the queue, the reranker's cost budget or the in-flight body bytes
@@ -22,12 +23,19 @@ loading, when the queue, the reranker's cost budget or the in-flight body bytes
 it (SIGTERM past `graceful_timeout_s`). Bugs and server faults are 500, logged, never raised into
 the server, and never carry a server path. Before a request reaches the app, `cisrank serve`'s
 connection protocol (`cisrank.api.http_protocol`) answers a head over its limits 431, a head not
-complete by its deadline 408, and a connection over the cap 503 + Retry-After.
+complete by its deadline 408, a connection over the cap 503 + Retry-After, and an answer that
+the response budget cannot take 503 + Retry-After instead of it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import logging
 import os
+import signal
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,7 +46,13 @@ from cisrank.api.auth import KeyChecker, keys_from_env
 from cisrank.api.docs import install_docs
 from cisrank.api.errors import install_error_handlers
 from cisrank.api.lifecycle import BodyReadTimeoutMiddleware, ShutdownAnswerMiddleware
-from cisrank.api.middleware import BodyBudgetMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from cisrank.api.middleware import (
+    BodyBudgetMiddleware,
+    BodyLimitMiddleware,
+    KeyGateMiddleware,
+    MetricsMiddleware,
+    TrailingSlashMiddleware,
+)
 from cisrank.api.routes import router
 from cisrank.api.schemas import ErrorBody
 from cisrank.rerank.base import Reranker
@@ -49,6 +63,8 @@ from cisrank.serving.engine import Serving
 from cisrank.serving.metrics import Metrics
 from cisrank.serving.ranking import RankingService
 
+log = logging.getLogger(__name__)
+
 
 def create_app(
     config: ServerConfig | None = None,
@@ -58,11 +74,17 @@ def create_app(
     api_keys: Sequence[str] | None = None,
     on_loaded: Callable[[str | None], None] | None = None,
     preflight: bool = True,
+    hold_until_loaded: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The app. Without `rerankers`, the configured ones load in the background at startup,
     after the pre-start checks (`preflight`: unless they have run already); `on_loaded` is
     called once that has ended (`Serving.on_loaded`). An app whose checks or loading fail
-    answers 503 `load_failed` on every route until it is stopped."""
+    answers 503 `load_failed` on every route until it is stopped.
+
+    `hold_until_loaded`, asked once at startup: when it says True, the app's startup waits for
+    the loading to end, so the server takes no connection before its models are in (a worker
+    restarted beside ready ones, which would answer 503 `not_ready` to the requests it takes
+    from their shared socket)."""
     config = config or ServerConfig()
     serving: Serving | None = None
     metrics = Metrics(lambda: serving.rerankers if serving is not None else {})
@@ -72,6 +94,11 @@ def create_app(
     async def lifespan(app: FastAPI):
         serving.open()
         serving.start_loading()
+        if hold_until_loaded is not None and hold_until_loaded():
+            log.info("waiting for the models to load before taking connections")
+            loop = asyncio.get_running_loop()
+            while not await loop.run_in_executor(None, serving.wait_loaded, 1.0):
+                pass
         yield
         await serving.aclose()
 
@@ -80,6 +107,7 @@ def create_app(
         summary="Rerank and search passages by causal relevance (CIS), in the Cohere rerank shape.",
         version=_version(),
         lifespan=lifespan,
+        redirect_slashes=False,  # no redirect built from the Host header: TrailingSlash serves
         docs_url=None,  # served from installed assets by install_docs, never from a CDN
         redoc_url=None,
         responses={
@@ -102,10 +130,15 @@ def create_app(
         max_body_bytes=config.limits.max_body_bytes,
         retry_after_s=config.batching.retry_after_s,
     )
+    # The key is checked from the head, before a byte of the body budget is reserved.
+    app.add_middleware(
+        KeyGateMiddleware, keys=app.state.keys, max_body_bytes=config.limits.max_body_bytes
+    )
     app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=config.limits.body_read_timeout_s)
     app.add_middleware(ShutdownAnswerMiddleware, retry_after_s=config.batching.retry_after_s)
     paths = [path for r in router.routes if isinstance(path := getattr(r, "path", None), str)]
     app.add_middleware(MetricsMiddleware, metrics=metrics, paths=paths)
+    app.add_middleware(TrailingSlashMiddleware, paths=paths)
     install_error_handlers(app)
     app.include_router(router)
     install_docs(app)
@@ -137,12 +170,66 @@ def report_loading_to(folder: Path) -> Callable[[str | None], None]:
     return report
 
 
-def served_app(config: ServerConfig, status: Path) -> FastAPI:
+def _any_worker_ready(folder: Path) -> Callable[[], bool]:
+    def ready() -> bool:
+        try:
+            return any(name.startswith("ready-") for name in os.listdir(folder))
+        except OSError:
+            return False
+
+    return ready
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal this process gets when the thread that created it ends."""
+
+ORPHAN_POLL_S = 0.5
+
+
+def die_with_parent(parent: int, grace_s: float) -> None:
+    """Make this worker of `cisrank serve --workers N` stop when `parent`, its supervisor, dies.
+
+    Why: a SIGKILLed supervisor runs no cleanup, and its workers, re-parented to PID 1, kept
+    serving on the shared port (`/readyz` 200 after 116 s) and a new `cisrank serve` on that
+    port failed "the port is in use". On Linux the kernel sends SIGTERM at the parent's death
+    (PR_SET_PDEATHSIG; uvicorn's supervisor starts its workers from its main thread, whose end
+    is the process's); a thread polls the parent pid as well (other systems, and a parent gone
+    before the signal was asked for). SIGTERM is the graceful stop: the requests in flight are
+    answered, then the worker exits; `grace_s` after it, the worker exits whatever is left."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the poll remains
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(ORPHAN_POLL_S)
+        log.warning("the server's supervisor (pid %d) is gone: this worker stops", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cisrank-parent-watch", daemon=True).start()
+
+
+def served_app(config: ServerConfig, status: Path, supervisor: int | None = None) -> FastAPI:
     """The app of one `cisrank serve` worker (the uvicorn factory, with `config` and `status`
     bound; under --workers N each worker process unpickles them and builds its own): the config
     checked already (no pre-start checks again), the end of loading reported to the folder
-    `status` (`cisrank serve` stops when a worker's loading fails)."""
+    `status` (`cisrank serve` stops when a worker's loading fails).
+
+    `supervisor`: the pid of `cisrank serve` under --workers N. A worker (a process other than
+    it) dies with it (`die_with_parent`), and one started while another worker is ready (a
+    restart) takes no connection before its models are loaded."""
     from cisrank.log import setup_logging
 
     setup_logging()
-    return create_app(config, on_loaded=report_loading_to(status), preflight=False)
+    hold = None
+    if supervisor is not None and os.getpid() != supervisor:
+        die_with_parent(supervisor, config.graceful_timeout_s + 5)
+        hold = _any_worker_ready(status)
+    return create_app(
+        config, on_loaded=report_loading_to(status), preflight=False, hold_until_loaded=hold
+    )

@@ -2,7 +2,14 @@
 
 Keys are compared in constant time (`hmac.compare_digest`, against every key, no early exit) so
 response timing says nothing about how much of a key was right. Keys are never logged: only their
-count is. Probes (`/healthz`, `/readyz`) and the API docs stay open.
+count is. Probes (`/healthz`, `/readyz`, `/health`) and the API docs stay open.
+
+The key is checked from the request's head, before anything else the app does with the request
+(`cisrank.api.middleware.KeyGateMiddleware`, outside the body limit and the in-flight body
+budget; this module stays free of the web framework): a client without a
+valid key is answered 401 without a byte of its body held or a byte of the budget reserved.
+Checked only by the route before, 17 unauthenticated sockets that each declared a 16 MB body held
+the whole 256 MiB budget, and every client with a key got 503 for as long as they stayed.
 """
 
 from __future__ import annotations
@@ -48,3 +55,19 @@ class KeyChecker:
 
     def __repr__(self) -> str:  # never show keys, even in a debugger or a log of the app state
         return f"KeyChecker(keys={len(self._keys)})"
+
+
+UNAUTHORIZED = "missing or invalid API key: send 'Authorization: Bearer <key>'"
+
+OPEN_PATHS = frozenset(
+    {"/healthz", "/readyz", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+)
+"""Paths served without a key: the probes (a balancer or an orchestrator has none) and the API
+docs, whose assets are under `OPEN_PREFIXES`."""
+
+OPEN_PREFIXES = ("/docs-assets/",)
+
+
+def is_open(path: str) -> bool:
+    """Whether `path` (without the app's root path) is served without a key."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)

@@ -14,6 +14,7 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cisrank.api.auth import UNAUTHORIZED, KeyChecker, is_open
 from cisrank.api.schemas import ErrorBody, FieldError
 from cisrank.serving.metrics import CLIENT_CLOSED_REQUEST, Metrics
 
@@ -46,6 +47,55 @@ class ResponseTracker:
         if message["type"] == "http.response.start":
             self.started = True
         await self._send(message)
+
+
+async def answer_then_drop_body(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    max_body_bytes: int,
+    received: int = 0,
+    ended: bool = False,
+) -> None:
+    """Answer `status` with the JSON `body` (and `Connection: close`) before the request's body
+    is read, then read and drop what is left of that body, then end the response, which closes
+    the connection.
+
+    Why drop the body instead of closing at once: closing a connection with unread bytes makes
+    the kernel reset it, which discards the answer the client has not read yet (47 of 64
+    refused 15 MB uploads saw no answer, issue 32). The rest is read chunk by chunk and never
+    held, at most `max_body_bytes` of it, until it ends, the client hangs up or the body
+    deadline passes (the timed `receive` raises). A client that sent `Expect: 100-continue` has
+    sent no body: answered and closed at once, as is one whose body has `ended` already."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    expect = dict(scope.get("headers") or []).get(b"expect", b"").lower()
+    if not ended and b"100-continue" not in expect:
+        try:
+            while received <= max_body_bytes:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                received += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        except Exception:  # BodyReadTimeout: the deadline of every body applies
+            pass
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class BodyLimitMiddleware(HttpMiddleware):
@@ -251,37 +301,10 @@ class BodyBudgetMiddleware(HttpMiddleware):
             f"{self.budget.limit}: retry later"
         )
         body = ErrorBody(error="overloaded", message=message).model_dump_json().encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", str(self.retry_after_s).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
+        headers = [(b"retry-after", str(self.retry_after_s).encode())]
+        await answer_then_drop_body(
+            scope, receive, send, 503, body, headers, self.max_body_bytes, received, ended
         )
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-        headers = dict(scope.get("headers") or [])
-        if not ended and b"100-continue" not in headers.get(b"expect", b"").lower():
-            await self._drop_body(receive, received)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _drop_body(self, receive: Receive, received: int) -> None:
-        """Read and drop what is left of a refused body: up to `max_body_bytes` in all, until it
-        ends, the client hangs up, or the body deadline passes (the timed `receive` raises)."""
-        try:
-            while received <= self.max_body_bytes:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return
-                received += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return
-        except Exception:  # BodyReadTimeout: the deadline of every body applies
-            return
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -375,7 +398,105 @@ class BodyBudgetMiddleware(HttpMiddleware):
             stream.held = 0
 
 
+# ------------------------------------------------------------------------------------ API keys
+
+
+class KeyGateMiddleware(HttpMiddleware):
+    """401 from the request head alone for a request without a valid key to any path that is
+    not open (an unknown path included: without a key, nothing about the routes is told).
+
+    Sits outside the body limit and the body budget, so the budget is never spent on a client
+    that has not shown a key. The 401 is sent at once; the body the client may be sending is
+    then read and dropped, never held, as the budget's 503 does (closing with it unread resets
+    the connection, and the client never reads its 401)."""
+
+    def __init__(self, app: ASGIApp, keys: KeyChecker, max_body_bytes: int) -> None:
+        super().__init__(app)
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+        self._body = (
+            ErrorBody(
+                error="unauthorized",
+                message=UNAUTHORIZED,
+                fields=[
+                    FieldError(field="authorization", message=UNAUTHORIZED, type="unauthorized")
+                ],
+            )
+            .model_dump_json()
+            .encode()
+        )
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.keys.enabled:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        authorization = None
+        for name, value in scope.get("headers") or []:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        if is_open(path) or self.keys.allows(authorization):
+            await self.app(scope, receive, send)
+            return
+        headers = [(b"www-authenticate", b"Bearer")]
+        await answer_then_drop_body(
+            scope, receive, send, 401, self._body, headers, self.max_body_bytes
+        )
+
+
+# ----------------------------------------------------------------------------- trailing slash
+
+
+class TrailingSlashMiddleware(HttpMiddleware):
+    """`/v1/rerank/` is served as `/v1/rerank` (the path rewritten, nothing redirected) for
+    every path of `paths`; any other path is left to the routes (404).
+
+    Why: Starlette answered a trailing slash with a 307 to a URL built from the request's
+    `Host` header, so `POST /v1/rerank/` with `Host: evil.example` was redirected to
+    `http://evil.example/v1/rerank` (an open redirect, and a client that follows it sends its
+    body, and its key, to that host). The app is built with `redirect_slashes=False`."""
+
+    def __init__(self, app: ASGIApp, paths: Collection[str]) -> None:
+        super().__init__(app)
+        self.paths = frozenset(paths)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if len(path) > 1 and path.endswith("/"):
+            root = scope.get("root_path", "")
+            bare = path.rstrip("/")
+            route = bare[len(root) :] if root and bare.startswith(root) else bare
+            if route in self.paths:
+                scope = dict(scope, path=bare)
+                raw = scope.get("raw_path")
+                if isinstance(raw, bytes):
+                    scope["raw_path"] = raw.rstrip(b"/")
+        await self.app(scope, receive, send)
+
+
 # ------------------------------------------------------------------------------------ metrics
+
+CLIENT_GONE = "cisrank.client_gone"
+"""The scope key of a request's `ClientGone`, which `cisrank serve`'s connection protocol
+(`cisrank.api.http_protocol`) puts in every request's scope."""
+
+
+class ClientGone:
+    """Whether the client hung up before this request's response was complete: set by the
+    connection protocol when the connection is lost (the app's sends then go nowhere, silently,
+    and the status it sent is not what the client got). One per request; copies of the scope
+    share it."""
+
+    __slots__ = ("answered", "gone")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.answered: int | None = None
+        """The status the client was sent instead of the app's (a 503 of the response budget)."""
 
 
 class MetricsMiddleware(HttpMiddleware):
@@ -413,9 +534,14 @@ class MetricsMiddleware(HttpMiddleware):
             if route is None:
                 route = scope["path"] if scope.get("path") in self.paths else "unmatched"
             seconds = time.perf_counter() - started
-            # hung up mid-body, or while its generation ran (answered 499 to nobody): client
-            # behaviour, not a server error
-            if client_gone and status in (None, CLIENT_CLOSED_REQUEST):
+            lost = scope.get(CLIENT_GONE)
+            if isinstance(lost, ClientGone) and lost.answered is not None:
+                status = lost.answered
+            # hung up mid-body, or while its generation ran (answered 499 to nobody), or before
+            # its response was complete: client behaviour, not a server error nor a 200
+            if (client_gone and status in (None, CLIENT_CLOSED_REQUEST)) or (
+                isinstance(lost, ClientGone) and lost.gone
+            ):
                 self.metrics.observe_client_abort(route, seconds)
             else:
                 self.metrics.observe_request(route, status or 500, seconds)

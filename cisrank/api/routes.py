@@ -40,7 +40,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
-from cisrank.api.auth import KeyChecker
+from cisrank.api.auth import UNAUTHORIZED, KeyChecker
 from cisrank.api.body import BodyError, read_json_body
 from cisrank.api.errors import ApiError
 from cisrank.api.schemas import (
@@ -90,7 +90,7 @@ async def require_key(
         raise ApiError(
             401,
             "unauthorized",
-            "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            UNAUTHORIZED,
             field="authorization",
             headers={"WWW-Authenticate": "Bearer"},
         )

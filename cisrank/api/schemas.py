@@ -10,6 +10,12 @@ bring, which are accepted: Cohere's `rank_fields`, `max_chunks_per_doc` and `pri
 not used: the document's `text` is what is ranked, cut at the model's length), and TEI's
 `raw_scores`, `return_text`, `truncate` and `truncation_direction` on `POST /rerank`. One name per
 idea: the result count is `top_n` everywhere, `top_k` accepted as its alias.
+
+Types are strict (pydantic's strict mode on every request model): a number is not a string, a
+boolean not a number. `top_n: true` was read as 1 and `top_n: "2"` as 2, `return_documents: "yes"`
+as true; each is now a 422 naming the field. A float field takes an integer (`"tau": 1`). Every
+text a request ranks or embeds, and every query, follows one blank rule
+(`cisrank.serving.types.is_blank`: zero-width, control and whitespace characters alone are blank).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from cisrank.context.config import (
     DecoderConfig,
     GenerationAssemblerConfig,
 )
+from cisrank.serving.types import BLANK, is_blank
 
 Normalization = Literal["none", "sigmoid", "minmax"]
 
@@ -37,15 +44,17 @@ def _default(config: type[BaseModel], field: str) -> Any:
 
 
 def _non_blank(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty or whitespace only")
+    if is_blank(value):
+        raise ValueError(BLANK)
     return value
 
 
 class _Request(BaseModel):
-    """A request body: a field it does not declare is a 422 naming it."""
+    """A request body: a field it does not declare is a 422 naming it, and so is a value of
+    another JSON type than the field's (strict: no string read as a number, no number as a
+    boolean)."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), strict=True)
 
 
 TOP_N_ALIASES = AliasChoices("top_n", "top_k")
@@ -59,7 +68,7 @@ are refused, 422 naming the field."""
 class DocumentIn(BaseModel):
     """A document as an object: `text` is scored; `id` and any other fields are echoed back."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     text: str = Field(description="The passage text that is scored.")
     id: str | int | None = Field(default=None, description="Your id, echoed in the result.")
@@ -270,7 +279,7 @@ Arrangement = Literal[
 class ContextDocumentIn(BaseModel):
     """A passage of a context: `text`, an optional `title` (rendered as `(Title: t)`) and `id`."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     text: str = Field(description="The passage text.")
     title: str = Field(default="", description="Its title, shown in the prompt.")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from cisrank import env
 from cisrank.cli.options import ModelOpt
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
@@ -46,6 +48,8 @@ from cisrank.rerank.registry import factory_path, servable
 
 if TYPE_CHECKING:
     from cisrank.serving.config import ServerConfig
+
+log = logging.getLogger(__name__)
 
 SERVED_KINDS = ", ".join(k.name for k in servable())
 """The registry's kinds that can be served (every one but `none`), for the help."""
@@ -185,10 +189,38 @@ class LoadWatch(threading.Thread):
         self.stop_server = stop
         self.failure: str | None = None
         self.done = threading.Event()
+        self.processes: Any = None  # uvicorn's Multiprocess under --workers N
+        self._seen: list[Any] = []
+
+    def _deaths(self) -> None:
+        """A WARNING for each worker uvicorn's supervisor replaced since the last look (it logs
+        "Child process [PID] died" at INFO, which a server at CISRANK_LOG_LEVEL=WARNING, or
+        any log that keeps warnings only, never shows)."""
+        if self.processes is None:
+            return
+        now = list(self.processes.processes)
+        if self.processes.should_exit.is_set():  # stopping: workers end on purpose
+            self._seen = now
+            return
+        for old, new in zip(self._seen, now, strict=False):
+            if old is not new:
+                code = old.process.exitcode
+                how = (
+                    f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+                )
+                log.warning(
+                    "worker %s died (%s): worker %s replaces it, and takes requests once its "
+                    "models are loaded",
+                    old.pid,
+                    how,
+                    new.pid,
+                )
+        self._seen = now
 
     def run(self) -> None:
         announced = False
         while not self.done.wait(0.1):
+            self._deaths()
             try:
                 names = os.listdir(self.folder)
                 failed = sorted(n for n in names if n.startswith("failed-"))
@@ -219,16 +251,19 @@ def run_uvicorn(cfg: ServerConfig, sock: socket.socket, **options: Any) -> str |
     folder = Path(tempfile.mkdtemp(prefix="cisrank-serve-"))
     # The config and the status folder go to every worker with the factory (pickled into each
     # process under --workers N), not through the environment.
-    config = uvicorn.Config(functools.partial(served_app, cfg, folder), factory=True, **options)
+    supervisor = os.getpid() if workers > 1 else None
+    factory = functools.partial(served_app, cfg, folder, supervisor)
+    config = uvicorn.Config(factory, factory=True, **options)
     watch: LoadWatch | None = None
     try:
         if workers > 1:
-            supervisor = Multiprocess(config, sockets=[sock])
+            processes = Multiprocess(config, sockets=[sock])
             watch = LoadWatch(
-                folder, workers, _url(config.host, config.port), supervisor.should_exit.set
+                folder, workers, _url(config.host, config.port), processes.should_exit.set
             )
+            watch.processes = processes
             watch.start()
-            supervisor.run()
+            processes.run()
         else:
             server = uvicorn.Server(config)
 
@@ -313,12 +348,14 @@ def serve(
     bound first (any fault: one line, exit 2); "ready on http://HOST:PORT" once every model has
     loaded; a model that cannot load stops the server (one line, exit 2).
 
-    API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>'.
+    API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>' (each key
+    at least 16 characters; a variable set but holding no usable key refuses to start).
 
     Stopping: SIGTERM (or Ctrl-C) stops taking connections and waits up to graceful_timeout_s
     (config, default 60) for the requests in flight; any still running then are answered 503 with
     Retry-After. Exit code 0 after a SIGTERM.
     """
+    env.api_keys()  # before the checks of the config, which can take minutes
     cfg = server_config(config, reranker, model, index or (), options)
     run_server(cfg, host, port, workers)
 
@@ -329,6 +366,7 @@ def run_server(cfg: ServerConfig, host: str, port: int, workers: int) -> None:
     require("uvicorn", "serve", "cisrank serve")
     from cisrank.api.http_protocol import uvicorn_options
 
+    env.api_keys()  # a key variable that holds no usable key: one line, exit 2, nothing bound
     sock = listen(host, port)
     signal.signal(signal.SIGTERM, _stopped_by_sigterm)
     try:

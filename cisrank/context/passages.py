@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from cisrank.data.datasets import guarded_json
 from cisrank.data.types import Passage
-from cisrank.errors import CisrankError, json_error
+from cisrank.errors import CisrankError
 
 
 def read_passages(path: str | Path) -> list[Passage]:
@@ -27,10 +27,7 @@ def read_scored_passages(path: str | Path) -> tuple[list[Passage], list[float] |
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CisrankError(f"{path}:{lineno}: {json_error(exc)}") from None
+            obj = guarded_json(line, f"{path}:{lineno}")
             if not isinstance(obj, dict) or "text" not in obj:
                 raise CisrankError(f"{path}:{lineno}: expected a JSON object with a 'text' field")
             text = obj["text"]

@@ -18,16 +18,15 @@ repeated docid with the *same* text is merged (counted in `merged`), while the s
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cisrank.data.datasets import load_candidates_json, open_text
+from cisrank.data.datasets import guarded_json, load_candidates_json, open_text
 from cisrank.data.types import Passage
-from cisrank.errors import DataError, json_error
+from cisrank.errors import DataError
 
 Format = Literal["jsonl", "tsv", "candidates"]
 OnError = Literal["raise", "skip"]
@@ -132,9 +131,9 @@ def _iter_jsonl(path: Path, check: _Checker) -> Iterator[Passage]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                check.bad(lineno, "invalid_json", json_error(exc))
+                obj = guarded_json(line, "")
+            except DataError as exc:  # broken, nested too deep, an integer too long
+                check.bad(lineno, "invalid_json", str(exc).removeprefix(": "))
                 continue
             if not isinstance(obj, dict):
                 check.bad(lineno, "invalid_json", 'expected a JSON object {"id", "text"}')

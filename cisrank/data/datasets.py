@@ -12,13 +12,15 @@ import gzip
 import importlib.util
 import json
 import logging
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from cisrank import env
 from cisrank.data.types import Dataset, Hit
-from cisrank.errors import DataError, require
+from cisrank.errors import DataError, json_error, require
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +141,89 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
+MAX_JSON_DEPTH = 64
+"""Levels of nested arrays/objects a JSON value the CLI reads may have (the API's limit)."""
+
+MAX_JSON_LINE_BYTES = 16 * 1024 * 1024
+"""Bytes of one line of a JSON-lines file (the API's `max_body_bytes`): a 50 MB question line was
+read, ranked and written out (26 s, 1.74 GB)."""
+
+
+def guarded_json(text: str, where: str) -> Any:
+    """The JSON value of `text` (from `where`, `file:line`), read as the API reads a body: a
+    nesting deeper than `MAX_JSON_DEPTH`, an integer of more digits than Python converts, or
+    broken JSON is one `DataError` naming `where` (they were a RecursionError and a ValueError
+    traceback)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise DataError(_too_deep(where)) from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: {json_error(exc)}") from None
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise DataError(
+            f"{where}: a JSON integer is too long: at most {sys.get_int_max_str_digits()} "
+            "digits are read; write a long identifier as a string"
+        ) from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > MAX_JSON_DEPTH:
+                    raise DataError(_too_deep(where))
+                stack.append((child, depth + 1))
+    return value
+
+
+def _too_deep(where: str) -> str:
+    return f"{where}: JSON nested too deep: at most {MAX_JSON_DEPTH} levels of arrays and objects"
+
+
+def json_lines(path: Path, what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of a JSON-lines file, plain or gzip (by its
+    first bytes), each read with `guarded_json`: a line over `MAX_JSON_LINE_BYTES` (never read
+    whole), one that is not UTF-8 (named by its line and column, not a byte offset of the
+    file) or not JSON is one `DataError` naming `file:line`."""
+    with path.open("rb") as probe:
+        gzipped = probe.read(2) == GZIP_MAGIC
+    try:
+        with gzip.open(path, "rb") if gzipped else path.open("rb") as fh:
+            lineno = 0
+            while raw := fh.readline(MAX_JSON_LINE_BYTES + 1):
+                lineno += 1
+                where = f"{path}:{lineno}"
+                if len(raw) > MAX_JSON_LINE_BYTES:
+                    raise DataError(
+                        f"{where}: a line over {MAX_JSON_LINE_BYTES:,} bytes, the limit of a "
+                        f"line of a {what} file"
+                    )
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    column = len(raw[: exc.start].decode("utf-8", "replace")) + 1
+                    raise DataError(
+                        f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column}): "
+                        f"give the {what} file as UTF-8 JSON lines"
+                    ) from None
+                if line.strip():
+                    yield lineno, guarded_json(line, where)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise unreadable(path, what, exc) from None
+
+
 def load_candidates_json(path: Path) -> list:
-    """The raw JSON array of a candidates file (`.json` or `.json.gz`), with a clear error."""
+    """The raw JSON array of a candidates file (`.json` or `.json.gz`), with a clear error
+    (read by `guarded_json`: a nesting or an integer it cannot take is one line too)."""
     try:
         with open_text(path) as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, *UNREADABLE) as exc:
+            text = f.read()
+    except UNREADABLE as exc:
         raise DataError(f"{path}: not a readable candidates JSON file ({exc})") from None
+    data = guarded_json(text, f"{path}: not a readable candidates JSON file")
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON array of {{query, hits}} objects")
     return data

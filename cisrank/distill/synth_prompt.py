@@ -27,14 +27,13 @@ No torch here: the driver renders every prompt before a model is loaded.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cisrank.data.datasets import open_text
+from cisrank.data.datasets import guarded_json, open_text
 from cisrank.errors import DataError
 
 TEMPLATE_EXAMPLE = "Example {n}:\nDocument: {passage}\nRelevant Query: {query}\n\n"
@@ -79,10 +78,7 @@ def read_shots(path: str | Path) -> list[Shot]:
 
 def _shot(line: str, path: Path, n: int) -> Shot:
     if line.lstrip().startswith("{"):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        row = guarded_json(line, f"{path}:{n}")
         if not isinstance(row, dict):
             raise DataError(f"{path}:{n}: expected an object with 'query' and 'passage'")
         query, passage = row.get("query"), row.get("passage")

@@ -50,7 +50,7 @@ from typing import Any
 from cisrank import env
 from cisrank.errors import CisrankError, DamagedFileError
 from cisrank.fileio import atomic_write_text
-from cisrank.models.shipped import REINSTALL_HINT, SHIPPED_FORMAT, shipped_root
+from cisrank.models.shipped import SHIPPED_FORMAT, reinstall_hint, shipped_root
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,7 @@ class ModelCheck:
         first = self.problems[0]
         more = len(self.problems) - 1
         detail = first.detail + (f"; {more} more file(s) damaged" if more else "")
-        if self.shipped:
-            hint = REINSTALL_HINT.format(folder=self.folder)
-        else:
-            hint = repair_hint(self.folder, self.name)
+        hint = reinstall_hint(self.folder) if self.shipped else repair_hint(self.folder, self.name)
         return DamagedModelError(self.folder / first.file, detail, hint)
 
 
@@ -132,7 +129,7 @@ def repair_hint(folder: Path, name: str) -> str:
     """The command that repairs a pulled folder, as the user would type it (a folder shipped
     inside the package is repaired by reinstalling it)."""
     if folder.resolve().is_relative_to(shipped_root().resolve()):
-        return REINSTALL_HINT.format(folder=folder)
+        return reinstall_hint(folder)
     if not name:
         return "restore the folder or pull the model again"
     if folder.name != name:

@@ -87,3 +87,19 @@ REINSTALL_HINT = (
     "the model ships with cisrank and cannot be pulled: reinstall cisrank "
     "(`pip install --force-reinstall --no-deps cisrank`, or `git checkout -- {folder}` in a clone)"
 )
+
+
+def reinstall_hint(folder: Path) -> str:
+    """How to repair a damaged folder of a shipped model: the installed one is reinstalled (or
+    checked out again in a clone); a copy of it elsewhere is copied again from the installed
+    one. A copy was told `git checkout -- <the copy's path> in a clone`, a path no clone has."""
+    try:
+        installed = folder.resolve().is_relative_to(shipped_root().resolve())
+    except OSError:
+        installed = False
+    if installed:
+        return REINSTALL_HINT.format(folder=folder)
+    return (
+        "it is a copy of a model that ships with cisrank: copy it again from the installed "
+        f"one (in {shipped_root()}), or reinstall cisrank if that one is damaged too"
+    )

@@ -64,12 +64,14 @@ from cisrank.serving.errors import BackendFailed, ClientGone, InvalidField, Time
 from cisrank.serving.model_thread import FieldFault
 from cisrank.serving.token_count import CountCancelled, OverBudget, TokenCounter
 from cisrank.serving.types import (
+    BLANK,
     ArrangedContext,
     ContextQuery,
     Document,
     GeneratedAnswer,
     GenerateQuery,
     RerankPick,
+    is_blank,
 )
 
 if TYPE_CHECKING:
@@ -99,8 +101,8 @@ def _passages(
     out = []
     for i, doc in enumerate(docs):
         text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
-        if not text.strip():
-            raise InvalidField(where, "must not be empty or whitespace only")
+        if is_blank(text):
+            raise InvalidField(where, BLANK)
         if len(text) + len(title) > max_chars:
             raise InvalidField(
                 where,

@@ -121,6 +121,21 @@ class Limits(ComponentConfig):
         "the first byte of a following request) gets 408 and the connection is closed; a "
         "connection that sent nothing by then is closed.",
     )
+    max_inflight_response_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of response bodies one `cisrank serve` process holds at once while "
+        "clients read them (each worker has its own). A response over 64 KiB that would go "
+        "over is answered 503 + Retry-After instead: 32 clients that never read an 8 MB answer "
+        "held 306 MB for as long as they stayed connected.",
+    )
+    response_send_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A response whose client takes in no 64 KiB of it for this long is cut "
+        "and its connection closed (a client that stops reading cannot hold its answer's "
+        "memory); counted as a client abort (499).",
+    )
     max_connections: int | None = _count(
         None,
         "Connections one server process holds; one more is answered 503 with Retry-After and "

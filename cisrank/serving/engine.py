@@ -28,6 +28,7 @@ from cisrank.serving.errors import InvalidField, LoadFailed, NotReady, TimedOut
 from cisrank.serving.metrics import Metrics
 from cisrank.serving.model_thread import ModelThread
 from cisrank.serving.token_count import OverBudget, TokenCounter
+from cisrank.serving.types import BLANK, is_blank
 
 if TYPE_CHECKING:
     import numpy as np
@@ -231,6 +232,10 @@ class Serving:
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout) and self.error is None
 
+    def wait_loaded(self, timeout: float) -> bool:
+        """Whether loading has ended (well or not) within `timeout` seconds."""
+        return self._ready.wait(timeout)
+
     def open(self) -> None:
         """Accept requests again (an app whose lifespan runs more than once)."""
         for scorer in self.scorers.values():
@@ -340,10 +345,13 @@ class Serving:
         )
 
     def check_query(self, query: str) -> None:
-        """The query's length, against `limits.max_query_chars` (every route takes a query)."""
+        """The query's length, against `limits.max_query_chars` (every route takes a query),
+        and that it holds a visible character (`is_blank`)."""
         max_chars = self.config.limits.max_query_chars
         if len(query) > max_chars:
             raise InvalidField("query", f"{len(query)} characters, over the limit of {max_chars}")
+        if is_blank(query):
+            raise InvalidField("query", BLANK)
 
     def redact(self, text: str) -> str:
         """`text` with the configured server paths (index folders, local model folders, path

@@ -34,6 +34,7 @@ from cisrank.serving.engine import (
 from cisrank.serving.errors import BackendFailed, InvalidField, TimedOut
 from cisrank.serving.token_count import OverBudget
 from cisrank.serving.types import (
+    BLANK,
     Catalog,
     Embeddings,
     EmbedQuery,
@@ -46,6 +47,7 @@ from cisrank.serving.types import (
     SearchResults,
     ServedIndex,
     ServedReranker,
+    is_blank,
 )
 
 log = logging.getLogger(__name__)
@@ -192,6 +194,12 @@ class RankingService:
                     "split the document",
                 )
         texts = list(q.documents)
+        if all(is_blank(text) for text in texts):  # nothing to rank: scores of nothing
+            raise InvalidField(
+                "documents",
+                "every document is blank (only whitespace, control or zero-width characters): "
+                "send at least one with visible text",
+            )
         scored, tokens, truncated = await serving.pair_costs(
             name, q.query, texts, "documents", q.max_tokens_per_doc
         )
@@ -257,8 +265,8 @@ class RankingService:
                 "several requests",
             )
         for i, text in enumerate(texts):
-            if not text.strip():
-                raise InvalidField(f"texts.{i}", "must not be empty or whitespace only")
+            if is_blank(text):
+                raise InvalidField(f"texts.{i}", BLANK)
             if len(text) > limits.max_document_chars:
                 raise InvalidField(
                     f"texts.{i}",

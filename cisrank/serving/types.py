@@ -17,6 +17,7 @@ decoding...) have none here; the converter passes them, so each default is decla
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -28,6 +29,26 @@ if TYPE_CHECKING:
     from cisrank.data.types import Passage
 
 Normalization = Literal["none", "sigmoid", "minmax"]
+
+BLANK = "must not be empty or blank (only whitespace, control or zero-width characters)"
+"""What a text field that `is_blank` is told: one rule for every text a request sends."""
+
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+_INVISIBLE_FILLERS = frozenset("\u034f\u115f\u1160\u2800\u3164\uffa0")
+"""Characters of other categories that are drawn as nothing: the combining grapheme joiner, the
+Hangul fillers and the blank Braille pattern."""
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` holds no visible character: only whitespace, control characters (NUL
+    included), format characters (zero-width space and joiners, the byte order mark, bidi
+    marks) and blank fillers. `str.strip` alone let `"\u200b\ufeff"` and `"\u0000"` through
+    as a query. Stops at the first visible character: a usual text costs one look."""
+    return all(
+        c in _INVISIBLE_FILLERS or unicodedata.category(c) in _INVISIBLE_CATEGORIES for c in text
+    )
+
+
 """How scores are shown: raw (CIS is a log-ratio, not a probability), a sigmoid, or min-max over
 one request's documents."""
 

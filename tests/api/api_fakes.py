@@ -136,6 +136,25 @@ def slow_reranker(
     return _Slow(model or "slow", delay=delay)
 
 
+SLOW_LOAD_ENV = "API_FAKES_SLOW_LOAD"
+"""A file path: while that file exists, `restart_slow_reranker` takes 3 s to load."""
+
+
+def restart_slow_reranker(model: str | None = None, **options):
+    """Factory for a `cisrank serve --workers N` subprocess: loads at once, or in 3 s while the
+    file named by `API_FAKES_SLOW_LOAD` exists (a test creates it before killing a worker, so
+    that the worker started in its place is still loading while the other serves); the slow
+    load writes `<file>.loading` as it starts and `<file>.loaded` as it ends."""
+    import os
+
+    marker = os.environ.get(SLOW_LOAD_ENV)
+    if marker and Path(marker).exists():
+        Path(marker + ".loading").touch()
+        time.sleep(3)
+        Path(marker + ".loaded").touch()
+    return OverlapReranker(model or "overlap-v1")
+
+
 def config_for(names, **changes) -> ServerConfig:
     """A ServerConfig naming `names` (the rerankers are passed to create_app ready-made)."""
     specs = {n: RerankerSpec(kind="dense", model=f"model-{n}") for n in names}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 from api_fakes import FakePriorStore, ListRetriever, OverlapReranker, overlap
@@ -12,15 +13,58 @@ from cisrank.api.auth import KeyChecker, keys_from_env
 BODY = {"query": "q", "documents": ["q"]}
 
 
+LONG1, LONG2 = "k1-0123456789abcdef", "k2-0123456789abcdef"
+
+
 def test_keys_from_env_and_checker():
-    assert keys_from_env({"CISRANK_API_KEYS": " k1, ,k2 "}) == ("k1", "k2")
+    assert keys_from_env({"CISRANK_API_KEYS": f" {LONG1}, ,{LONG2} "}) == (LONG1, LONG2)
     assert keys_from_env({}) == ()
+    assert keys_from_env({"CISRANK_API_KEYS": ""}) == ()  # compose's ${CISRANK_API_KEYS:-}
     checker = KeyChecker(["k1", "k2"])
     assert checker.allows("Bearer k2") and checker.allows("bearer k1")
     for header in (None, "", "Bearer", "Bearer k3", "Basic k1", "k1", "Bearer k1x"):
         assert not checker.allows(header), header
     assert KeyChecker([]).allows(None)
     assert "k1" not in repr(checker)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (" , ", "CISRANK_API_KEYS is set but holds no key"),
+        (" ", "CISRANK_API_KEYS is set but holds no key"),
+        (",,", "CISRANK_API_KEYS is set but holds no key"),
+        (f"{LONG1},k2", "CISRANK_API_KEYS: key 2 of 2 has 2 characters, at least 16"),
+        ("fifteen-chars-x", "CISRANK_API_KEYS: key 1 of 1 has 15 characters, at least 16"),
+    ],
+)
+def test_a_key_variable_without_a_usable_key_fails_closed(value, says):
+    """Before: `CISRANK_API_KEYS=" , "` started an open server, /v1/rerank and /metrics answered
+    without a key, and nothing was said."""
+    from cisrank.errors import CisrankError
+
+    with pytest.raises(CisrankError) as raised:
+        keys_from_env({"CISRANK_API_KEYS": value})
+    assert str(raised.value).startswith(says)
+    assert "fifteen" not in str(raised.value)  # a key is never shown
+
+
+def test_serve_with_a_blank_key_variable_refuses_to_start_in_one_line(monkeypatch, capsys):
+    from cisrank.cli.app import main
+
+    def no_config(*args, **kwargs):
+        raise AssertionError("the config was checked before the keys")
+
+    monkeypatch.setattr("cisrank.cli.serve.server_config", no_config)
+    monkeypatch.setenv("CISRANK_API_KEYS", " , ")
+    monkeypatch.setattr(sys, "argv", ["cisrank", "serve", "--port", "0"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: CISRANK_API_KEYS is set but holds no key: set it to key1,key2 (each at least "
+        "16 characters), or unset it to serve without keys"
+    ]
 
 
 def test_auth_on(make_client, caplog):

@@ -111,3 +111,25 @@ def test_tsv_line_without_tab_and_unknown_suffix(tmp_path):
         q = tmp_path / "empty.tsv"
         q.write_text("a\t \n")
         read_corpus(q, on_error="skip")
+
+
+def test_a_hostile_corpus_line_is_one_error_or_one_skip(tmp_path):
+    """Issue 61, hole 8: a line of 100,000 nested brackets was a RecursionError traceback and a
+    5,000-digit integer a ValueError; each is a bad line now, named or counted."""
+    p = _jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"id": "a", "text": "fine"},
+            "[" * 100_000 + "]" * 100_000,
+            '{"id": 1' + "0" * 5000 + ', "text": "x"}',
+            {"id": "c", "text": "ok"},
+        ],
+    )
+    with pytest.raises(DataError) as raised:
+        read_corpus(p)
+    assert str(raised.value).startswith(
+        f"{p}:2: JSON nested too deep: at most 64 levels of arrays and objects (fix the line"
+    )
+    c = read_corpus(p, on_error="skip")
+    assert c.docids == ["a", "c"]
+    assert dict(c.stats.skipped) == {"invalid_json": 2}

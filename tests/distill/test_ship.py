@@ -20,6 +20,7 @@ from cisrank.cli.app import app
 from cisrank.distill.ship import COPIED, WEIGHTS, check_shipped, ship_student
 from cisrank.errors import CisrankError, DamagedFileError
 from cisrank.models.integrity import PROVENANCE_FILE, sha256_file, verify_model
+from cisrank.models.shipped import shipped_root
 from cisrank.rerank.registry import load_reranker
 
 PAIRS = [
@@ -124,8 +125,14 @@ def test_damaged_shipped_weights_are_refused_with_the_reinstall_remedy(shipped_d
     data = bytearray((copy / WEIGHTS).read_bytes())
     data[-100] ^= 0xFF
     (copy / WEIGHTS).write_bytes(bytes(data))
-    with pytest.raises(DamagedFileError, match="reinstall cisrank"):
+    with pytest.raises(DamagedFileError, match="reinstall cisrank") as raised:
         load_reranker("cross-encoder", str(copy), backend="torch")
+    # a copy is not in any clone: it is copied again from the installed one (issue 61, hole 9)
+    assert "git checkout" not in str(raised.value)
+    assert (
+        f"it is a copy of a model that ships with cisrank: copy it again from the installed one (in {shipped_root()})"
+        in str(raised.value)
+    )
 
 
 def test_refuses_what_is_not_a_student(tiny_bert_dir, student_dir, tmp_path):

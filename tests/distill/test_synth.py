@@ -58,6 +58,12 @@ def test_shot_files_of_every_shape_read_alike(tmp_path, shots):
     bad.write_text("only one field\n")
     with pytest.raises(DataError, match=r"bad.tsv:1: expected query<TAB>passage"):
         read_shots(bad)
+    # a hostile JSON line is one line naming it, not a RecursionError (issue 61, hole 8)
+    deep = tmp_path / "deep.jsonl"
+    nested = '{"query": "q", "passage": "p", "x": ' + "[" * 100 + "]" * 100 + "}"
+    deep.write_text(json.dumps({"query": "q", "passage": "p"}) + "\n" + nested + "\n")
+    with pytest.raises(DataError, match=r"deep.jsonl:2: JSON nested too deep: at most 64"):
+        read_shots(deep)
 
 
 def test_shots_are_drawn_per_passage_and_query_number_from_the_seed():

@@ -554,3 +554,85 @@ def test_the_commands_help_names_its_flags_and_defaults():
     for needle in ("--questions", "--rerankers", "--only", "--top-k", "--generator", "--resume"):
         assert needle in text
     assert "(default related)" in text and "(default 20)" in text and "(default qa)" in text
+
+
+def test_a_hostile_questions_file_is_one_line_and_leaves_no_output(tmp_path, monkeypatch, capsys):
+    """Issue 61, hole 8: a line of 100,000 nested brackets was a RecursionError traceback, a
+    5,000-digit integer `ValueError: Exceeds the limit (4300 digits)`, a non-UTF-8 file named a
+    byte offset of the file, and a refused run left its empty output folder."""
+    from cisrank.cli.app import main
+    from cisrank.data import datasets
+    from cisrank.errors import DataError
+    from cisrank.eval.rag import load_questions
+
+    good = json.dumps({"question": "q", "answers": ["a"], "ctxs": [{"title": "t", "text": "x"}]})
+    cases = {
+        "deep.jsonl": (
+            good + "\n" + "[" * 100_000 + "]" * 100_000 + "\n",
+            "deep.jsonl:2: JSON nested too deep: at most 64 levels of arrays and objects",
+        ),
+        "deep65.jsonl": (
+            "[" * 65 + "]" * 65 + "\n",
+            "deep65.jsonl:1: JSON nested too deep: at most 64 levels of arrays and objects",
+        ),
+        "digits.jsonl": (
+            '{"question": "q", "n": 1' + "0" * 5000 + "}\n",
+            "digits.jsonl:1: a JSON integer is too long: at most 4300 digits are read",
+        ),
+        "broken.jsonl": ('{"question": "q",\n', "broken.jsonl:1: invalid JSON ("),
+    }
+    for name, (text, says) in cases.items():
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DataError) as raised:
+            load_questions(path)
+        assert str(raised.value).startswith(f"{path.parent}/{says}"), str(raised.value)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(
+        (good + "\n" + good + "\n").encode() + '{"question": "caf\xe9"}\n'.encode("latin-1")
+    )
+    with pytest.raises(DataError) as raised:
+        load_questions(latin)
+    assert str(raised.value).startswith(f"{latin}:3: not UTF-8 (byte 0xe9 at column 18)")
+    monkeypatch.setattr(datasets, "MAX_JSON_LINE_BYTES", 1000)
+    long = tmp_path / "long.jsonl"
+    long.write_text(good + "\n" + json.dumps({"question": "q" * 5000}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as raised:
+        load_questions(long)
+    assert str(raised.value) == (
+        f"{long}:2: a line over 1,000 bytes, the limit of a line of a questions file"
+    )
+    monkeypatch.undo()
+    # through the command: one line, exit 2, no output folder left behind
+    rerankers = tmp_path / "rerankers.json"
+    rerankers.write_text(json.dumps({"words": WORDS["words"].model_dump(exclude_defaults=True)}))
+    out = tmp_path / "out"
+    args = [
+        "cisrank", "eval", "rag", "--questions", str(tmp_path / "deep.jsonl"), "--candidates",
+        "3", "--top-k", "2", "--rerankers", str(rerankers), "--output", str(out), "--workers", "1",
+        "--quiet",
+    ]  # fmt: skip
+    monkeypatch.setattr("sys.argv", args)
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path}/deep.jsonl:2: JSON nested too deep: at most 64 levels "
+                   "of arrays and objects"]  # fmt: skip
+    assert not out.exists()
+
+
+def test_a_hostile_candidates_file_is_one_line(tmp_path):
+    from cisrank.data.datasets import read_candidates
+    from cisrank.errors import DataError
+
+    for text, says in (
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deep"),
+        ('[{"query": "q", "hits": [{"rank": 1' + "0" * 5000 + "}]}]", "a JSON integer is too long"),
+    ):
+        path = tmp_path / "candidates.json"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DataError) as raised:
+            read_candidates(path)
+        want = f"{path}: not a readable candidates JSON file: {says}"
+        assert str(raised.value).startswith(want), str(raised.value)

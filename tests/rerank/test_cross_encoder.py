@@ -495,3 +495,21 @@ def test_the_cpu_default_follows_native_bf16_and_its_override(ce_dir, monkeypatc
     assert asked.dtype == torch.float32
     monkeypatch.setenv("CISRANK_CPU_BF16", "0")
     assert CrossEncoderReranker(model=str(ce_dir), device="cpu").dtype == torch.float32
+
+
+def test_a_truncated_tokenizer_without_a_provenance_is_named(ce_dir, tmp_path):
+    """Issue 61, hole 9: a folder of one's own (no provenance to check) whose tokenizer.json was
+    cut in half was reported as transformers' "Unrecognized processing class", naming no file."""
+    import shutil
+
+    copy = tmp_path / "ce"
+    shutil.copytree(ce_dir, copy)
+    tokenizer = copy / "tokenizer.json"
+    data = tokenizer.read_bytes()
+    tokenizer.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CisrankError) as raised:
+        load_reranker("cross-encoder", str(copy), backend="torch")
+    message = str(raised.value)
+    assert message.startswith(f"cannot load cross-encoder '{copy}': its file tokenizer.json: ")
+    assert message.endswith(f"(not JSON: truncated or damaged?): restore the folder {copy}")
+    assert "Unrecognized processing class" not in message

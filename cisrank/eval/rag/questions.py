@@ -31,14 +31,13 @@ input position: the gold, then the distractors), or the file's order for `given`
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cisrank.data.datasets import json_lines
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError, DataError
 from cisrank.eval.rag.answers import has_answer, normalize_answer
@@ -64,14 +63,6 @@ class Question:
     contexts: tuple[Passage, ...] = field(default=(), compare=False)
     gold_context: int | None = field(default=None, compare=False)
     """Which of `contexts` is marked `isgold` (None: none is, the gold is the first)."""
-
-
-def _open(path: Path) -> Any:
-    with path.open("rb") as fh:
-        gzipped = fh.read(2) == b"\x1f\x8b"
-    if gzipped:
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
 
 
 def _question(row: Any, where: str, index: int) -> Question:
@@ -114,18 +105,11 @@ def load_questions(path: str | Path, n: int | None = None) -> list[Question]:
         raise CisrankError(f"questions file '{path}' does not exist")
     out: list[Question] = []
     try:
-        with _open(path) as fh:
-            for lineno, line in enumerate(fh, 1):
-                if n is not None and len(out) >= n:
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not JSON: {exc.msg}") from None
-                out.append(_question(row, f"{path}:{lineno}", len(out)))
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        for lineno, row in json_lines(path, "questions"):
+            if n is not None and len(out) >= n:
+                break
+            out.append(_question(row, f"{path}:{lineno}", len(out)))
+    except OSError as exc:
         raise DataError(f"{path}: cannot read it as (gzipped) JSON lines: {exc}") from None
     if not out:
         raise DataError(f"{path}: holds no questions")

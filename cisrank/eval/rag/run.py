@@ -449,12 +449,13 @@ def run_rag_eval(
     checked when it was made, before any model loads."""
     workers = workers or WorkerOptions()
     specs = with_first_stage(rerankers)
-    if output is not None:
-        _claim(Path(output), resume)
     cache_root = Path(cache) if cache is not None else (Path(output) / "cache" if output else None)
     if cache_root is None:
         raise CisrankError("give an output folder or a cache folder: rankings are stored there")
+    # read before the output folder is made: a refused file leaves no empty folder behind
     everything = load_questions(config.questions)
+    if output is not None:
+        _claim(Path(output), resume)
     end = None if config.limit is None else config.first + config.limit
     chosen = everything[config.first : end]
     if not chosen:
