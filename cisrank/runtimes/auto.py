@@ -124,6 +124,26 @@ def resolve_encoder_backend(
     return "torch", dtype
 
 
+def resolve_embedder_backend(
+    backend: str, device: str | None, dtype: str | None
+) -> tuple[str, str | None]:
+    """The (backend, dtype) of a bi-encoder, whose default is torch float32 (the exact scores):
+    `auto` is torch on a GPU and wherever a torch type is named (bfloat16, float16); onnx int8
+    where int8 is named; on a CPU otherwise ONNX Runtime float32 where the `onnx` extra is
+    installed (it embeds as torch float32 does, to 1e-5, and faster: bench/dense_runtimes.py,
+    bench/RESULTS.md), torch float32 where it is not. Other backends are taken as asked (the
+    config has checked that they serve the task)."""
+    if backend != AUTO:
+        return backend, dtype
+    if dtype == "int8":
+        return "onnx", "int8"
+    if _on_gpu(device) or dtype not in (None, AUTO, "float32", "fp32"):
+        return "torch", dtype
+    if not _onnxruntime_installed():
+        return "torch", dtype
+    return "onnx", "float32"
+
+
 def onnx_int8_fits(device: str | None, dtype: str | None) -> bool:
     """`auto`'s rule for ONNX Runtime int8, shared by the causal LM and the cross-encoder: a CPU
     (the engine's own device rule), no compute type asked for, onnxruntime installed."""

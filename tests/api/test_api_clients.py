@@ -145,7 +145,7 @@ def test_info_is_tei_s_filled_from_what_is_served(default_dense, tiny_gpt2_dir):
         "served_model_name": "dense",
         "model_type": {"reranker": {"id2label": {}, "label2id": {}}},
         "max_concurrent_requests": 9,
-        "max_input_length": default_dense.encoder.max_seq_length,
+        "max_input_length": default_dense.runner.max_length,
         "max_batch_tokens": 4096,
         "max_batch_requests": None,
         "max_client_batch_size": 77,
