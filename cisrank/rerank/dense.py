@@ -49,6 +49,7 @@ class DenseReranker(BaseReranker):
             max_length=c.max_seq_length,
         )
         self.compute_type = self.runner.compute_type
+        self.runtime = self.runner.name
         on_gpu = self.runner.device.type == "cuda"
         # dynamic int8 embeds one text a batch: its activation scale is the batch's
         cpu_batch = (

@@ -142,6 +142,7 @@ def test_info_is_tei_s_filled_from_what_is_served(default_dense, tiny_gpt2_dir):
         "model_id": "all-MiniLM-L6-v2",
         "model_sha": None,
         "model_dtype": "float32",
+        "model_runtime": "torch",
         "served_model_name": "dense",
         "model_type": {"reranker": {"id2label": {}, "label2id": {}}},
         "max_concurrent_requests": 9,
