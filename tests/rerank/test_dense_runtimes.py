@@ -216,11 +216,16 @@ def test_auto_picks_by_the_dtype_asked(monkeypatch):
     monkeypatch.setattr(auto, "_on_gpu", lambda device: False)
     monkeypatch.setattr(auto, "_onnxruntime_installed", lambda: True)
     pick = auto.resolve_embedder_backend
-    assert pick("auto", None, None) == ("onnx", "float32")
+    assert pick("auto", None, None) == ("onnx", "int8")  # the fastest DL21 accepts
+    assert pick("auto", None, "float32") == ("onnx", "float32")
     assert pick("auto", None, "int8") == ("onnx", "int8")
     assert pick("auto", None, "bfloat16") == ("torch", "bfloat16")
     assert pick("torch", None, None) == ("torch", None)
     monkeypatch.setattr(auto, "_onnxruntime_installed", lambda: False)
+    monkeypatch.setattr(auto, "cpu_has_native_bf16", lambda: True)
+    assert pick("auto", None, None) == ("torch", "bfloat16")
+    assert pick("auto", None, "float32") == ("torch", "float32")
+    monkeypatch.setattr(auto, "cpu_has_native_bf16", lambda: False)
     assert pick("auto", None, None) == ("torch", None)
     monkeypatch.setattr(auto, "_on_gpu", lambda device: True)
     assert pick("auto", "cuda", None) == ("torch", None)
