@@ -71,7 +71,8 @@ class DenseRerankerConfig(ComponentConfig):
         default=None,
         ge=1,
         description="Texts per encoder batch; 16 on CPU (less padding: 1.2x faster than 32 on "
-        "DL19 passages, see bench/RESULTS.md), 128 on GPU when unset.",
+        "DL19 passages, see bench/RESULTS.md), 1 in int8 (a dynamic int8 embedding then depends "
+        "on its text alone), 128 on GPU when unset.",
     )
     device: str | None = Field(
         default=None, description="torch device (cpu, cuda, cuda:1); unset: CUDA when present."
