@@ -250,3 +250,15 @@ def test_the_server_embeds_on_the_runtime_it_says(tiny_bert_dir, onnx_cache):
     assert (info["model_runtime"], info["model_dtype"]) == ("onnx", "int8")
     rows = np.array([d["embedding"] for d in got["data"]], dtype=np.float32)
     assert np.array_equal(rows, r.embed(PASSAGES[:2]))
+
+
+@needs_onnxruntime
+def test_a_dense_teacher_records_the_runtime_that_ran(tiny_bert_dir, onnx_cache, monkeypatch):
+    """A teacher set names the runtime that scored, never `auto`."""
+    from cisrank.distill.teachers import RerankerTeacher
+    from cisrank.runtimes import auto
+
+    monkeypatch.setattr(auto, "_on_gpu", lambda device: False)
+    teacher = RerankerTeacher("dense", str(tiny_bert_dir), {"backend": "auto"})
+    assert teacher.describe()["backend"] == "onnx"
+    assert teacher.reranker.compute_type == "int8"
