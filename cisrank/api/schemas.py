@@ -601,6 +601,11 @@ class TeiInfo(BaseModel):
     model_dtype: str | None = Field(
         description="The number format the model computes in (float32, bfloat16, int8...)."
     )
+    model_runtime: str | None = Field(
+        default=None,
+        description="cisrank (not a TEI field): the runtime the model runs on (torch, onnx, "
+        "ctranslate2), as `--backend auto` chose it.",
+    )
     served_model_name: str = Field(description="The name responses carry in `model`.")
     model_type: dict[Literal["reranker"], TeiLabels] = Field(
         description="TEI's model type: always a reranker here."

@@ -82,6 +82,8 @@ class RerankerTeacher:
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"teacher": self.name, "model": self.reranker.model_name}
         out.update({k: v for k, v in sorted(self.options.items()) if v is not None})
+        if "backend" in out and self.reranker.runtime:  # the runtime that ran, never `auto`
+            out["backend"] = self.reranker.runtime
         return out
 
     @property

@@ -138,7 +138,14 @@ def run_eval(
         "queries_run": len(dataset.qids),
         "queries_evaluated": len(qrels),
         "depth": depth,
-        "reranker": {"name": reranker.name, "model": reranker.model_name} if reranks else None,
+        "reranker": {
+            "name": reranker.name,
+            "model": reranker.model_name,
+            "runtime": reranker.runtime,
+            "compute_type": reranker.compute_type,
+        }
+        if reranks
+        else None,
     }
     if "missing" in coverage:
         info["judged_not_run"] = {k: coverage[k] for k in ("missing", "no_topic", "no_candidates")}

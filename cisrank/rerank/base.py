@@ -32,6 +32,8 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
 - `prior_store`: where it keeps log p(K) (the API reports its hit rate);
 - `compute_type`: the number format its model computes in (`float32`, `bfloat16`, `int8`...,
   as the runtime names it: the API's TEI-shaped `/info` reports it as `model_dtype`);
+- `runtime`: the runtime of the table its model runs on (`torch`, `onnx`, `ctranslate2`: what
+  `--backend auto` chose, never `auto`; `/info` reports it as `model_runtime`, eval records it);
 - `embedder`: the bi-encoder it scores with, as a `TextEmbedder` (the API's `/v1/embeddings`
   embeds with it; a cross-encoder or a causal LM has none);
 - `processes`: the processes its model work runs on (1, or a worker pool's size: TEI's `/info`
@@ -120,6 +122,11 @@ class Reranker(Protocol):
         ...
 
     @property
+    def runtime(self) -> str | None:
+        """The runtime its model runs on, as the runtime table names it."""
+        ...
+
+    @property
     def embedder(self) -> TextEmbedder | None:
         """The bi-encoder it scores with."""
         ...
@@ -198,6 +205,7 @@ class BaseReranker(ABC):
     causal_lm: CausalLMEngine | None = None
     prior_store: Priors | None = None
     compute_type: str | None = None
+    runtime: str | None = None
     embedder: TextEmbedder | None = None
     processes: int = 1
     passage_major: bool = False

@@ -105,6 +105,7 @@ class CISReranker(BaseReranker):
         self.causal_lm = self.engine
         self.fast_tokenizer = fast_only(self.engine.tokenizer)
         self.compute_type = self.engine.compute_type
+        self.runtime = self.engine.backend.name
         if store_obj is not None:
             self.prior_store: Priors | None = store_obj
         elif self.config.prior_store:

@@ -18,9 +18,11 @@ from cisrank.data.fusion import RRF_K, parse_weights
 from cisrank.lm.prompts import resolve_forward, resolve_reverse
 from cisrank.runtimes.table import (
     DYNAMIC_INT8_CPU_BATCH_SIZE,
+    FEATURE_EXTRACTION,
     SEQUENCE_CLASSIFICATION,
     BackendName,
     check_serves,
+    compute_types,
     names,
     runtime,
 )
@@ -69,7 +71,8 @@ class DenseRerankerConfig(ComponentConfig):
         default=None,
         ge=1,
         description="Texts per encoder batch; 16 on CPU (less padding: 1.2x faster than 32 on "
-        "DL19 passages, see bench/RESULTS.md), 128 on GPU when unset.",
+        "DL19 passages, see bench/RESULTS.md), 1 in int8 (a dynamic int8 embedding then depends "
+        "on its text alone), 128 on GPU when unset.",
     )
     device: str | None = Field(
         default=None, description="torch device (cpu, cuda, cuda:1); unset: CUDA when present."
@@ -83,6 +86,47 @@ class DenseRerankerConfig(ComponentConfig):
     passage_prefix: str = Field(
         default="", description="Text put before every passage (e.g. 'passage: ' for E5)."
     )
+    # backend and dtype share their flags with the CIS reranker's (the help shows its text)
+    backend: Annotated[BackendName, Flag()] = Field(
+        default="torch",
+        description="torch (default): sentence-transformers' encode, exact float32 (or bf16 "
+        "under autocast), CPU or GPU; onnx: the model's modules exported once to ONNX and run "
+        "by ONNX Runtime (CPU), float32 (as torch's to 1e-5) or int8; auto: the fastest whose "
+        "DL21 nDCG@10 is within 0.003 of float32's: onnx int8 on a CPU with the onnx extra "
+        "(0.31x float32's time, DL21 0.5801 vs 0.5775), torch bf16 on a CPU with native bf16 "
+        "without it, torch on a GPU (bench/RESULTS.md).",
+    )
+    dtype: Annotated[str | None, Flag()] = Field(
+        default=None,
+        description="torch: float32 (default on a CPU), bfloat16 (autocast; fast on CPUs with "
+        "native bf16, AVX512-BF16 or AMX) or float16; on a GPU the device's default. onnx: "
+        "float32 (default) or int8 (dynamic int8 matmuls, one text a batch).",
+    )
+
+    @field_validator("backend")
+    @classmethod
+    def _check_backend(cls, v: str) -> str:
+        check_serves(v, FEATURE_EXTRACTION)
+        return v
+
+    @model_validator(mode="after")
+    def _check_runtime(self) -> DenseRerankerConfig:
+        """A (backend, dtype) pair no runtime computes, in one line before any model loads."""
+        if self.backend == "torch" and self.dtype == "int8":
+            raise ValueError(
+                "dtype int8 is the onnx backend's for a bi-encoder: use backend onnx (or auto) "
+                "with it; torch computes in float32 or bfloat16"
+            )
+        if self.backend == "onnx":
+            types = compute_types("onnx", FEATURE_EXTRACTION)
+            if self.dtype not in (None, "auto", "fp32", *types):
+                raise ValueError(
+                    f"dtype {self.dtype} is not a compute type of the onnx backend: one of "
+                    f"{', '.join(types)} (bfloat16 runs on backend torch)"
+                )
+            if self.device not in (None, "auto", "cpu"):
+                raise ValueError(f"the onnx backend runs on the CPU here, not on {self.device}")
+        return self
 
 
 class CISRerankerConfig(ComponentConfig):

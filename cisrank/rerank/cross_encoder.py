@@ -80,6 +80,7 @@ class CrossEncoderReranker(BaseReranker):
         self.device = self.runner.device
         self.dtype = self.runner.dtype
         self.compute_type = self.runner.compute_type
+        self.runtime = self.runner.name
         self.tokenizer = self.runner.tokenizer
         self.max_length = c.max_length or self.runner.max_length
         positions = self.runner.max_positions

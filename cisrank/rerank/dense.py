@@ -2,6 +2,12 @@
 
 Works with any sentence-transformers model folder, and with a plain Hugging Face encoder such as
 Contriever (sentence-transformers then adds mean pooling, which is exactly Contriever's pooling).
+
+The model runs on a runtime of the table (`cisrank.runtimes.table`, task `feature-extraction`):
+torch (sentence-transformers' `encode`, exact float32 by default, bf16 under autocast:
+`embedder_torch`) or ONNX Runtime (the model's module stack exported once, float32 or dynamic
+int8: `embedder_onnx`), `auto` choosing for the host (`cisrank.runtimes.auto`). `/v1/embeddings`
+and the dense teacher embed through this class, so they run on the same runtime.
 """
 
 from __future__ import annotations
@@ -12,9 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from cisrank.models.encoders import load_sentence_transformer
 from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import DenseRerankerConfig
+from cisrank.runtimes.auto import resolve_embedder_backend
+from cisrank.runtimes.embedder import EmbedderBackend
+from cisrank.runtimes.table import DYNAMIC_INT8_CPU_BATCH_SIZE, FEATURE_EXTRACTION, runtime
+
+GPU_BATCH_SIZE = 128
 
 
 class DenseReranker(BaseReranker):
@@ -27,40 +37,42 @@ class DenseReranker(BaseReranker):
         """`options` are `DenseRerankerConfig` fields."""
         self.config = (config or DenseRerankerConfig()).replace(model=model, **options)
         self.model_name = self.config.model
-        self.encoder = load_sentence_transformer(
-            self.config.model, self.config.device, self.config.max_seq_length
+        c = self.config
+        self.backend, dtype = resolve_embedder_backend(c.backend, c.device, c.dtype)
+        self.config = c = c.replace(backend=self.backend, dtype=dtype)
+        load = runtime(self.backend, FEATURE_EXTRACTION).load()
+        self.runner: EmbedderBackend = load(
+            c.model,
+            c.dtype,
+            device=c.device,
+            threads=torch.get_num_threads(),  # ONNX Runtime's: torch's (--threads-per-worker)
+            max_length=c.max_seq_length,
         )
-        on_gpu = self.encoder.device.type == "cuda"
-        self.batch_size = self.config.batch_size or (128 if on_gpu else 16)
+        self.compute_type = self.runner.compute_type
+        self.runtime = self.runner.name
+        on_gpu = self.runner.device.type == "cuda"
+        # dynamic int8 embeds one text a batch: its activation scale is the batch's
+        cpu_batch = (
+            DYNAMIC_INT8_CPU_BATCH_SIZE
+            if self.compute_type == "int8"
+            else runtime(self.backend, FEATURE_EXTRACTION).cpu_batch_size or 16
+        )
+        self.batch_size = c.batch_size or (GPU_BATCH_SIZE if on_gpu else cpu_batch)
         # Capabilities: the encoder's tokenizer, and its sequence length as the pair limit.
-        self.fast_tokenizer = fast_only(self.encoder.tokenizer)
-        limit = self.encoder.max_seq_length
-        self.pair_token_limit = limit if isinstance(limit, int) and limit > 0 else None
-        weights = next(self.encoder.parameters(), None)
-        self.compute_type = (
-            str(weights.dtype).removeprefix("torch.") if weights is not None else None
-        )
+        self.fast_tokenizer = fast_only(self.runner.tokenizer)
+        self.pair_token_limit = self.runner.max_length
         self.embedder = self  # its bi-encoder embeds texts (`/v1/embeddings`)
 
     @property
     def dimensions(self) -> int | None:
         """The length of its embeddings, as the model declares it."""
-        dimensions = self.encoder.get_embedding_dimension()
-        return int(dimensions) if dimensions else None
+        return self.runner.dimensions
 
     def embed(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
-        """L2-normalized float32 embeddings; sentence-transformers sorts by length internally."""
+        """L2-normalized float32 embeddings, one row per text, on the runtime's path."""
         if prefix:
             texts = [prefix + t for t in texts]
-        with torch.inference_mode():
-            emb = self.encoder.encode(
-                list(texts),
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
-        return np.asarray(emb, dtype=np.float32)
+        return np.asarray(self.runner.embed(list(texts), self.batch_size), dtype=np.float32)
 
     def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """All queries in one encode call and all passages in another, so concurrent requests
@@ -86,3 +98,9 @@ class DenseReranker(BaseReranker):
             by_row = dict(zip(rows, sims.tolist(), strict=True))
             out.append([by_row[row[t]] for t in p])
         return out
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(model={self.model_name!r}, backend={self.backend!r}, "
+            f"dtype={self.compute_type!r})"
+        )

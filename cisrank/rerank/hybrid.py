@@ -31,6 +31,15 @@ from cisrank.rerank.configs import HybridRerankerConfig
 FIRST_STAGE = "first-stage"
 
 
+def _joined(values: Mapping[str, str | None]) -> str | None:
+    """One capability of the components (a compute type, a runtime): the value where they
+    share one, else each named by kind ("cis:bfloat16+dense:float32"); None where none has it."""
+    given = {k: v for k, v in values.items() if v}
+    if len(set(given.values())) == 1:
+        return next(iter(given.values()))
+    return "+".join(f"{k}:{v}" for k, v in given.items()) or None
+
+
 class Parts(Protocol):
     """What the hybrid needs to build the rerankers it fuses: the registry, handed in by
     `load_reranker("hybrid", ...)`. Handed in, not imported, because the registry imports this
@@ -115,11 +124,8 @@ class HybridReranker(CombiningReranker):
         # Capabilities: none of its own. Its components read with several tokenizers and limits,
         # and a fused score is not one LM's: the `BaseReranker` defaults (None) stand. Its
         # compute type is its components', named by kind where they differ.
-        types = {k: t for k, r in self.components.items() if (t := r.compute_type)}
-        if len(set(types.values())) == 1:
-            self.compute_type = next(iter(types.values()))
-        elif types:
-            self.compute_type = "+".join(f"{k}:{t}" for k, t in types.items())
+        self.compute_type = _joined({k: r.compute_type for k, r in self.components.items()})
+        self.runtime = _joined({k: r.runtime for k, r in self.components.items()})
 
     def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
         """Every component scores all requests in one call (keeping its own cross-request

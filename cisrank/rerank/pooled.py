@@ -121,6 +121,7 @@ class PooledReranker(CombiningReranker):
         self.causal_lm = self.local.causal_lm
         self.prior_store = self.local.prior_store
         self.compute_type = self.local.compute_type
+        self.runtime = self.local.runtime
         self.embedder = self.local.embedder  # embeds in this process (the API's model thread)
         self.processes = self.workers.count
         self.pool: WorkerPool | None = None

@@ -124,6 +124,34 @@ def resolve_encoder_backend(
     return "torch", dtype
 
 
+def resolve_embedder_backend(
+    backend: str, device: str | None, dtype: str | None
+) -> tuple[str, str | None]:
+    """The (backend, dtype) of a bi-encoder, whose default is torch float32 (the exact scores).
+    `auto` is the fastest runtime whose DL21 nDCG@10 stays within 0.003 of torch float32's
+    (all-MiniLM-L6-v2 at depth 100, bench/RESULTS.md, "Bi-encoders on the runtime table"):
+
+    - torch on a GPU, and wherever a torch type is named (bfloat16, float16);
+    - the named runtime's own choice where a dtype is named (int8: onnx; float32: onnx where the
+      `onnx` extra is installed, it embeds as torch float32 does to 1e-5 and faster);
+    - on a CPU otherwise ONNX Runtime int8 where the extra is installed (0.31x torch float32's
+      time, DL21 0.5801 against 0.5775, p = 0.61); torch bf16 on a CPU with native bf16 where
+      it is not (0.50x, DL21 0.5772); torch float32 on other CPUs.
+
+    Other backends are taken as asked (the config has checked that they serve the task)."""
+    if backend != AUTO:
+        return backend, dtype
+    if dtype == "int8":
+        return "onnx", "int8"
+    if _on_gpu(device) or dtype not in (None, AUTO, "float32", "fp32"):
+        return "torch", dtype
+    if _onnxruntime_installed():
+        return "onnx", "float32" if dtype in ("float32", "fp32") else "int8"
+    if dtype in (None, AUTO) and cpu_has_native_bf16():
+        return "torch", "bfloat16"
+    return "torch", dtype
+
+
 def onnx_int8_fits(device: str | None, dtype: str | None) -> bool:
     """`auto`'s rule for ONNX Runtime int8, shared by the causal LM and the cross-encoder: a CPU
     (the engine's own device rule), no compute type asked for, onnxruntime installed."""

@@ -71,7 +71,7 @@ def _export_onnx(source: Path, out: Path) -> dict[str, Any]:
 
     Exported with eager attention (the matrix products and softmax written out, which ONNX
     Runtime's transformer optimizer recognises; the SDPA export is one opaque pattern it does
-    not), then fused (`_fuse`): embeddings + LayerNorm, attention, bias + GELU and skip +
+    not), then fused (`fuse_graph`): embeddings + LayerNorm, attention, bias + GELU and skip +
     LayerNorm each become one kernel. On the MiniLM-L6 student over DL19 pairs that made int8
     1.22x faster on 2 threads (bench/RESULTS.md)."""
     require("onnx", "onnx", _ONNX_FEATURE)
@@ -120,7 +120,7 @@ def _export_onnx(source: Path, out: Path) -> dict[str, Any]:
         padding=False,
         return_attention_mask=False,
     )
-    fused = _fuse(
+    fused = fuse_graph(
         raw,
         out / ONNX_MODEL["float32"],
         config,
@@ -142,10 +142,19 @@ def _export_onnx(source: Path, out: Path) -> dict[str, Any]:
     }
 
 
-def _fuse(raw: Path, dst: Path, config: Any, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """`dst`: `raw` fused by ONNX Runtime's transformer optimizer, kept only where its logits on
-    `batch` agree with the unfused graph's to 1e-4; else `raw` itself. Returns what was fused
-    (operator counts) or why not."""
+def fuse_graph(
+    raw: Path,
+    dst: Path,
+    config: Any,
+    batch: dict[str, np.ndarray],
+    *,
+    output: str = "logits",
+    tolerance: float = 1e-4,
+) -> dict[str, Any]:
+    """`dst`: `raw` fused by ONNX Runtime's transformer optimizer, kept only where its `output`
+    on `batch` agrees with the unfused graph's to `tolerance`; else `raw` itself. Returns what
+    was fused (operator counts) or why not. Shared with the bi-encoder's export
+    (`cisrank.runtimes.embedder_onnx`), whose output is the sentence embedding."""
     family = _FUSED_TYPES.get(getattr(config, "model_type", ""))
     heads, hidden = getattr(config, "num_attention_heads", 0), getattr(config, "hidden_size", 0)
     if family is None or not heads or not hidden:
@@ -161,10 +170,10 @@ def _fuse(raw: Path, dst: Path, config: Any, batch: dict[str, np.ndarray]) -> di
     def logits(path: Path) -> np.ndarray:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         inputs = {i.name for i in session.get_inputs()}
-        return session.run(["logits"], {k: v for k, v in batch.items() if k in inputs})[0]
+        return session.run([output], {k: v for k, v in batch.items() if k in inputs})[0]
 
     gap = float(np.abs(logits(dst) - logits(raw)).max())
-    if not gap <= 1e-4:
+    if not gap <= tolerance:
         log.warning("the fused ONNX graph scores %.2g away from the unfused one: unfused kept", gap)
         raw.replace(dst)
         return {"ops": {}, "reason": f"fused graph off by {gap:.2g}"}
@@ -193,7 +202,7 @@ def _quantize_onnx(folder: Path) -> None:
     )
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -232,12 +241,12 @@ class OnnxCrossEncoder:
                 if attempt == 2:
                     raise CisrankError(
                         f"cannot load the ONNX export of cross-encoder '{model}' ({folder}): "
-                        f"{_first_line(exc)}"
+                        f"{first_line(exc)}"
                     ) from exc
                 log.warning(
                     "the ONNX export %s does not load (%s): making it again",
                     folder,
-                    _first_line(exc),
+                    first_line(exc),
                 )
                 discard(folder)
         self.folder = folder

@@ -7,7 +7,10 @@ keys its ONNX and OpenVINO loaders by task the same way):
 - `causal-lm`: log-probabilities of token rows, an `LMBackend` (`cisrank.runtimes.lm`), under the
   causal-LM engine of `cisrank.lm`: CIS, priors, the context gauge and orderings;
 - `sequence-classification`: one logit per (query, passage) pair, an `EncoderBackend`
-  (`cisrank.runtimes.encoder`), under the cross-encoder reranker.
+  (`cisrank.runtimes.encoder`), under the cross-encoder reranker;
+- `feature-extraction`: one embedding per text, pooled and normalized as the model's
+  sentence-transformers modules say, an `EmbedderBackend` (`cisrank.runtimes.embedder`), under
+  the bi-encoder reranker (and so `/v1/embeddings` and the dense teacher).
 
 A row names the runtime, the extra that installs it and, per task it serves, the compute types it
 offers and its loader, named as `module:function` and imported only when that runtime is loaded:
@@ -30,7 +33,8 @@ from cisrank.errors import CisrankError
 
 CAUSAL_LM = "causal-lm"
 SEQUENCE_CLASSIFICATION = "sequence-classification"
-Task = Literal["causal-lm", "sequence-classification"]
+FEATURE_EXTRACTION = "feature-extraction"
+Task = Literal["causal-lm", "sequence-classification", "feature-extraction"]
 
 
 class Noun(NamedTuple):
@@ -43,6 +47,7 @@ class Noun(NamedTuple):
 TASK_NOUNS: dict[str, Noun] = {
     CAUSAL_LM: Noun(one="causal LM", many="causal LMs"),
     SEQUENCE_CLASSIFICATION: Noun(one="cross-encoder", many="cross-encoders"),
+    FEATURE_EXTRACTION: Noun(one="bi-encoder", many="bi-encoders"),
 }
 
 AUTO = "auto"
@@ -58,8 +63,8 @@ class TaskRuntime:
     """What it computes in; None where the runtime's own dtype resolver checks the names (torch
     also takes short names: bf16, fp32)."""
     cpu_batch_size: int | None = None
-    """Pairs per model batch on a CPU (sequence classification; the causal-LM engine batches
-    under a token budget instead)."""
+    """Rows per model batch on a CPU (pairs of a cross-encoder, texts of a bi-encoder; the
+    causal-LM engine batches under a token budget instead)."""
 
     def load(self) -> Callable[..., Any]:
         """The loader, imported now."""
@@ -84,6 +89,9 @@ RUNTIMES: tuple[Runtime, ...] = (
             SEQUENCE_CLASSIFICATION: TaskRuntime(
                 "cisrank.runtimes.encoder_torch:load", None, cpu_batch_size=32
             ),
+            FEATURE_EXTRACTION: TaskRuntime(
+                "cisrank.runtimes.embedder_torch:load", None, cpu_batch_size=16
+            ),
         },
     ),
     Runtime(
@@ -103,6 +111,9 @@ RUNTIMES: tuple[Runtime, ...] = (
             SEQUENCE_CLASSIFICATION: TaskRuntime(
                 "cisrank.runtimes.encoder_onnx:load", ("float32", "int8"), cpu_batch_size=8
             ),
+            FEATURE_EXTRACTION: TaskRuntime(
+                "cisrank.runtimes.embedder_onnx:load", ("float32", "int8"), cpu_batch_size=16
+            ),
         },
     ),
 )
@@ -112,14 +123,17 @@ is about the runtime. torch at 32 never trails sentence-transformers' CrossEncod
 same weights: 1.12x in float32 and 3.19x in bf16 on a quiet 2-core AVX-512 host, 1.05-1.19x in
 float32 with the other core busy, where 8 pairs fell to 0.70x (each batch is a sync point of
 torch's threads, and a busy core stalls every one). ONNX Runtime float32 at 8; dynamic int8 on
-any runtime: `DYNAMIC_INT8_CPU_BATCH_SIZE`."""
+any runtime: `DYNAMIC_INT8_CPU_BATCH_SIZE`. A bi-encoder's texts: 16 on either runtime (torch's
+figure, bench/RESULTS.md: 1.2x faster than 32 on DL19 passages; ONNX Runtime's taken from it,
+not yet measured on its own)."""
 DYNAMIC_INT8_CPU_BATCH_SIZE = 1
 """Dynamic int8 (ONNX Runtime's, or torch's `quantize="int8"`) scores one pair at a time on a
 CPU: its activation scale is taken over the whole batch tensor, so at 8 pairs a passage's score
 moved by up to 0.135 with the passages batched beside it (its request's order, the other
 requests a server batches with it); alone, a pair's score is a function of the pair, as the
 float runtimes' are, at 0.90x the throughput of 8 pairs (2.51x the peer, with the other core
-busy)."""
+busy). A bi-encoder's int8 embeds one text a batch for the same reason: a passage's embedding is
+then a function of the passage."""
 _BY_NAME = {r.name: r for r in RUNTIMES}
 
 BACKENDS: tuple[str, ...] = (AUTO, *_BY_NAME)

@@ -148,6 +148,7 @@ class RankingService:
             name=name,
             model=public_model_id(serving.served_model(name)) or name,
             compute_type=reranker.compute_type,
+            runtime=reranker.runtime,
             pair_token_limit=reranker.pair_token_limit,
             processes=processes(reranker),
         )

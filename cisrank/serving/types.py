@@ -180,6 +180,8 @@ class RerankerInfo:
     model: str
     """Its model's public id, else its name."""
     compute_type: str | None
+    runtime: str | None
+    """The runtime its model runs on (torch, onnx, ctranslate2)."""
     pair_token_limit: int | None
     processes: int
     """Processes its model work runs on (its workers in a pool)."""

@@ -37,9 +37,9 @@ def test_each_reranker_declares_its_own(tiny_dense, cis, tiny_bert_dir, tmp_path
     assert _capabilities(IdentityReranker()) == (None, None, None, None)
     assert _capabilities(OverlapReranker()) == (None, None, None, None)
 
-    tok = tiny_dense.encoder.tokenizer
+    tok = tiny_dense.runner.tokenizer
     assert tok.is_fast and tiny_dense.fast_tokenizer is tok
-    assert tiny_dense.pair_token_limit == tiny_dense.encoder.max_seq_length > 0
+    assert tiny_dense.pair_token_limit == tiny_dense.runner.max_length > 0
     assert (tiny_dense.causal_lm, tiny_dense.prior_store) == (None, None)
 
     assert cis.causal_lm is cis.engine and cis.fast_tokenizer is cis.engine.tokenizer

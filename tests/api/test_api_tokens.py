@@ -217,7 +217,7 @@ def test_embeddings_check_dimensions_before_embedding(tiny_dense):
         r = client.post("/v1/embeddings", json={**body, "dimensions": 7})
         assert r.status_code == 422 and r.json()["fields"][0]["field"] == "dimensions", r.text
         assert embedded == []
-        width = tiny_dense.encoder.get_embedding_dimension()
+        width = tiny_dense.runner.dimensions
         assert client.post("/v1/embeddings", json={**body, "dimensions": width}).status_code == 200
         assert sum(embedded) == 100
     finally:

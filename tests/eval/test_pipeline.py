@@ -17,6 +17,8 @@ class LengthReranker(BaseReranker):
 
     name = "length"
     model_name = "len"
+    runtime = "python"  # what it declares is what eval records
+    compute_type = "int"
 
     def score_batch(self, requests):
         return [[float(len(p)) for p in passages] for _, passages in requests]
@@ -38,6 +40,13 @@ def test_outputs_and_run_invariants(folder, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dataset"] == "mini"
     assert set(metrics["runs"]) == {"first-stage", "reranked"}
+    # the runtime and number format that scored, as the reranker declares them
+    assert metrics["reranker"] == {
+        "name": "length",
+        "model": "len",
+        "runtime": "python",
+        "compute_type": "int",
+    }
     # q1 reranked top-1 is d (grade 2, ideal 3): 2/3; q2: a (1/1); q3 missing: 0.
     assert metrics["runs"]["reranked"]["nDCG@1"] == pytest.approx((2 / 3 + 1 + 0) / 3)
     assert metrics["runs"]["first-stage"]["nDCG@1"] == pytest.approx((0 + 1 + 0) / 3)

@@ -14,9 +14,16 @@ from cisrank.rerank.configs import (
     CPU_BATCH_SIZE,
     CISRerankerConfig,
     CrossEncoderRerankerConfig,
+    DenseRerankerConfig,
 )
 from cisrank.runtimes import table
-from cisrank.runtimes.table import CAUSAL_LM, SEQUENCE_CLASSIFICATION, Runtime, TaskRuntime
+from cisrank.runtimes.table import (
+    CAUSAL_LM,
+    FEATURE_EXTRACTION,
+    SEQUENCE_CLASSIFICATION,
+    Runtime,
+    TaskRuntime,
+)
 from cisrank.testing import SAMPLE_SENTENCES, exact_engine
 
 
@@ -26,7 +33,7 @@ def _literal(config: type, field: str) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize(
-    "config", [CISRerankerConfig, CrossEncoderRerankerConfig, PriorIndexConfig]
+    "config", [CISRerankerConfig, CrossEncoderRerankerConfig, DenseRerankerConfig, PriorIndexConfig]
 )
 def test_every_backend_field_takes_the_tables_names(config):
     assert _literal(config, "backend") == table.BACKENDS == ("auto", "torch", "ctranslate2", "onnx")
@@ -37,6 +44,9 @@ def test_tasks_compute_types_and_batches_come_from_the_rows():
     assert table.names(SEQUENCE_CLASSIFICATION) == ("torch", "onnx")
     assert table.compute_types("ctranslate2", CAUSAL_LM) == ("float32", "int8_float32", "int8")
     assert table.compute_types("onnx", SEQUENCE_CLASSIFICATION) == ("float32", "int8")
+    assert table.names(FEATURE_EXTRACTION) == ("torch", "onnx")
+    assert table.compute_types("onnx", FEATURE_EXTRACTION) == ("float32", "int8")
+    assert table.runtime("torch", FEATURE_EXTRACTION).cpu_batch_size == 16
     assert CPU_BATCH_SIZE == {"torch": 32, "onnx": 8, "int8": 1}
     with pytest.raises(ValueError) as err:
         CrossEncoderRerankerConfig(backend="ctranslate2")

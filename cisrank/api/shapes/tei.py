@@ -64,6 +64,7 @@ def info(service: RankingService) -> TeiInfo:
     return TeiInfo(
         model_id=described.model,
         model_dtype=described.compute_type,
+        model_runtime=described.runtime,
         served_model_name=described.name,
         model_type={"reranker": TeiLabels()},
         max_concurrent_requests=config.batching.max_queue,
