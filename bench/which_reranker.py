@@ -6,6 +6,7 @@ that gives its figures, with the defaults a user gets:
 
     student       cisrank eval DATASET --reranker student
     dense MiniLM  cisrank eval DATASET --reranker dense
+    ... int8      cisrank eval DATASET --reranker dense --backend onnx --dtype int8
     dense mpnet   cisrank eval DATASET --reranker dense --model all-mpnet-base-v2
     CIS           cisrank eval DATASET --reranker cis
     hybrid        cisrank eval fuse DATASET --run cis=... --run dense=... (the default fusion; it
@@ -40,6 +41,7 @@ DEFAULT_FUSE = "cis:0.3,dense:0.7"
 RERANKERS: dict[str, list[str]] = {
     "student": ["--reranker", "student"],
     "dense MiniLM": ["--reranker", "dense"],
+    "dense MiniLM int8": ["--reranker", "dense", "--backend", "onnx", "--dtype", "int8"],
     "dense mpnet": ["--reranker", "dense", "--model", "all-mpnet-base-v2"],
     "CIS": ["--reranker", "cis"],
     "hybrid": ["--reranker", "hybrid"],

@@ -359,8 +359,8 @@ def test_a_grid_of_cis_settings_reads_one_pass_of_each_side(
     """Estimator, prior and normalization only combine the model's sums, a side does not read
     the other side's template, and the prior reads neither template nor question: the grid's
     settings compute each side once per template it reads and each passage's prior once, and
-    every setting's scores are what its own reranker's `score_batch` gives (exactly: the same
-    sums, the same arithmetic)."""
+    every setting's scores are what its own reranker's `score_batch` gives (the same sums, to
+    float rounding)."""
     from cisrank.eval.rag import Pool, build_candidates, load_questions
     from cisrank.rerank.cis import CISReranker
     from cisrank.rerank.registry import load_reranker
@@ -406,7 +406,12 @@ def test_a_grid_of_cis_settings_reads_one_pass_of_each_side(
     assert sorted(prior) == sorted(set(pairs)) and len(prior) < len(pairs)
     for name, options in grid.items():
         want = load_reranker("cis", model, **options).score_batch(requests)
-        assert [rec["scores"][name] for rec in got.records] == want, name
+        got_scores = [rec["scores"][name] for rec in got.records]
+        # The same sums; the grid's prior batch holds each passage once, so its padded shapes
+        # differ from one reranker's, and AVX-512/AMX matmul kernels round by shape (about 1e-6
+        # here, bit-identical on the AVX2 CI host).
+        for g, w in zip(got_scores, want, strict=True):
+            assert g == pytest.approx(w, abs=1e-5), name
     cost = got.metrics["cost"]["rerankers"]
     assert cost["cis-both"]["questions_timed"] == len(questions)
     assert cost["cis"]["seconds_per_question"] > cost["cis-no-prior"]["seconds_per_question"]
