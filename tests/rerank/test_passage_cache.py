@@ -212,3 +212,37 @@ def test_onnx_float32_and_int8_share_no_entry(tiny_bert_dir, tmp_path, monkeypat
     # int8 embeds one text a batch: cached and uncached are the same vectors, exactly
     assert int8.score(QUERIES[1], PASSAGES) == plain.score(QUERIES[1], PASSAGES)
     assert cache.stats()["hits"] == DISTINCT
+
+
+def test_the_option_reaches_the_dense_part_of_a_hybrid_and_the_hybrid_declares_its_cache(
+    tiny_bert_dir,
+):
+    from cisrank.rerank import load_reranker
+
+    r = load_reranker(
+        "hybrid", str(tiny_bert_dir), fuse="dense:1,first-stage:0.5", passage_cache_mb=2
+    )
+    dense = r.components["dense"]
+    assert r.passage_cache is dense.passage_cache is not None
+    assert dense.passage_cache.budget_bytes == 2 << 20
+    r.score(QUERIES[0], PASSAGES)
+    r.score(QUERIES[1], PASSAGES)
+    assert r.passage_cache.stats()["hits"] == DISTINCT
+    off = load_reranker("hybrid", str(tiny_bert_dir), fuse="dense:1", passage_cache_mb=0)
+    assert off.passage_cache is None
+
+
+def test_a_server_config_sets_the_budget_and_refuses_a_negative_one():
+    from cisrank.errors import CisrankError
+    from cisrank.rerank.configs import DenseRerankerConfig
+    from cisrank.serving.config import RerankerSpec, ServerConfig
+
+    config = ServerConfig.model_validate(
+        {"rerankers": {"d": {"kind": "dense", "options": {"passage_cache_mb": 8}}}}
+    )
+    assert config.rerankers["d"] == RerankerSpec(kind="dense", options={"passage_cache_mb": 8})
+    assert DenseRerankerConfig().passage_cache_mb == 64
+    with pytest.raises((CisrankError, ValueError), match="passage_cache_mb"):
+        ServerConfig.model_validate(
+            {"rerankers": {"d": {"kind": "dense", "options": {"passage_cache_mb": -1}}}}
+        )
