@@ -101,7 +101,7 @@ class DenseRerankerConfig(ComponentConfig):
         "runtime, dtype and length, least recently used evicted (0: off): a passage sent "
         f"again costs no encoding. Default {DEFAULT_PASSAGE_CACHE_MB}: about 37,000 MiniLM or "
         "20,000 mpnet passages. Off where an embedding moves with its batch company (bf16, "
-        "float16, int8 over one text a batch).",
+        "float16, int8 over several texts a batch).",
     )
     # backend and dtype share their flags with the CIS reranker's (the help shows its text)
     backend: Annotated[BackendName, Flag()] = Field(
