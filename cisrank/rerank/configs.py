@@ -57,8 +57,8 @@ GPU_BATCH_SIZE = 128
 
 DEFAULT_PASSAGE_CACHE_MB = 64
 """The dense reranker's passage-embedding cache when none is asked for (`cisrank.rerank.
-passage_cache`): 64 MiB holds about 37,000 passages of a 384-dimension model (all-MiniLM-L6-v2:
-1,536 bytes a vector plus 256 of overhead) or 20,000 of a 768-dimension one (all-mpnet-base-v2),
+passage_cache`): 64 MiB holds about 36,000 passages of a 384-dimension model (all-MiniLM-L6-v2:
+1,536 bytes a vector plus 288 of overhead) or 20,000 of a 768-dimension one (all-mpnet-base-v2),
 a RAG corpus's working set many requests deep, at a sixth of MiniLM's own weights (90 MB) and a
 fraction of mpnet's (420 MB); each `--workers` process keeps its own."""
 
@@ -99,7 +99,7 @@ class DenseRerankerConfig(ComponentConfig):
         ge=0,
         description="MiB of passage embeddings kept in memory by content hash and model, "
         "runtime, dtype and length, least recently used evicted (0: off): a passage sent "
-        f"again costs no encoding. Default {DEFAULT_PASSAGE_CACHE_MB}: about 37,000 MiniLM or "
+        f"again costs no encoding. Default {DEFAULT_PASSAGE_CACHE_MB}: about 36,000 MiniLM or "
         "20,000 mpnet passages. Off where an embedding moves with its batch company (bf16, "
         "float16, int8 over several texts a batch).",
     )
