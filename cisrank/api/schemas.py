@@ -606,6 +606,12 @@ class TeiInfo(BaseModel):
         description="cisrank (not a TEI field): the runtime the model runs on (torch, onnx, "
         "ctranslate2), as `--backend auto` chose it.",
     )
+    passage_cache: dict[str, int] | None = Field(
+        default=None,
+        description="cisrank (not a TEI field): the default reranker's passage-embedding cache "
+        "(a bi-encoder's, `passage_cache_mb`): hits, misses, evictions, entries, bytes held and "
+        "budget_bytes; null where it keeps none.",
+    )
     served_model_name: str = Field(description="The name responses carry in `model`.")
     model_type: dict[Literal["reranker"], TeiLabels] = Field(
         description="TEI's model type: always a reranker here."

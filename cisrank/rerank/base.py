@@ -30,6 +30,8 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
   a pair's estimated cost at it);
 - `causal_lm`: its causal-LM engine (RAG context assembly and generation run on it);
 - `prior_store`: where it keeps log p(K) (the API reports its hit rate);
+- `passage_cache`: where it keeps passage embeddings by content (`cisrank.rerank.passage_cache`:
+  a bi-encoder's; the API reports its hits, misses, evictions and bytes);
 - `compute_type`: the number format its model computes in (`float32`, `bfloat16`, `int8`...,
   as the runtime names it: the API's TEI-shaped `/info` reports it as `model_dtype`);
 - `runtime`: the runtime of the table its model runs on (`torch`, `onnx`, `ctranslate2`: what
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
     from cisrank.lm.engine import CausalLMEngine
+    from cisrank.rerank.passage_cache import EmbeddingCache
     from cisrank.rerank.prior_table import Priors
 
 Request = tuple[str, Sequence[str]]
@@ -114,6 +117,11 @@ class Reranker(Protocol):
     @property
     def prior_store(self) -> Priors | None:
         """Where the reranker keeps log p(K)."""
+        ...
+
+    @property
+    def passage_cache(self) -> EmbeddingCache | None:
+        """Where the reranker keeps passage embeddings by content."""
         ...
 
     @property
@@ -204,6 +212,7 @@ class BaseReranker(ABC):
     pair_token_limit: int | None = None
     causal_lm: CausalLMEngine | None = None
     prior_store: Priors | None = None
+    passage_cache: EmbeddingCache | None = None
     compute_type: str | None = None
     runtime: str | None = None
     embedder: TextEmbedder | None = None

@@ -126,6 +126,9 @@ class HybridReranker(CombiningReranker):
         # compute type is its components', named by kind where they differ.
         self.compute_type = _joined({k: r.compute_type for k, r in self.components.items()})
         self.runtime = _joined({k: r.runtime for k, r in self.components.items()})
+        # The passage cache of its bi-encoder, where one has one (at most one kind fuses once).
+        caches = [r.passage_cache for r in self.components.values() if r.passage_cache is not None]
+        self.passage_cache = caches[0] if caches else None
 
     def score_parts(self, requests: Sequence[Request]) -> list[list[Part]]:
         """Every component scores all requests in one call (keeping its own cross-request

@@ -120,6 +120,7 @@ class PooledReranker(CombiningReranker):
         self.pair_token_limit = self.local.pair_token_limit
         self.causal_lm = self.local.causal_lm
         self.prior_store = self.local.prior_store
+        self.passage_cache = self.local.passage_cache  # this process's share, as the store's
         self.compute_type = self.local.compute_type
         self.runtime = self.local.runtime
         self.embedder = self.local.embedder  # embeds in this process (the API's model thread)

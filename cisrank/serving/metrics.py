@@ -1,4 +1,5 @@
-"""Prometheus metrics of one app instance: requests, latency, batches, queue depth, prior-store hits.
+"""Prometheus metrics of one app instance: requests, latency, batches, queue depth, prior-store
+hits, passage-cache hits.
 
 Each app gets its own `CollectorRegistry` so that several apps in one process (tests) do not
 collide. Under `--workers N` each worker process exports its own figures (a scrape sees one of
@@ -66,6 +67,54 @@ class _PriorStoreCollector(Collector):
         yield from (rate, hits, misses)
 
 
+PASSAGE_CACHE_COUNTERS = {
+    "hits": "Passage embeddings read from the passage cache.",
+    "misses": "Passage embeddings not in the passage cache, so encoded.",
+    "evictions": "Passage embeddings evicted from the passage cache to keep its byte budget.",
+}
+PASSAGE_CACHE_GAUGES = {
+    "bytes": "Bytes the passage cache holds (vectors plus a fixed overhead an entry).",
+    "entries": "Passage embeddings the passage cache holds.",
+    "budget_bytes": "The passage cache's byte budget (passage_cache_mb).",
+}
+
+
+class _PassageCacheCollector(Collector):
+    """Reads each served reranker's passage cache (`Reranker.passage_cache`, a bi-encoder's
+    embeddings by content) at scrape time, labelled by the reranker's served name."""
+
+    def __init__(self, rerankers: Callable[[], Mapping[str, Reranker]]) -> None:
+        self._rerankers = rerankers
+
+    def collect(self) -> Iterable:
+        label = ["reranker"]
+        rate = GaugeMetricFamily(
+            "cisrank_passage_cache_hit_rate",
+            "Share of passage embeddings read from the passage cache (hits / (hits + misses)).",
+            labels=label,
+        )
+        counters = {
+            k: CounterMetricFamily(f"cisrank_passage_cache_{k}", text, labels=label)
+            for k, text in PASSAGE_CACHE_COUNTERS.items()
+        }
+        gauges = {
+            k: GaugeMetricFamily(f"cisrank_passage_cache_{k}", text, labels=label)
+            for k, text in PASSAGE_CACHE_GAUGES.items()
+        }
+        for name, reranker in self._rerankers().items():
+            cache = reranker.passage_cache
+            if cache is None:
+                continue
+            stats = cache.stats()
+            total = stats["hits"] + stats["misses"]
+            rate.add_metric([name], stats["hits"] / total if total else 0.0)
+            for k, family in (*counters.items(), *gauges.items()):
+                family.add_metric([name], stats[k])
+        yield rate
+        yield from counters.values()
+        yield from gauges.values()
+
+
 class Metrics:
     """The app's metrics; also the batcher's `BatchObserver`."""
 
@@ -124,6 +173,7 @@ class Metrics:
         )
         if rerankers is not None:
             r.register(_PriorStoreCollector(rerankers))
+            r.register(_PassageCacheCollector(rerankers))
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -151,6 +151,7 @@ class RankingService:
             runtime=reranker.runtime,
             pair_token_limit=reranker.pair_token_limit,
             processes=processes(reranker),
+            passage_cache=cache.stats() if (cache := reranker.passage_cache) is not None else None,
         )
 
     def resolve(self, model: str | None) -> str:

@@ -185,6 +185,8 @@ class RerankerInfo:
     pair_token_limit: int | None
     processes: int
     """Processes its model work runs on (its workers in a pool)."""
+    passage_cache: dict[str, int] | None = None
+    """Its passage cache's counters and bytes (`EmbeddingCache.stats`), where it keeps one."""
 
 
 # --------------------------------------------------------------------------- context, generate

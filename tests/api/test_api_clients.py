@@ -138,7 +138,11 @@ def test_info_is_tei_s_filled_from_what_is_served(default_dense, tiny_gpt2_dir):
     with _client(rerankers, specs, **config) as client:
         info = client.get("/info")
     assert info.status_code == 200, info.text
-    assert info.json() == {
+    body = info.json()
+    # the bi-encoder's passage cache as it stands (the fixture is shared: its counts are history)
+    assert body.pop("passage_cache") == default_dense.passage_cache.stats()
+    assert default_dense.passage_cache.stats()["budget_bytes"] == 64 << 20
+    assert body == {
         "model_id": "all-MiniLM-L6-v2",
         "model_sha": None,
         "model_dtype": "float32",
@@ -162,6 +166,7 @@ def test_info_is_tei_s_filled_from_what_is_served(default_dense, tiny_gpt2_dir):
         info = c.get("/info").json()
     assert info["model_id"] == tiny_gpt2_dir.name  # a server folder by its name only
     assert info["model_dtype"] == "float32" and info["max_input_length"] is None
+    assert info["passage_cache"] is None  # a causal LM keeps no passage embeddings
     # protected like /v1/models (TEI guards it with its API key too), 503 while loading
     app = create_app(ServerConfig(rerankers=specs), rerankers=rerankers, api_keys=["k"])
     with TestClient(app) as client:

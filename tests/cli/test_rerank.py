@@ -73,7 +73,7 @@ def test_another_kinds_flag_is_refused_naming_flags_not_fields(tmp_path):
     p = _rerank(tmp_path, "-r", "dense", "--estimator", "reverse")
     last = _last_line(p)
     assert p.returncode == 2 and "--estimator: option(s) of the cis reranker, not of dense" in last
-    assert last.endswith("(dense takes --backend, --dtype)")
+    assert last.endswith("(dense takes --passage-cache-mb, --backend, --dtype)")
     p = _rerank(tmp_path, "-r", "cis", "--quantize", "int8")
     last = _last_line(p)
     assert "--quantize: option(s) of the cross-encoder reranker, not of cis" in last

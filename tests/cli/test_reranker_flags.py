@@ -26,8 +26,15 @@ RERANKER_FLAGS = {
     "--fusion",
     "--backend",
     "--dtype",
+    "--passage-cache-mb",
 }
-TEACHER_FLAGS = RERANKER_FLAGS - {"--normalize", "--quantize", "--fuse", "--fusion"}
+TEACHER_FLAGS = RERANKER_FLAGS - {
+    "--normalize",
+    "--quantize",
+    "--fuse",
+    "--fusion",
+    "--passage-cache-mb",
+}
 
 
 def _help(*verb: str) -> str:

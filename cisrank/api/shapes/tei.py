@@ -65,6 +65,7 @@ def info(service: RankingService) -> TeiInfo:
         model_id=described.model,
         model_dtype=described.compute_type,
         model_runtime=described.runtime,
+        passage_cache=described.passage_cache,
         served_model_name=described.name,
         model_type={"reranker": TeiLabels()},
         max_concurrent_requests=config.batching.max_queue,
