@@ -167,6 +167,13 @@ def guarded_json(text: str, where: str) -> Any:
             f"{where}: a JSON integer is too long: at most {sys.get_int_max_str_digits()} "
             "digits are read; write a long identifier as a string"
         ) from None
+    check_depth(value, where)
+    return value
+
+
+def check_depth(value: Any, where: str) -> None:
+    """Refuse a value (parsed JSON, or YAML) nested deeper than `MAX_JSON_DEPTH`, naming
+    `where`; walked without recursion."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -178,7 +185,6 @@ def guarded_json(text: str, where: str) -> Any:
                 if depth + 1 > MAX_JSON_DEPTH:
                     raise DataError(_too_deep(where))
                 stack.append((child, depth + 1))
-    return value
 
 
 def _too_deep(where: str) -> str:
