@@ -81,10 +81,21 @@ def unreadable(path: Path, what: str, exc: BaseException) -> DataError:
 
 def text_lines(path: Path, what: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of a text file (`.gz` gunzipped), any unreadable byte a one-line
-    DataError naming the file instead of a traceback."""
+    DataError naming the file instead of a traceback, and a line over `MAX_JSON_LINE_BYTES`
+    characters (the API's body size; a line of topics, qrels or a run is a few dozen) one
+    naming its line, never read whole."""
+    limit = MAX_JSON_LINE_BYTES
     try:
         with open_text(path) as f:
-            yield from enumerate(f, 1)
+            lineno = 0
+            while line := f.readline(limit + 1):
+                lineno += 1
+                if len(line) > limit:
+                    raise DataError(
+                        f"{path}:{lineno}: a line over {limit:,} characters, the limit of a "
+                        f"line of a {what} file"
+                    )
+                yield lineno, line
     except UNREADABLE as exc:
         raise unreadable(path, what, exc) from None
 
