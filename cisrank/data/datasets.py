@@ -66,7 +66,9 @@ def unreadable(path: Path, what: str, exc: BaseException) -> DataError:
             if gzipped
             else "give a UTF-8 text file (is it binary, or in another encoding?)"
         )
-        return DataError(f"{path}: not a UTF-8 {what} file ({exc.reason}): {hint}")
+        at = _first_bad_byte(path)
+        where, why = (f"{path}:{at[0]}", at[1]) if at else (str(path), exc.reason)
+        return DataError(f"{where}: not a UTF-8 {what} file ({why}): {hint}")
     if isinstance(exc, FileNotFoundError):
         return DataError(f"{what} file '{path}' does not exist")
     if isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile)):
@@ -77,6 +79,26 @@ def unreadable(path: Path, what: str, exc: BaseException) -> DataError:
         )
     reason = getattr(exc, "strerror", None) or str(exc)
     return DataError(f"{path}: cannot read the {what} file ({reason})")
+
+
+def _first_bad_byte(path: Path) -> tuple[int, str] | None:
+    """(line, `byte 0x.. at column N`) of the first byte of a text file (`.gz` gunzipped) that
+    is not UTF-8, found again once the text reader failed (it decodes a buffer of many lines
+    at a time, so its error says where in the buffer, not on which line); None if it cannot
+    be read again."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+            lineno = 0
+            while raw := fh.readline(MAX_JSON_LINE_BYTES + 1):
+                lineno += 1
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    column = len(raw[: exc.start].decode("utf-8", "replace")) + 1
+                    return lineno, f"byte 0x{raw[exc.start]:02x} at column {column}"
+    except (OSError, EOFError, zlib.error):
+        return None
+    return None
 
 
 def text_lines(path: Path, what: str) -> Iterator[tuple[int, str]]:

@@ -103,15 +103,15 @@ def test_eval_refuses_unreadable_files_and_a_partial_query_set_in_one_line(
         (
             "--qrels",
             binary,
-            f"error: {binary}: not a UTF-8 qrels file (invalid start byte): give "
+            f"error: {binary}:2: not a UTF-8 qrels file (byte 0x80 at column 118): give "
             "a UTF-8 text file (is it binary, or in another encoding?)",
         ),
-        ("--topics", binary, f"error: {binary}: not a UTF-8 topics file"),
+        ("--topics", binary, f"error: {binary}:2: not a UTF-8 topics file"),
         ("--topics", not_gzip, f"error: {not_gzip}: not a readable gzip file (Not a gzipped file"),
         (
             "--qrels",
             gzipped,
-            f"error: {gzipped}: not a UTF-8 qrels file (invalid start byte): it "
+            f"error: {gzipped}:1: not a UTF-8 qrels file (byte 0x8b at column 2): it "
             "is gzip-compressed: name it .gz or gunzip it",
         ),
         ("--candidates", not_gzip, f"error: {not_gzip}: not a readable candidates JSON file"),
