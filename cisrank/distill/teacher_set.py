@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cisrank.data.datasets import json_lines
 from cisrank.distill import rows as R
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_bytes
@@ -268,10 +269,10 @@ def texts_of(teacher_set: TeacherSet, pool: str | Path | None = None) -> Texts:
             "(it rebuilds the pool from the data folder in a second)"
         )
     passages = {}
-    with (folder / POOL_FILE).open(encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            passages[row["id"]] = row["text"]
+    for lineno, row in json_lines(folder / POOL_FILE, "training pool"):
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str) or "text" not in row:
+            raise DataError(f'{folder / POOL_FILE}:{lineno}: expected {{"id", "text"}}')
+        passages[row["id"]] = row["text"]
     return Texts(read_topics(folder / TOPICS_FILE), passages)
 
 

@@ -72,7 +72,7 @@ def causal_lm_architecture(folder: Path) -> str | None:
         return None
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # no readable config: the loader names what is wrong with the folder
     if not isinstance(config, dict):
         return None

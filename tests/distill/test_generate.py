@@ -268,3 +268,25 @@ def test_a_qrels_teacher_scores_each_pair_by_its_grade(source, tmp_path):
         load_teacher("qrels")
     with pytest.raises(DataError, match="reads its grades from a file; drop: model"):
         load_teacher("qrels", "some-model", scores_file=qrels)
+
+
+def test_a_damaged_state_file_cisrank_wrote_is_one_line_not_a_traceback(tmp_path):
+    """Issue 61, hole 8, for files cisrank writes and reads back without a checksum: a
+    `state.json` (distill generate's) or an eval rag cache file of 100,000 nested brackets was a
+    RecursionError traceback. Each is the reader's own one-line error now."""
+    from cisrank.eval.rag.cache import _read
+
+    state = tmp_path / R.STATE
+    state.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError) as raised:
+        R.read_json(state)
+    assert str(raised.value) == (
+        f"{state} is unreadable (JSON nested too deep: at most 64 levels of arrays and objects); "
+        "delete the folder or pass --overwrite"
+    )
+    with pytest.raises(DataError) as raised:
+        _read(state)
+    assert str(raised.value) == (
+        f"{state}: a damaged cache file (JSON nested too deep: at most 64 levels of arrays and "
+        "objects): delete it and rerun with --resume"
+    )
