@@ -51,3 +51,20 @@ def test_a_deep_yaml_config_is_refused_by_the_same_depth(tmp_path):
     )
     cfg.write_text("port: 8080\nx: " + "[" * 63 + "]" * 63 + "\n")  # 64 levels with the top
     assert read_config_file(cfg, "server config")["port"] == 8080
+
+
+def test_a_manifest_or_provenance_nested_too_deep_is_damage_not_a_traceback(tmp_path):
+    """Index manifests and model provenances stay on json.loads (a damaged one is caught by its
+    digest), but a file of 100,000 nested brackets failed before the digest was checked: a
+    RecursionError traceback. It is a damaged file, named, now."""
+    from cisrank.data.manifest import MANIFEST_FILE, read_manifest
+    from cisrank.errors import DamagedFileError
+    from cisrank.models.integrity import PROVENANCE_FILE, read_provenance
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / MANIFEST_FILE).write_text(deep)
+    with pytest.raises(DamagedFileError, match="not a JSON manifest: maximum recursion"):
+        read_manifest(tmp_path)
+    (tmp_path / PROVENANCE_FILE).write_text(deep)
+    with pytest.raises(DamagedFileError, match="not the JSON a pull writes: maximum recursion"):
+        read_provenance(tmp_path)

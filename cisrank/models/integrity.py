@@ -269,7 +269,7 @@ def read_provenance(folder: Path) -> dict[str, Any] | None:
         data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         detail = f"not the JSON a pull writes: {str(exc).splitlines()[0]}"
         raise DamagedModelError(path, detail, repair_hint(folder, folder.name)) from None
     name = str(data.get("name", ""))
