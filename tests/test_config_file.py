@@ -68,3 +68,7 @@ def test_a_manifest_or_provenance_nested_too_deep_is_damage_not_a_traceback(tmp_
     (tmp_path / PROVENANCE_FILE).write_text(deep)
     with pytest.raises(DamagedFileError, match="not the JSON a pull writes: maximum recursion"):
         read_provenance(tmp_path)
+    from cisrank.runtimes.checked_cache import read_record
+
+    with pytest.raises(ValueError, match="nested too deep to be a record"):
+        read_record(tmp_path, PROVENANCE_FILE)  # a conversion cache's: made again, not a crash
