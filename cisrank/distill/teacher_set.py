@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from cisrank.data.datasets import json_lines
+from cisrank.data.datasets import guarded_json, json_lines
 from cisrank.distill import rows as R
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_bytes
@@ -170,9 +170,9 @@ def load(path: str | Path) -> TeacherSet:
     meta = table.schema.metadata or {}
     if METADATA_KEY not in meta:
         raise DataError(f"'{path}' is not a cisrank teacher set (no provenance)")
-    try:
-        provenance = json.loads(meta[METADATA_KEY])
-    except (UnicodeDecodeError, ValueError):
+    try:  # a teacher set is a user's file: read as the API reads a body
+        provenance = guarded_json(meta[METADATA_KEY].decode("utf-8"), "")
+    except (UnicodeDecodeError, DataError):
         raise DataError(
             f"teacher set '{path}': its provenance (Parquet metadata 'cisrank') is not JSON: "
             f"{REPACK}"
