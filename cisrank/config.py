@@ -9,7 +9,6 @@ environment variables are read in `cisrank.env`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -77,26 +76,44 @@ def flag_name(field: str) -> str:
 
 def read_config_file(path: str | Path, what: str) -> Any:
     """The data of a JSON (or, with PyYAML installed, YAML) config file; a missing file or one
-    that does not parse is one line naming the file (`what` says what it should hold)."""
+    that does not parse is one line naming the file (`what` says what it should hold). It is
+    read as the API reads a body: at most `MAX_JSON_LINE_BYTES` (16 MiB), UTF-8 (a bad byte
+    named by line and column), at most `MAX_JSON_DEPTH` levels of nesting and integers Python
+    converts (`guarded_json`: a RecursionError and a ValueError traceback before)."""
+    from cisrank.data.datasets import MAX_JSON_LINE_BYTES, check_depth, guarded_json
+
     path = Path(path)
     if not path.is_file():
         raise CisrankError(f"{what} '{path}' does not exist")
-    text = path.read_text(encoding="utf-8")
-    yaml_file = path.suffix.lower() in {".yaml", ".yml"}
+    with path.open("rb") as f:
+        raw = f.read(MAX_JSON_LINE_BYTES + 1)
+    if len(raw) > MAX_JSON_LINE_BYTES:
+        raise CisrankError(f"{path}: over {MAX_JSON_LINE_BYTES:,} bytes, the limit of a {what}")
     try:
-        if yaml_file:
-            try:
-                import yaml
-            except ImportError:
-                raise CisrankError(
-                    f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON"
-                ) from None
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except CisrankError:
-        raise
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        raise CisrankError(f"{path}: not valid {'YAML' if yaml_file else 'JSON'}: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = raw[: exc.start].decode("utf-8", "replace")
+        line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
+        raise CisrankError(
+            f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column}): give "
+            f"the {what} as UTF-8"
+        ) from None
+    yaml_file = path.suffix.lower() in {".yaml", ".yml"}
+    if not yaml_file:
+        return guarded_json(text, f"{path}: not valid JSON")
+    try:
+        import yaml
+    except ImportError:
+        raise CisrankError(
+            f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except Exception as exc:  # yaml.YAMLError; RecursionError, ValueError (a long integer)
+        why = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        raise CisrankError(f"{path}: not valid YAML: {why or type(exc).__name__}") from None
+    check_depth(data, f"{path}: not valid YAML")
+    return data
 
 
 def validation_problem(exc: ValidationError) -> str:

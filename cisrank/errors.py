@@ -69,7 +69,11 @@ def require(module: str, extra: str, feature: str):
 
 def json_error(exc: JSONDecodeError) -> str:
     """What is wrong with a broken line of a JSON-lines file, for a message that names the file
-    and the line: `invalid JSON (Expecting ',' delimiter at column 12)`. A few of `json`'s
+    and the line: `invalid JSON (Expecting ',' delimiter at column 12)` (`at line 3 column 12`
+    where the text is a whole file of several lines). A few of `json`'s
     messages end in "at" themselves (`Unterminated string starting at`)."""
     at = "" if exc.msg.endswith(" at") else " at"
-    return f"invalid JSON ({exc.msg}{at} column {exc.colno})"
+    # a whole file (a config, a candidates array) is named by line too; a line of a JSON-lines
+    # file by its column only (the caller names the line)
+    line = f" line {exc.lineno}" if "\n" in exc.doc.rstrip("\r\n") else ""
+    return f"invalid JSON ({exc.msg}{at}{line} column {exc.colno})"

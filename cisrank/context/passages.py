@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cisrank.data.datasets import guarded_json
+from cisrank.data.datasets import LineFault, bounded_lines, guarded_json
 from cisrank.data.types import Passage
 from cisrank.errors import CisrankError
 
@@ -17,13 +17,18 @@ def read_passages(path: str | Path) -> list[Passage]:
 
 def read_scored_passages(path: str | Path) -> tuple[list[Passage], list[float] | None]:
     """`read_passages` and the reranker scores of the jsonl field `score`, if every line has one
-    (None otherwise)."""
+    (None otherwise). Lines are read as the API reads a body (`bounded_lines`, `guarded_json`):
+    a line over 16 MiB, one that is not UTF-8 or a JSON value nested too deep is one line
+    naming `file:line`."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise CisrankError(f"passages file '{path}' does not exist")
     out: list[Passage] = []
     scores: list[float | None] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in bounded_lines(path, "passages", universal=True):
+        if isinstance(raw, LineFault):  # over the API's body size, or not UTF-8
+            raise CisrankError(raw.message)
+        line = raw.rstrip("\r\n")
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):

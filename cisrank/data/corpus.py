@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cisrank.data.datasets import guarded_json, load_candidates_json, open_text
+from cisrank.data.datasets import LineFault, bounded_lines, guarded_json, load_candidates_json
 from cisrank.data.types import Passage
 from cisrank.errors import DataError
 
@@ -125,50 +125,51 @@ class _Checker:
         return Passage(docid, text, title)
 
 
+def _lines(path: Path, check: _Checker) -> Iterator[tuple[int, str]]:
+    """The corpus's lines (numbered as a text file opened with `newline=""` numbers them), a
+    line over `MAX_JSON_LINE_BYTES` (never read whole: a 50 MB line was held, decoded and
+    parsed whole) or not UTF-8 given to the bad-line policy as `line_too_long`/`not_utf8`."""
+    for lineno, line in bounded_lines(path, "corpus", universal=True):
+        if isinstance(line, LineFault):
+            check.bad(lineno, line.reason, line.message.removeprefix(f"{path}:{lineno}: "))
+        elif line.strip():
+            yield lineno, line
+
+
 def _iter_jsonl(path: Path, check: _Checker) -> Iterator[Passage]:
-    with open_text(path, newline="") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = guarded_json(line, "")
-            except DataError as exc:  # broken, nested too deep, an integer too long
-                check.bad(lineno, "invalid_json", str(exc).removeprefix(": "))
-                continue
-            if not isinstance(obj, dict):
-                check.bad(lineno, "invalid_json", 'expected a JSON object {"id", "text"}')
-                continue
-            docid = obj.get("id", obj.get("_id", obj.get("docid")))
-            text = obj.get("text", obj.get("contents"))
-            title = obj.get("title") or ""
-            if docid is None or text is None:
-                check.bad(lineno, "missing_field", 'expected fields "id" and "text"')
-                continue
-            if isinstance(docid, int) and not isinstance(docid, bool):
-                docid = str(docid)
-            if (
-                not isinstance(docid, str)
-                or not isinstance(text, str)
-                or not isinstance(title, str)
-            ):
-                check.bad(lineno, "bad_field", '"id", "text" and "title" must be strings')
-                continue
-            if (p := check.accept(lineno, docid, text, title)) is not None:
-                yield p
+    for lineno, line in _lines(path, check):
+        try:
+            obj = guarded_json(line, "")
+        except DataError as exc:  # broken, nested too deep, an integer too long
+            check.bad(lineno, "invalid_json", str(exc).removeprefix(": "))
+            continue
+        if not isinstance(obj, dict):
+            check.bad(lineno, "invalid_json", 'expected a JSON object {"id", "text"}')
+            continue
+        docid = obj.get("id", obj.get("_id", obj.get("docid")))
+        text = obj.get("text", obj.get("contents"))
+        title = obj.get("title") or ""
+        if docid is None or text is None:
+            check.bad(lineno, "missing_field", 'expected fields "id" and "text"')
+            continue
+        if isinstance(docid, int) and not isinstance(docid, bool):
+            docid = str(docid)
+        if not isinstance(docid, str) or not isinstance(text, str) or not isinstance(title, str):
+            check.bad(lineno, "bad_field", '"id", "text" and "title" must be strings')
+            continue
+        if (p := check.accept(lineno, docid, text, title)) is not None:
+            yield p
 
 
 def _iter_tsv(path: Path, check: _Checker) -> Iterator[Passage]:
-    with open_text(path, newline="") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            docid, sep, text = line.partition("\t")
-            if not sep:
-                check.bad(lineno, "missing_field", "expected 'id<TAB>text'")
-                continue
-            if (p := check.accept(lineno, docid, text, "")) is not None:
-                yield p
+    for lineno, line in _lines(path, check):
+        line = line.rstrip("\r\n")
+        docid, sep, text = line.partition("\t")
+        if not sep:
+            check.bad(lineno, "missing_field", "expected 'id<TAB>text'")
+            continue
+        if (p := check.accept(lineno, docid, text, "")) is not None:
+            yield p
 
 
 def _iter_candidates(path: Path, check: _Checker) -> Iterator[Passage]:

@@ -12,9 +12,11 @@ import gzip
 import importlib.util
 import json
 import logging
+import re
 import sys
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,9 @@ def unreadable(path: Path, what: str, exc: BaseException) -> DataError:
             if gzipped
             else "give a UTF-8 text file (is it binary, or in another encoding?)"
         )
-        return DataError(f"{path}: not a UTF-8 {what} file ({exc.reason}): {hint}")
+        at = _first_bad_byte(path)
+        where, why = (f"{path}:{at[0]}", at[1]) if at else (str(path), exc.reason)
+        return DataError(f"{where}: not a UTF-8 {what} file ({why}): {hint}")
     if isinstance(exc, FileNotFoundError):
         return DataError(f"{what} file '{path}' does not exist")
     if isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile)):
@@ -77,12 +81,43 @@ def unreadable(path: Path, what: str, exc: BaseException) -> DataError:
     return DataError(f"{path}: cannot read the {what} file ({reason})")
 
 
+def _first_bad_byte(path: Path) -> tuple[int, str] | None:
+    """(line, `byte 0x.. at column N`) of the first byte of a text file (`.gz` gunzipped) that
+    is not UTF-8, found again once the text reader failed (it decodes a buffer of many lines
+    at a time, so its error says where in the buffer, not on which line); None if it cannot
+    be read again."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+            lineno = 0
+            while raw := fh.readline(MAX_JSON_LINE_BYTES + 1):
+                lineno += 1
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    column = len(raw[: exc.start].decode("utf-8", "replace")) + 1
+                    return lineno, f"byte 0x{raw[exc.start]:02x} at column {column}"
+    except (OSError, EOFError, zlib.error):
+        return None
+    return None
+
+
 def text_lines(path: Path, what: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of a text file (`.gz` gunzipped), any unreadable byte a one-line
-    DataError naming the file instead of a traceback."""
+    DataError naming the file instead of a traceback, and a line over `MAX_JSON_LINE_BYTES`
+    characters (the API's body size; a line of topics, qrels or a run is a few dozen) one
+    naming its line, never read whole."""
+    limit = MAX_JSON_LINE_BYTES
     try:
         with open_text(path) as f:
-            yield from enumerate(f, 1)
+            lineno = 0
+            while line := f.readline(limit + 1):
+                lineno += 1
+                if len(line) > limit:
+                    raise DataError(
+                        f"{path}:{lineno}: a line over {limit:,} characters, the limit of a "
+                        f"line of a {what} file"
+                    )
+                yield lineno, line
     except UNREADABLE as exc:
         raise unreadable(path, what, exc) from None
 
@@ -165,6 +200,13 @@ def guarded_json(text: str, where: str) -> Any:
             f"{where}: a JSON integer is too long: at most {sys.get_int_max_str_digits()} "
             "digits are read; write a long identifier as a string"
         ) from None
+    check_depth(value, where)
+    return value
+
+
+def check_depth(value: Any, where: str) -> None:
+    """Refuse a value (parsed JSON, or YAML) nested deeper than `MAX_JSON_DEPTH`, naming
+    `where`; walked without recursion."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -176,11 +218,75 @@ def guarded_json(text: str, where: str) -> Any:
                 if depth + 1 > MAX_JSON_DEPTH:
                     raise DataError(_too_deep(where))
                 stack.append((child, depth + 1))
-    return value
 
 
 def _too_deep(where: str) -> str:
     return f"{where}: JSON nested too deep: at most {MAX_JSON_DEPTH} levels of arrays and objects"
+
+
+@dataclass(frozen=True)
+class LineFault:
+    """A line `bounded_lines` does not give as text: over the size cap (`line_too_long`, never
+    read whole) or not UTF-8 (`not_utf8`); `message` names its line (and column)."""
+
+    reason: str
+    message: str
+
+
+_LONE_CR = re.compile(r"(?<=\r)(?!\n)")
+_DRAIN = 1 << 20
+
+
+def bounded_lines(
+    path: Path, what: str, *, limit: int | None = None, universal: bool = False
+) -> Iterator[tuple[int, str | LineFault]]:
+    """(line number, line with its ending) of a text file, plain or gzip (by its first bytes),
+    never holding more than `limit` bytes of one line: a longer line is read on in 1 MiB
+    slices and given as a `LineFault`, as is a line that is not UTF-8 (named by its line and
+    column, not a byte offset of the file), so that a caller may refuse or skip it. Lines end
+    at `\n`; `universal` also ends them at a lone `\r`, as a text file opened with
+    `newline=""` does (the corpus reader's numbering). A gzip stream that is cut or damaged
+    is one `DataError` naming the file. `limit` None: `MAX_JSON_LINE_BYTES`."""
+    limit = MAX_JSON_LINE_BYTES if limit is None else limit
+    with path.open("rb") as probe:
+        gzipped = probe.read(2) == GZIP_MAGIC
+    lineno = 0
+    try:
+        with gzip.open(path, "rb") if gzipped else path.open("rb") as fh:
+            while raw := fh.readline(limit + 1):
+                if len(raw) > limit:
+                    lineno += 1
+                    while not raw.endswith(b"\n") and (raw := fh.readline(_DRAIN)):
+                        pass
+                    yield (
+                        lineno,
+                        LineFault(
+                            "line_too_long",
+                            f"{path}:{lineno}: a line over {limit:,} bytes, the limit of a line of "
+                            f"a {what} file",
+                        ),
+                    )
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    lineno += 1
+                    column = len(raw[: exc.start].decode("utf-8", "replace")) + 1
+                    yield (
+                        lineno,
+                        LineFault(
+                            "not_utf8",
+                            f"{path}:{lineno}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                            f"{column}): give the {what} file as UTF-8",
+                        ),
+                    )
+                    continue
+                for piece in _LONE_CR.split(line) if universal and "\r" in line else (line,):
+                    if piece:
+                        lineno += 1
+                        yield lineno, piece
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise unreadable(path, what, exc) from None
 
 
 def json_lines(path: Path, what: str) -> Iterator[tuple[int, Any]]:
@@ -188,31 +294,11 @@ def json_lines(path: Path, what: str) -> Iterator[tuple[int, Any]]:
     first bytes), each read with `guarded_json`: a line over `MAX_JSON_LINE_BYTES` (never read
     whole), one that is not UTF-8 (named by its line and column, not a byte offset of the
     file) or not JSON is one `DataError` naming `file:line`."""
-    with path.open("rb") as probe:
-        gzipped = probe.read(2) == GZIP_MAGIC
-    try:
-        with gzip.open(path, "rb") if gzipped else path.open("rb") as fh:
-            lineno = 0
-            while raw := fh.readline(MAX_JSON_LINE_BYTES + 1):
-                lineno += 1
-                where = f"{path}:{lineno}"
-                if len(raw) > MAX_JSON_LINE_BYTES:
-                    raise DataError(
-                        f"{where}: a line over {MAX_JSON_LINE_BYTES:,} bytes, the limit of a "
-                        f"line of a {what} file"
-                    )
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    column = len(raw[: exc.start].decode("utf-8", "replace")) + 1
-                    raise DataError(
-                        f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column}): "
-                        f"give the {what} file as UTF-8 JSON lines"
-                    ) from None
-                if line.strip():
-                    yield lineno, guarded_json(line, where)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise unreadable(path, what, exc) from None
+    for lineno, line in bounded_lines(path, what):
+        if isinstance(line, LineFault):
+            raise DataError(line.message)
+        if line.strip():
+            yield lineno, guarded_json(line, f"{path}:{lineno}")
 
 
 def load_candidates_json(path: Path) -> list:

@@ -121,7 +121,7 @@ def read_manifest(directory: str | Path) -> Manifest:
         )
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError: a ValueError
         raise DamagedFileError(path, f"not a JSON manifest: {exc}") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read the manifest ({exc.strerror or exc})") from None

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from cisrank.data.datasets import guarded_json
+from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ def claim_shard_dir(
     `logger`). `meta` is written (as JSON, keys sorted) either way."""
     meta_path = shard_dir / META_FILE
     if shard_dir.exists():
-        same = resume and meta_path.is_file() and json.loads(meta_path.read_text()) == meta
+        same = resume and meta_path.is_file() and _read_meta(meta_path) == meta
         if not same:
             logger.info("%s: discarding shards of a different build", shard_dir)
             shutil.rmtree(shard_dir)
@@ -93,3 +95,12 @@ def resume_shards(
         if not complete(index, n):
             todo.append((index, shard))
     return ShardResume(tuple(sizes), tuple(todo))
+
+
+def _read_meta(path: Path) -> Any:
+    """A shard folder's `meta.json`, or None where it is not readable JSON (a torn or damaged
+    one: the shards are discarded and made again)."""
+    try:
+        return guarded_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, DataError):
+        return None

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cisrank.data.datasets import load_named
+from cisrank.data.datasets import guarded_json, load_named
 from cisrank.distill import rows as R
 from cisrank.distill.config import RunPlan, TrainConfig
 from cisrank.distill.evaluate import Scores, spearman_to_teacher
@@ -69,7 +69,9 @@ def distill_run(
     t = time.perf_counter()
     if (student / TRAINING_FILE).is_file():
         log.info("%s: already trained", student)
-        record = json.loads((student / TRAINING_FILE).read_text(encoding="utf-8"))
+        record = guarded_json(
+            (student / TRAINING_FILE).read_text(encoding="utf-8"), str(student / TRAINING_FILE)
+        )
     else:
         dev = load_named(config.dev_dataset) if config.dev_dataset else None
         record = train(folders, student, config, dev, resume=True, device=device)

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cisrank.data.datasets import guarded_json
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_bytes, atomic_write_text
 
@@ -70,10 +71,11 @@ def read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        return guarded_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, DataError) as exc:
+        why = str(exc).removeprefix(f"{path}: ")
         raise DataError(
-            f"{path} is unreadable ({exc}); delete the folder or pass --overwrite"
+            f"{path} is unreadable ({why}); delete the folder or pass --overwrite"
         ) from None
 
 

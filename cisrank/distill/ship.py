@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cisrank.data.datasets import guarded_json
 from cisrank.errors import CisrankError
 from cisrank.fileio import atomic_write_text, exchange_folders
 from cisrank.models.integrity import (
@@ -101,9 +102,10 @@ def _check_source(source: Path) -> RerankerKind[Any, Any]:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text("utf-8"))
+        text = path.read_text("utf-8")
     except (OSError, ValueError) as exc:
         raise CisrankError(f"{path}: not readable JSON ({exc})") from None
+    return guarded_json(text, f"{path}: not readable JSON")
 
 
 def _module_folders(source: Path) -> list[str]:

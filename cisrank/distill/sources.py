@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cisrank.data.datasets import load_local, load_named, open_text, read_topics
+from cisrank.data.datasets import load_local, load_named, read_topics, text_lines
 from cisrank.data.types import Dataset
 from cisrank.errors import DataError
 
@@ -81,19 +81,18 @@ def from_triples(path: str | Path, limit: int | None = None) -> PairSource:
     if not path.is_file():
         raise DataError(f"triples file '{path}' does not exist")
     grouped: dict[str, dict[str, str]] = {}
-    with open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            parts = line.rstrip("\r\n").split("\t")
-            if len(parts) != 3 or not all(p.strip() for p in parts):
-                raise DataError(
-                    f"{path}:{n}: expected query<TAB>positive<TAB>negative, got {len(parts)} field(s)"
-                )
-            query, pos, neg = parts
-            docs = grouped.setdefault(query, {})
-            for text in (pos, neg):
-                docs.setdefault(_text_id("p", text), text)
-            if limit is not None and len(grouped) >= limit:
-                break
+    for n, line in text_lines(path, "triples"):  # a line size cap; a bad byte is one line
+        parts = line.rstrip("\r\n").split("\t")
+        if len(parts) != 3 or not all(p.strip() for p in parts):
+            raise DataError(
+                f"{path}:{n}: expected query<TAB>positive<TAB>negative, got {len(parts)} field(s)"
+            )
+        query, pos, neg = parts
+        docs = grouped.setdefault(query, {})
+        for text in (pos, neg):
+            docs.setdefault(_text_id("p", text), text)
+        if limit is not None and len(grouped) >= limit:
+            break
     if not grouped:
         raise DataError(f"triples file '{path}' is empty")
     queries = [

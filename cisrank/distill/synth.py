@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cisrank.data.corpus import CorpusReader
+from cisrank.data.datasets import guarded_json, json_lines
 from cisrank.data.shard_runner import Progress, Shards, ShardWriter, run_shards
 from cisrank.distill.config import SynthConfig
 from cisrank.distill.synth_prompt import (
@@ -182,8 +183,7 @@ def generate_all(
     )
     rows: list[dict[str, Any]] = []
     for i in range(len(chunks)):
-        with _shard_path(out, i).open(encoding="utf-8") as f:
-            rows += [json.loads(line) for line in f if line.strip()]
+        rows += [row for _, row in json_lines(_shard_path(out, i), "generated queries")]
     if len(rows) != len(items):
         raise RuntimeError(f"{len(rows)} generations read back for {len(items)} queries")
     return rows
@@ -281,8 +281,8 @@ class FilterStore:
         if lines and lines[0] == head:
             for line in lines[1:]:
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
+                    row = guarded_json(line, str(path))
+                except DataError:
                     continue  # the torn tail of an interrupted append
                 self.ranks[row["qid"]] = FilterRanks([tuple(h) for h in row["hits"]], row["rank"])
             atomic_write_text(path, "\n".join([head, *self._lines(self.ranks)]) + "\n")

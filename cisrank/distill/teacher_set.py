@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cisrank.data.datasets import guarded_json, json_lines
 from cisrank.distill import rows as R
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_bytes
@@ -169,9 +170,9 @@ def load(path: str | Path) -> TeacherSet:
     meta = table.schema.metadata or {}
     if METADATA_KEY not in meta:
         raise DataError(f"'{path}' is not a cisrank teacher set (no provenance)")
-    try:
-        provenance = json.loads(meta[METADATA_KEY])
-    except (UnicodeDecodeError, ValueError):
+    try:  # a teacher set is a user's file: read as the API reads a body
+        provenance = guarded_json(meta[METADATA_KEY].decode("utf-8"), "")
+    except (UnicodeDecodeError, DataError):
         raise DataError(
             f"teacher set '{path}': its provenance (Parquet metadata 'cisrank') is not JSON: "
             f"{REPACK}"
@@ -268,10 +269,10 @@ def texts_of(teacher_set: TeacherSet, pool: str | Path | None = None) -> Texts:
             "(it rebuilds the pool from the data folder in a second)"
         )
     passages = {}
-    with (folder / POOL_FILE).open(encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            passages[row["id"]] = row["text"]
+    for lineno, row in json_lines(folder / POOL_FILE, "training pool"):
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str) or "text" not in row:
+            raise DataError(f'{folder / POOL_FILE}:{lineno}: expected {{"id", "text"}}')
+        passages[row["id"]] = row["text"]
     return Texts(read_topics(folder / TOPICS_FILE), passages)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cisrank import env
-from cisrank.data.datasets import load_named, open_text
+from cisrank.data.datasets import load_named, text_lines
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
 
@@ -78,12 +78,11 @@ class PoolInfo:
 
 def read_triples(path: Path) -> list[tuple[str, str, str]]:
     rows = []
-    with open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            parts = line.rstrip("\r\n").split("\t")
-            if len(parts) != 3 or not all(p.strip() for p in parts):
-                raise DataError(f"{path}:{n}: expected query<TAB>positive<TAB>negative")
-            rows.append((parts[0], parts[1], parts[2]))
+    for n, line in text_lines(path, "triples"):  # a line size cap; a bad byte is one line
+        parts = line.rstrip("\r\n").split("\t")
+        if len(parts) != 3 or not all(p.strip() for p in parts):
+            raise DataError(f"{path}:{n}: expected query<TAB>positive<TAB>negative")
+        rows.append((parts[0], parts[1], parts[2]))
     if not rows:
         raise DataError(f"triples file '{path}' is empty")
     return rows

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cisrank.data.corpus import CorpusReader, Format, OnError, file_checksum
+from cisrank.data.datasets import guarded_json
 from cisrank.data.manifest import MANIFEST_FILE, Manifest, record_checksums, write_manifest
 from cisrank.errors import CisrankError, DataError
 from cisrank.fileio import atomic_write_text, exchange_folders
@@ -83,8 +84,8 @@ def _resume(folder: Path, state: dict[str, Any]) -> bool:
     resume = False
     if state_path.exists():
         try:
-            resume = json.loads(state_path.read_text(encoding="utf-8")) == state
-        except (ValueError, UnicodeDecodeError):
+            resume = guarded_json(state_path.read_text(encoding="utf-8"), "") == state
+        except (DataError, UnicodeDecodeError):
             resume = False
         if not resume:
             log.info("%s: previous build had other inputs or parameters; starting clean", folder)

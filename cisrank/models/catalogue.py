@@ -240,7 +240,7 @@ def _complete(folder: Path, entry: CatalogueEntry) -> bool:
         return False
     try:
         provenance = json.loads((folder / PROVENANCE_FILE).read_text("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return True
     return not isinstance(provenance, dict) or provenance.get("sha256") == entry.sha256
 

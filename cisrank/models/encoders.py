@@ -15,6 +15,7 @@ import torch
 
 from cisrank.devices import resolve_device, resolve_dtype
 from cisrank.errors import ModelNotFoundError
+from cisrank.models.integrity import damaged_folder_error
 from cisrank.models.resolve import resolve_model
 
 
@@ -36,14 +37,23 @@ def load_sentence_transformer(
     precision = resolve_dtype(dtype, dev)
     try:
         encoder = SentenceTransformer(path, device=str(dev))
-    except OSError as exc:
-        raise ModelNotFoundError(f"cannot load bi-encoder '{model}' from {path}: {exc}") from exc
     except SafetensorError as exc:  # a damaged or truncated weights file: not an OSError
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(
             f"cannot read the weights of bi-encoder '{model}' in {path} ({first}): a weights "
             "file is damaged or truncated; restore it"
         ) from exc
+    except Exception as exc:
+        # a cut tokenizer.json is "Unrecognized processing class", a cut modules.json a bare
+        # JSONDecodeError: name the file instead
+        damaged = damaged_folder_error("bi-encoder", model, path)
+        if damaged is not None:
+            raise damaged from None
+        if isinstance(exc, OSError):
+            raise ModelNotFoundError(
+                f"cannot load bi-encoder '{model}' from {path}: {exc}"
+            ) from exc
+        raise
     if max_seq_length is not None:
         encoder.max_seq_length = max_seq_length
     return encoder.to(dtype=precision)
@@ -62,7 +72,7 @@ def causal_lm_architecture(folder: Path) -> str | None:
         return None
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # no readable config: the loader names what is wrong with the folder
     if not isinstance(config, dict):
         return None

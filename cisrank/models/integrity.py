@@ -269,7 +269,7 @@ def read_provenance(folder: Path) -> dict[str, Any] | None:
         data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         detail = f"not the JSON a pull writes: {str(exc).splitlines()[0]}"
         raise DamagedModelError(path, detail, repair_hint(folder, folder.name)) from None
     name = str(data.get("name", ""))
@@ -410,3 +410,32 @@ def require_intact_model(folder: str | Path, *, full: bool = False) -> ModelChec
     if check.status == "damaged":
         raise check.error()
     return check
+
+
+def damaged_json_file(folder: Path) -> str | None:
+    """`name: why` of the first JSON file of a model folder (or of a module folder one level
+    down, `1_Pooling/config.json`) that does not parse, or None. transformers and
+    sentence-transformers report such a folder as "Unrecognized processing class" or a bare
+    JSON error, naming no file; a folder with a provenance is checked by its checksums first,
+    one without (a folder of one's own) only here, once loading has failed."""
+    for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*/*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            why = str(exc).splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+            return f"{path.relative_to(folder).as_posix()}: {why}"
+    return None
+
+
+def damaged_folder_error(kind: str, model: str, path: str | Path) -> CisrankError | None:
+    """The one-line error for a model folder that failed to load because one of its JSON files
+    is damaged (`damaged_json_file`), naming that file, or None when each parses (the load
+    failed for another reason, which its own error tells)."""
+    folder = Path(path)
+    damaged = damaged_json_file(folder) if folder.is_dir() else None
+    if damaged is None:
+        return None
+    return CisrankError(
+        f"cannot load {kind} '{model}': its file {damaged} (not JSON: truncated or damaged?): "
+        f"restore the folder {path}"
+    )

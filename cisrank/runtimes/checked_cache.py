@@ -82,8 +82,12 @@ def _files(folder: Path, record_name: str) -> list[str]:
 
 
 def read_record(folder: Path, record_name: str) -> dict[str, Any]:
-    """A folder's record as written (json, a dict); OSError or ValueError when it is not one."""
-    data = json.loads((folder / record_name).read_text(encoding="utf-8"))
+    """A folder's record as written (json, a dict); OSError or ValueError when it is not one
+    (one nested too deep to parse too: it was a RecursionError, past the check's repair)."""
+    try:
+        data = json.loads((folder / record_name).read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deep to be a record") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 
 from cisrank.devices import cpu_has_native_bf16, cpu_has_vnni, resolve_device, resolve_dtype
 from cisrank.errors import CisrankError, ModelNotFoundError
+from cisrank.models.integrity import damaged_folder_error
 from cisrank.models.resolve import resolve_model
 from cisrank.runtimes.encoder import default_max_length
 
@@ -112,22 +112,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
         )
 
 
-def damaged_json_file(folder: Path) -> str | None:
-    """`name: why` of the first JSON file of a model folder that does not parse (a truncated
-    `tokenizer.json`), or None. transformers reports such a folder as "Unrecognized processing
-    class", naming no file; a folder with a provenance is checked by its checksums first, one
-    without (a folder of one's own) only here, once loading has failed."""
-    import json
-
-    for path in sorted(folder.glob("*.json")):
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            why = str(exc).splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-            return f"{path.name}: {why}"
-    return None
-
-
 def load_cross_encoder(model: str, device: torch.device, max_length: int | None = None):
     """A sentence-transformers CrossEncoder with a one-logit classification head, checked."""
     path = resolve_model(model)  # before the import of seconds: a bad name fails at once
@@ -144,16 +128,15 @@ def load_cross_encoder(model: str, device: torch.device, max_length: int | None 
             activation_fn=torch.nn.Identity(),
             model_kwargs={"dtype": torch.float32},
         )
-    except OSError as exc:
-        raise ModelNotFoundError(f"cannot load cross-encoder '{model}' from {path}: {exc}") from exc
-    except Exception:
-        damaged = damaged_json_file(Path(path)) if Path(path).is_dir() else None
-        if damaged is None:
-            raise
-        raise CisrankError(
-            f"cannot load cross-encoder '{model}': its file {damaged} (not JSON: truncated or "
-            f"damaged?): restore the folder {path}"
-        ) from None
+    except Exception as exc:
+        damaged = damaged_folder_error("cross-encoder", model, path)
+        if damaged is not None:
+            raise damaged from None
+        if isinstance(exc, OSError):
+            raise ModelNotFoundError(
+                f"cannot load cross-encoder '{model}' from {path}: {exc}"
+            ) from exc
+        raise
     modules = list(encoder)
     if (
         len(modules) != 1

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cisrank.errors import ModelNotFoundError
+from cisrank.models.integrity import damaged_folder_error
 
 
 def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -39,6 +40,11 @@ def load_causal_lm(model: str, device: torch.device, dtype: torch.dtype) -> tupl
         )
         lm, info = loaded
     except (OSError, ValueError) as exc:
+        # a cut tokenizer.json was a bare JSON error and "pass a folder that holds a causal
+        # LM", naming no file
+        damaged = damaged_folder_error("causal LM", model, path)
+        if damaged is not None:
+            raise damaged from None
         raise ModelNotFoundError(
             f"cannot load causal LM '{model}' from {path}: {_first_line(exc)}; pass --model with "
             "a folder that holds a causal language model (config.json, weights, tokenizer)"

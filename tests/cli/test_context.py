@@ -74,8 +74,11 @@ def test_context_errors_are_one_line_exit_2(
     empty.write_text("\n\n")
     many = tmp_path / "many.txt"
     many.write_text("\n".join(SAMPLE_SENTENCES * 10))
+    latin = tmp_path / "latin.txt"  # was a UnicodeDecodeError traceback (issue 61, hole 8)
+    latin.write_bytes(b"a passage\ncaf\xe9 au lait\n")
     cases = [
         (["--passages", str(empty)], "holds no passages"),
+        (["--passages", str(latin)], f"{latin}:2: not UTF-8 (byte 0xe9 at column 4)"),
         (["--passages", str(many)], "100 passages make a prompt of"),
         (
             ["--passages", str(passages_file), "--template", "{intro} {documents} {question}"],

@@ -103,15 +103,15 @@ def test_eval_refuses_unreadable_files_and_a_partial_query_set_in_one_line(
         (
             "--qrels",
             binary,
-            f"error: {binary}: not a UTF-8 qrels file (invalid start byte): give "
+            f"error: {binary}:2: not a UTF-8 qrels file (byte 0x80 at column 118): give "
             "a UTF-8 text file (is it binary, or in another encoding?)",
         ),
-        ("--topics", binary, f"error: {binary}: not a UTF-8 topics file"),
+        ("--topics", binary, f"error: {binary}:2: not a UTF-8 topics file"),
         ("--topics", not_gzip, f"error: {not_gzip}: not a readable gzip file (Not a gzipped file"),
         (
             "--qrels",
             gzipped,
-            f"error: {gzipped}: not a UTF-8 qrels file (invalid start byte): it "
+            f"error: {gzipped}:1: not a UTF-8 qrels file (byte 0x8b at column 2): it "
             "is gzip-compressed: name it .gz or gunzip it",
         ),
         ("--candidates", not_gzip, f"error: {not_gzip}: not a readable candidates JSON file"),
@@ -153,3 +153,41 @@ def test_eval_trec_dl19_and_dl21_still_reproduce_their_reference_figures(
         assert round(report["runs"]["first-stage"]["nDCG@10"], 4) == ndcg10
         assert report["queries_judged"] == report["queries_evaluated"] == report["queries_run"]
         assert "judged_not_run" not in report
+
+
+def test_hostile_candidates_and_run_files_are_one_line_through_the_cli_and_leave_no_output(
+    folder, tmp_path, monkeypatch, capsys
+):
+    """Issue 61, hole 8, end to end: `eval run --candidates` with a line of 100,000 nested
+    brackets ended in a RecursionError traceback, a 5,000-digit integer in a ValueError one;
+    `eval fuse --run` files had no line size cap (a cap of 64 characters here). Each is exit 2,
+    one line naming the file, and no --output folder."""
+    topics, qrels = folder / "topics.tsv", folder / "qrels.txt"
+    out = tmp_path / "out"
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    digits = tmp_path / "digits.json"
+    digits.write_text('[{"query": "q", "hits": [{"rank": 1' + "0" * 5000 + "}]}]")
+    for path, says in (
+        (deep, "JSON nested too deep: at most 64 levels of arrays and objects"),
+        (digits, "a JSON integer is too long: at most 4300 digits are read"),
+    ):
+        args = ["--topics", str(topics), "--qrels", str(qrels), "--candidates", str(path)]
+        ran = main_in_process(monkeypatch, capsys, "eval", "run", *args, "-o", str(out), "-q")
+        assert ran.code == 2 and "Traceback" not in ran.err, ran.err
+        assert ran.last_line.startswith(
+            f"error: {path}: not a readable candidates JSON file: {says}"
+        ), ran.last_line
+        assert not out.exists()
+    from cisrank.data import datasets
+
+    monkeypatch.setattr(datasets, "MAX_JSON_LINE_BYTES", 64)
+    run = tmp_path / "dense.trec"
+    run.write_text("q1 Q0 a 1 2.0 t\nq1 Q0 b 2 1.0 " + "t" * 80 + "\n")
+    args = ["--run", f"dense={run}", "--fuse", "dense:1", "-o", str(out), "--missing", "skip"]
+    ran = main_in_process(monkeypatch, capsys, "eval", "fuse", str(folder), *args)
+    assert ran.code == 2 and "Traceback" not in ran.err, ran.err
+    assert ran.last_line == (
+        f"error: {run}:2: a line over 64 characters, the limit of a line of a run file"
+    )
+    assert not out.exists()

@@ -79,3 +79,16 @@ def test_another_kinds_flag_is_refused_naming_flags_not_fields(tmp_path):
     assert "--quantize: option(s) of the cross-encoder reranker, not of cis" in last
     assert "cis takes --estimator, --template, --reverse-template, --max-doc-tokens" in last
     assert "max_doc_tokens" not in last and "batch_size" not in last
+
+
+def test_a_hostile_passages_file_is_one_line_naming_its_line(tmp_path):
+    """Issue 61, hole 8: `rerank --passages` read the whole file with `read_text`: a byte that
+    is not UTF-8 was a UnicodeDecodeError traceback, and a line had no size cap. Each is one
+    line naming `file:line` and exit 2, before any model loads."""
+    passages = tmp_path / "p.jsonl"
+    passages.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    p = cli("rerank", "-r", "dense", "--query", "q", "--passages", str(passages))
+    assert p.returncode == 2
+    assert _last_line(p) == (
+        f"error: {passages}:2: not UTF-8 (byte 0xe9 at column 14): give the passages file as UTF-8"
+    )

@@ -133,3 +133,48 @@ def test_a_hostile_corpus_line_is_one_error_or_one_skip(tmp_path):
     c = read_corpus(p, on_error="skip")
     assert c.docids == ["a", "c"]
     assert dict(c.stats.skipped) == {"invalid_json": 2}
+
+
+def test_a_corpus_line_over_the_cap_or_not_utf8_is_one_error_or_one_skip(tmp_path):
+    """Issue 61, hole 8: the corpus reader had no line size cap (a 17 MB line was read, decoded
+    and parsed whole) and a byte that is not UTF-8 was `not UTF-8 text ('utf-8' codec can't
+    decode byte 0xe9 in position 8229 ...)`, a position in the file's read buffer. Each is a
+    bad line now, named by line (and column), or skipped and counted."""
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(
+        b'{"id": "a", "text": "fine"}\n'
+        + b'{"id": "big", "text": "'
+        + b"x" * (17 * 1024 * 1024)
+        + b'"}\n'
+        + b'{"id": "b", "text": "caf\xe9"}\n'
+        + b'{"id": "c", "text": "ok"}\n'
+    )
+    with pytest.raises(DataError) as raised:
+        read_corpus(p)
+    assert str(raised.value) == (
+        f"{p}:2: a line over 16,777,216 bytes, the limit of a line of a corpus file (fix the "
+        "line, or pass --on-error skip to skip bad lines and count them in the manifest)"
+    )
+    c = read_corpus(p, on_error="skip")
+    assert c.docids == ["a", "c"]
+    assert dict(c.stats.skipped) == {"line_too_long": 1, "not_utf8": 1}
+    latin = tmp_path / "latin.tsv"
+    latin.write_bytes(b"a\tfine\nb\tcaf\xe9 au lait\n")
+    with pytest.raises(DataError) as raised:
+        read_corpus(latin)
+    assert str(raised.value).startswith(
+        f"{latin}:2: not UTF-8 (byte 0xe9 at column 6): give the corpus file as UTF-8 (fix"
+    )
+
+
+def test_a_lone_carriage_return_still_ends_a_corpus_line(tmp_path):
+    """The bounded reader numbers lines as the text reader it replaced (`newline=""`): a lone
+    `\\r` ends a line, `\\r\\n` is one ending."""
+    p = tmp_path / "c.tsv"
+    p.write_bytes(b"a\tone\rb\ttwo\r\nc\tthree\n\nd\tfour")
+    c = read_corpus(p)
+    assert (c.docids, c.texts) == (["a", "b", "c", "d"], ["one", "two", "three", "four"])
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"a\tone\rno tab\nc\tthree\n")
+    with pytest.raises(DataError, match=r"bad\.tsv:2: expected 'id<TAB>text'"):
+        read_corpus(bad)

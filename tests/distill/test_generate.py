@@ -152,6 +152,32 @@ def test_triples_group_by_query_with_content_ids(tmp_path):
         from_triples(path)
 
 
+def test_a_hostile_triples_file_is_one_line_naming_its_line(tmp_path, monkeypatch):
+    """Issue 61, hole 8: `--triples` (distill generate's source and distill pool's) was read
+    with no line size cap, and a byte that is not UTF-8 was a UnicodeDecodeError traceback.
+    Both readers refuse either in one line (a cap of 64 characters here)."""
+    from cisrank.data import datasets
+    from cisrank.distill.trainset import read_triples
+
+    latin = tmp_path / "latin.tsv"
+    latin.write_bytes(b"q one\tpos a\tneg b\nq caf\xe9\tpos\tneg\n")
+    long = tmp_path / "long.tsv"
+    long.write_text("q one\tpos a\tneg b\nq two\tpos " + "c" * 80 + "\tneg\n")
+    monkeypatch.setattr(datasets, "MAX_JSON_LINE_BYTES", 64)
+    for read in (from_triples, read_triples):
+        with pytest.raises(DataError) as raised:
+            read(latin)
+        assert str(raised.value) == (
+            f"{latin}:2: not a UTF-8 triples file (byte 0xe9 at column 6): give a UTF-8 text "
+            "file (is it binary, or in another encoding?)"
+        )
+        with pytest.raises(DataError) as raised:
+            read(long)
+        assert str(raised.value) == (
+            f"{long}:2: a line over 64 characters, the limit of a line of a triples file"
+        )
+
+
 def test_exactly_one_source_is_required(data_sets: Path):
     with pytest.raises(DataError, match="exactly one"):
         load_source()
@@ -242,3 +268,25 @@ def test_a_qrels_teacher_scores_each_pair_by_its_grade(source, tmp_path):
         load_teacher("qrels")
     with pytest.raises(DataError, match="reads its grades from a file; drop: model"):
         load_teacher("qrels", "some-model", scores_file=qrels)
+
+
+def test_a_damaged_state_file_cisrank_wrote_is_one_line_not_a_traceback(tmp_path):
+    """Issue 61, hole 8, for files cisrank writes and reads back without a checksum: a
+    `state.json` (distill generate's) or an eval rag cache file of 100,000 nested brackets was a
+    RecursionError traceback. Each is the reader's own one-line error now."""
+    from cisrank.eval.rag.cache import _read
+
+    state = tmp_path / R.STATE
+    state.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError) as raised:
+        R.read_json(state)
+    assert str(raised.value) == (
+        f"{state} is unreadable (JSON nested too deep: at most 64 levels of arrays and objects); "
+        "delete the folder or pass --overwrite"
+    )
+    with pytest.raises(DataError) as raised:
+        _read(state)
+    assert str(raised.value) == (
+        f"{state}: a damaged cache file (JSON nested too deep: at most 64 levels of arrays and "
+        "objects): delete it and rerun with --resume"
+    )

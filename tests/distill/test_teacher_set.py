@@ -187,6 +187,11 @@ def _cases(ts, source):
             "its provenance (Parquet metadata 'cisrank') is not JSON: pack it again with "
             "`cisrank distill pack`",
         ),
+        "nested too deep": (  # a RecursionError traceback before (issue 61, hole 8)
+            dict(metadata=b"[" * 100_000 + b"]" * 100_000),
+            "its provenance (Parquet metadata 'cisrank') is not JSON: pack it again with "
+            "`cisrank distill pack`",
+        ),
         "a json list": (
             dict(metadata=b"[1, 2]"),
             "its provenance (Parquet metadata 'cisrank') is a JSON list, not an object",
@@ -221,6 +226,7 @@ def _cases(ts, source):
 CASES = [
     "no rows",
     "not json",
+    "nested too deep",
     "a json list",
     "string scores",
     "all equal",

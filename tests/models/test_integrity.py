@@ -469,3 +469,26 @@ def test_three_pulls_started_together_all_exit_0_and_leave_one_model(
     assert outputs == ["already pulled", "already pulled", "pulled"], results
     assert sorted(p.name for p in home.iterdir()) == [".fake-lm.lock", "fake-lm"]
     assert integrity.verify_model(home / "fake-lm", full=True).intact
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json"])
+def test_a_causal_lm_folder_with_a_cut_json_file_is_named_in_one_line(
+    tiny_gpt2_dir: Path, tmp_path: Path, name: str
+) -> None:
+    """Issue 61, hole 9 for the causal-LM loader: a folder of one's own whose tokenizer.json was
+    cut in half was reported as a bare JSON error ("Expecting property name ...: line 77") and
+    "pass --model with a folder that holds a causal language model", naming no file."""
+    import torch
+
+    from cisrank.runtimes.lm_loader import load_causal_lm
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_gpt2_dir, cut)
+    data = (cut / name).read_bytes()
+    (cut / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CisrankError) as err:
+        load_causal_lm(str(cut), torch.device("cpu"), torch.float32)
+    message = str(err.value)
+    assert message.startswith(f"cannot load causal LM '{cut}': its file {name}: ")
+    assert message.endswith(f"(not JSON: truncated or damaged?): restore the folder {cut}")
+    assert "\n" not in message and "pass --model" not in message

@@ -116,3 +116,33 @@ def test_a_causal_lm_folder_is_refused_as_a_bi_encoder(tiny_gpt2_dir, tiny_llama
     r = load_reranker("dense", model=str(embedder))
     scores = r.score(QUERY, PASSAGES[:3])
     assert len(scores) == 3 and all(-1.0 - 1e-6 <= s <= 1.0 + 1e-6 for s in scores)
+
+
+@pytest.mark.parametrize(
+    "name", ["config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json"]
+)
+def test_a_bi_encoder_folder_with_a_cut_json_file_is_named_in_one_line(
+    tiny_bert_dir, tmp_path, name
+):
+    """Issue 61, hole 9 for the bi-encoder loader: a folder of one's own whose tokenizer.json
+    was cut in half was transformers' "Unrecognized processing class" traceback, a cut
+    modules.json a bare JSONDecodeError, naming no file. A sentence-transformers folder (with
+    modules.json and its pooling module's config) is made from the tiny BERT."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
+    from cisrank.errors import CisrankError
+
+    folder = tmp_path / "st"
+    word = models.Transformer(str(tiny_bert_dir))
+    pooling = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[word, pooling], device="cpu").save(str(folder))
+    load_reranker("dense", str(folder))  # the intact folder loads
+    data = (folder / name).read_bytes()
+    (folder / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CisrankError) as raised:
+        load_reranker("dense", str(folder))
+    message = str(raised.value)
+    assert message.startswith(f"cannot load bi-encoder '{folder}': its file {name}: ")
+    assert message.endswith(f"(not JSON: truncated or damaged?): restore the folder {folder}")
+    assert "\n" not in message and "Unrecognized processing class" not in message

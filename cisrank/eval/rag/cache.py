@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cisrank.data.datasets import guarded_json
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_text
 
@@ -47,10 +48,17 @@ def _pair(query: str, text: str) -> str:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise DataError(
             f"{path}: a damaged cache file ({exc}): delete it and rerun with --resume"
+        ) from None
+    try:
+        return guarded_json(text, str(path))
+    except DataError as exc:
+        raise DataError(
+            f"{path}: a damaged cache file ({str(exc).removeprefix(f'{path}: ')}): delete it "
+            "and rerun with --resume"
         ) from None
 
 

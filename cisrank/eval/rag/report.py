@@ -19,6 +19,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from cisrank.data.datasets import json_lines
 from cisrank.eval.metrics import discordant, paired_test
 from cisrank.eval.report import write_metrics_json
 from cisrank.fileio import atomic_write_bytes, atomic_write_text
@@ -222,9 +223,8 @@ def write_per_question(path: Path, records: Sequence[Mapping[str, Any]]) -> Path
 
 
 def read_per_question(path: Path) -> list[dict[str, Any]]:
-    return [
-        json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line
-    ]
+    """The rows of a `per_question.jsonl`, read with the guarded JSON-lines reader."""
+    return [row for _, row in json_lines(Path(path), "per-question")]
 
 
 def plot_rag(path: Path, metrics: Mapping[str, Any], title: str) -> Path:
