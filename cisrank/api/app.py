@@ -228,7 +228,8 @@ def served_app(config: ServerConfig, status: Path, supervisor: int | None = None
     setup_logging()
     hold = None
     if supervisor is not None and os.getpid() != supervisor:
-        die_with_parent(supervisor, config.graceful_timeout_s + 5)
+        grace = config.graceful_timeout_s if config.graceful_timeout_s is not None else 60.0
+        die_with_parent(supervisor, grace + 5)
         hold = _any_worker_ready(status)
     return create_app(
         config, on_loaded=report_loading_to(status), preflight=False, hold_until_loaded=hold

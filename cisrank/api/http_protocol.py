@@ -406,10 +406,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_size > self.guard.max_header_bytes:
             self._refuse_head(f"the request head is {self._head_size} bytes")
             return
-        self.scope[CLIENT_GONE] = ClientGone()  # type: ignore[typeddict-unknown-key]
+        self.scope[CLIENT_GONE] = ClientGone()  # type: ignore[literal-required]
         super().on_headers_complete()
         if self.cycle is not None and not self._refused:
-            self.cycle.send = self._bounded_send(self.cycle)  # type: ignore[method-assign]
+            self.cycle.send = self._bounded_send(self.cycle)  # type: ignore[assignment]
 
     # ---- responses: a budget of bytes in flight and a send timeout
 

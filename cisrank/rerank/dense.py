@@ -142,9 +142,12 @@ class DenseReranker(BaseReranker):
             cache.put_many(self._cache_space, [texts[i] for i in missing], new)
             for i, row in zip(missing, new, strict=True):
                 found[i] = row
-        if not found:
+        rows = [row for row in found if row is not None]
+        if len(rows) != len(found):  # every text is a hit or was embedded just now
+            raise RuntimeError("a passage embedding is missing after the cache was filled")
+        if not rows:
             return np.zeros((0, self.dimensions or 0), dtype=np.float32)
-        return np.stack(found).astype(np.float32, copy=False)
+        return np.stack(rows).astype(np.float32, copy=False)
 
     def score_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
         """All queries in one encode call and all passages in another, so concurrent requests

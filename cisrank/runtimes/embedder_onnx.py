@@ -100,7 +100,7 @@ def _export_onnx(source: Path, out: Path) -> dict[str, Any]:
         )
     modules = list(st)
     first = modules[0]
-    net = getattr(first, "auto_model", None)
+    net: Any = getattr(first, "auto_model", None)
     if net is None or type(first).__name__ != "Transformer":
         raise CisrankError(
             f"'{source}' does not start with a sentence-transformers Transformer module "

@@ -108,8 +108,10 @@ class _PassageCacheCollector(Collector):
             stats = cache.stats()
             total = stats["hits"] + stats["misses"]
             rate.add_metric([name], stats["hits"] / total if total else 0.0)
-            for k, family in (*counters.items(), *gauges.items()):
-                family.add_metric([name], stats[k])
+            for k, counter in counters.items():
+                counter.add_metric([name], stats[k])
+            for k, gauge in gauges.items():
+                gauge.add_metric([name], stats[k])
         yield rate
         yield from counters.values()
         yield from gauges.values()
