@@ -29,8 +29,8 @@ route, before any schema or model sees the body:
   field by its dotted path (`documents.3.text`), the way schema errors name it, located in one
   linear pass over the bytes (`locate_lone_surrogate`).
 
-Every check is linear in the body and runs at C speed (issue 48: two of them were not, and a
-16.6 MB body took 74 s); the route reads a large body in a worker thread, off the event loop.
+Every check is linear in the body and runs at C speed (docs/reliability.md: two of them were not,
+and a 16.6 MB body took 74 s); the route reads a large body in a worker thread, off the event loop.
 
 No web framework here (an import-linter contract): the routes turn `BodyError` into a response.
 """
@@ -364,7 +364,7 @@ def locate_lone_surrogate(raw: bytes) -> BodyError | None:
     an array's index the commas at its level since, an object's key the string before the last
     colon at its level since. It located by halving each container's members with json's
     encoder before, which re-encoded the body once per level of nesting: 3.9 s on a 15 MB body
-    nested 63 deep (issue 48). Every escape counts, also one in a member that a later duplicate
+    nested 63 deep (docs/reliability.md). Every escape counts, also one in a member that a later duplicate
     key overrides (RFC 8259 section 8.2: such text is not valid Unicode)."""
     neutral = _neutral(raw)
     found = _LONE_ESCAPE.search(neutral)

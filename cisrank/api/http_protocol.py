@@ -1,5 +1,5 @@
 """The HTTP connection as `cisrank serve` reads it: a bounded request head, a head deadline and a
-bounded number of connections (issue 48, finding 2).
+bounded number of connections (docs/reliability.md, "Bounds").
 
 Why a protocol of our own: uvicorn's default parser (httptools) reads a request's head without
 any limit. A 128 MiB header was read whole (httptools joins the pieces of a header value one

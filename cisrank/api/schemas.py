@@ -428,7 +428,7 @@ Decoding = Literal["naive", "avg_ens", "replug", "leens", "clehe"]
 MIN_TAU = 1e-4
 """The smallest LeEns/CLeHe temperature served: weights are softmax(-H / tau) over entropies H of
 at most ln(vocabulary) (< 14), so 1e-4 already makes them one-hot; a tau near 5e-324 made them
-NaN (issue 32)."""
+NaN (docs/reliability.md)."""
 MAX_BETA = 100.0
 """The largest CLeHe contrast strength served (the paper uses 0.25; 1e308 gave inf - inf)."""
 

@@ -179,7 +179,7 @@ class LoadWatch(threading.Thread):
     """Watches the workers' reports (`cisrank.api.app.report_loading_to`): says `ready on URL`
     once all `workers` have loaded, and calls `stop` at the first worker whose loading failed
     (its reason is then `failure`). A look that fails for want of descriptors is tried again at
-    the next tick (the thread died of EMFILE under a flood of connections, issue 48)."""
+    the next tick (the thread died of EMFILE under a flood of connections, docs/reliability.md)."""
 
     def __init__(self, folder: Path, workers: int, url: str, stop: Callable[[], None]) -> None:
         super().__init__(name="cisrank-load-watch", daemon=True)

@@ -62,7 +62,7 @@ model card stay behind. A bi-encoder's other modules (`1_Pooling/`, ...) are cop
 `modules.json` lists them."""
 
 MAX_SHIPPED_BYTES = 50_000_000
-"""The repository's bound on shipped weights (issue 45): 50 MB for the whole folder."""
+"""The repository's bound on shipped weights: 50 MB for the whole folder."""
 
 FLOAT16_MAX = 65504.0
 

@@ -353,7 +353,7 @@ def open_prior_store(spec: str | Path) -> PriorStore | PriorTable | TieredPriors
         )
     for store in stores:
         # the SQLite store is a cache created on first use, but only in a folder that exists:
-        # a mistyped path must not leave a tree of empty folders behind (issue 48)
+        # a mistyped path must not leave a tree of empty folders behind
         if not store.exists() and not store.parent.is_dir():
             raise CisrankError(
                 f"prior store '{store}': its folder {store.parent} does not exist: fix the path, "

@@ -19,7 +19,7 @@ Example (JSON)::
                    "max_inflight_cost": 4194304}
     }
 
-Memory and cost bounds (issues 15 and 48): `limits.max_inflight_body_bytes` bounds the request
+Memory and cost bounds (docs/reliability.md, "Bounds"): `limits.max_inflight_body_bytes` bounds the request
 bodies held by one server process at once (503 + Retry-After beyond it, before the body is read),
 a request costs the tokens of its (query, passage) pairs, counted with the model's own tokenizer
 (`cisrank.serving.token_count`; `cisrank.serving.batching.pair_tokens` caps a pair at the model's
