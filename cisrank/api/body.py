@@ -364,8 +364,8 @@ def locate_lone_surrogate(raw: bytes) -> BodyError | None:
     an array's index the commas at its level since, an object's key the string before the last
     colon at its level since. It located by halving each container's members with json's
     encoder before, which re-encoded the body once per level of nesting: 3.9 s on a 15 MB body
-    nested 63 deep (docs/reliability.md). Every escape counts, also one in a member that a later duplicate
-    key overrides (RFC 8259 section 8.2: such text is not valid Unicode)."""
+    nested 63 deep (docs/reliability.md). Every escape counts, also one in a member that a later
+    duplicate key overrides (RFC 8259 section 8.2: such text is not valid Unicode)."""
     neutral = _neutral(raw)
     found = _LONE_ESCAPE.search(neutral)
     if found is None:

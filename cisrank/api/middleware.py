@@ -66,10 +66,11 @@ async def answer_then_drop_body(
 
     Why drop the body instead of closing at once: closing a connection with unread bytes makes
     the kernel reset it, which discards the answer the client has not read yet (47 of 64
-    refused 15 MB uploads saw no answer, bench/RESULTS.md "Memory under 64 concurrent 15 MB bodies"). The rest is read chunk by chunk and never
-    held, at most `max_body_bytes` of it, until it ends, the client hangs up or the body
-    deadline passes (the timed `receive` raises). A client that sent `Expect: 100-continue` has
-    sent no body: answered and closed at once, as is one whose body has `ended` already."""
+    refused 15 MB uploads saw no answer, bench/RESULTS.md "Memory under 64 concurrent 15 MB
+    bodies"). The rest is read chunk by chunk and never held, at most `max_body_bytes` of it, until
+    it ends, the client hangs up or the body deadline passes (the timed `receive` raises). A client
+    that sent `Expect: 100-continue` has sent no body: answered and closed at once, as is one whose
+    body has `ended` already."""
     await send(
         {
             "type": "http.response.start",
@@ -190,8 +191,8 @@ class BodyBytesBudget:
     itself while younger ones keep theirs. Without that, concurrent chunked uploads that
     together pass the budget starved each other: each held part of it and each was refused at
     its next chunk, so 24 concurrent 15 MB uploads got 0 answers where 16 of 24 with a
-    Content-Length were served (docs/reliability.md). Now the oldest are served, as many as fit, as with
-    Content-Length, and every other one is told 503."""
+    Content-Length were served (docs/reliability.md). Now the oldest are served, as many as fit, as
+    with Content-Length, and every other one is told 503."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -279,8 +280,9 @@ class BodyBudgetMiddleware(HttpMiddleware):
     memory stays bounded), at most `max_body_bytes` of it and only until the body deadline of
     `BodyReadTimeoutMiddleware`, and only then is the response ended and the connection closed.
     Closing with the body unread made the kernel reset the connection, which discards the 503
-    the client had not read yet: 47 of 64 concurrent 15 MB uploads saw no answer (bench/RESULTS.md). A
-    client that sent `Expect: 100-continue` has sent no body: its connection closes at once.
+    the client had not read yet: 47 of 64 concurrent 15 MB uploads saw no answer
+    (bench/RESULTS.md). A client that sent `Expect: 100-continue` has sent no body: its connection
+    closes at once.
     """
 
     def __init__(

@@ -155,8 +155,8 @@ REPACK = "pack it again with `cisrank distill pack`"
 def load(path: str | Path) -> TeacherSet:
     """A packed set, every part checked before anything trains on it: its provenance is a JSON
     object, its ids are strings or integers, its ranks integers, each component a column of
-    finite numbers, no cell empty, no (qid, docid) pair twice and at least one pair (docs/reliability.md:
-    each of these was a traceback or trained silently)."""
+    finite numbers, no cell empty, no (qid, docid) pair twice and at least one pair
+    (docs/reliability.md: each of these was a traceback or trained silently)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -116,10 +116,10 @@ def load_teacher_sets(
 
 
 def refuse_degenerate(where: str, per_query: dict[str, list[list[float]]]) -> None:
-    """Refuse, in one line, teacher scores a student cannot learn a ranking from (docs/reliability.md: each
-    trained silently): no pair at all, no query with two passages or more (a single pair
-    included), or a component that scores the passages of every query alike (all its scores
-    equal included). `per_query`: each component's scores, one list per query."""
+    """Refuse, in one line, teacher scores a student cannot learn a ranking from
+    (docs/reliability.md: each trained silently): no pair at all, no query with two passages or
+    more (a single pair included), or a component that scores the passages of every query alike
+    (all its scores equal included). `per_query`: each component's scores, one list per query."""
     lists = next(iter(per_query.values()), [])
     pairs = sum(len(scores) for scores in lists)
     if not pairs:

@@ -4,7 +4,8 @@ A measure is a mean over the judged queries (the qrels), as trec_eval -c compute
 query that the run lacks scores 0. That is right for a system that retrieved nothing, and wrong
 for an evaluation that never ran the query because its topic or its candidates were not given:
 topics cut to 5 of DL19's 43 queries printed "5 queries" and nDCG@10 0.0533, the 38 others
-silently 0; qrels of another query set gave 0.0 everywhere, exit 0 (docs/reliability.md, "Evaluation").
+silently 0; qrels of another query set gave 0.0 everywhere, exit 0 (docs/reliability.md,
+"Evaluation").
 
 So the judged queries that cannot be run (no topic, or no candidates) are named, and by default
 the evaluation is refused; the user may ask to count them 0 (`zero`: the figure of the whole

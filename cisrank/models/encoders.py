@@ -86,8 +86,8 @@ def causal_lm_architecture(folder: Path) -> str | None:
 def refuse_causal_lm(model: str, path: str) -> None:
     """Refuse a causal LM's folder as a bi-encoder. sentence-transformers would load it anyway,
     mean-pooling hidden states nobody trained to be pooled, and the dense reranker would rank
-    with them: plausible-looking cosines that mean nothing (docs/reliability.md). A hub id that is not on
-    this machine is checked by sentence-transformers' own loading, not here."""
+    with them: plausible-looking cosines that mean nothing (docs/reliability.md). A hub id that is
+    not on this machine is checked by sentence-transformers' own loading, not here."""
     folder = Path(path)
     if not folder.is_dir():
         return

@@ -26,8 +26,8 @@ ctime, a copy moves the inode); only the full check sees bytes that rot on the m
 
 A provenance without its checksums (`files` or `provenance_sha256` missing) is damage like any
 other edit of it: every pull writes both, and one that lacks them cannot be told apart from a
-record someone stripped before damaging the weights (docs/reliability.md), so nothing in the folder is
-vouched for; `cisrank models pull NAME` pulls it again and records them. Folders pulled before
+record someone stripped before damaging the weights (docs/reliability.md), so nothing in the folder
+is vouched for; `cisrank models pull NAME` pulls it again and records them. Folders pulled before
 cisrank recorded checksums are such folders, and are re-pulled the same way.
 
 `check_files` is the check itself, for any folder whose record lists its files: the conversion

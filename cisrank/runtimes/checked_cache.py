@@ -4,9 +4,9 @@ itself, and the folder is checked before every load.
 
 Why: a conversion is weights. Zeroing 100 rows of an ONNX export's LM head changed CIS scores
 from [16.514, 0.334, -4.874] to [16.641, 12.665, 0.314] with exit 0, and 1 MiB zeroed in its int8
-body was an `InvalidProtobuf` traceback, the damaged export never made again (docs/reliability.md, "Integrity"). A cache
-can always be made again from its source, so damage here is not refused but repaired: the folder
-is removed and converted again, with one warning naming the damaged file.
+body was an `InvalidProtobuf` traceback, the damaged export never made again (docs/reliability.md,
+"Integrity"). A cache can always be made again from its source, so damage here is not refused but
+repaired: the folder is removed and converted again, with one warning naming the damaged file.
 
 - The record (`cisrank-onnx.json`, `cisrank-ct2.json`) is the conversion's own facts (source,
   fingerprint, shapes) plus `files` and `provenance_sha256`, written last, atomically, into a

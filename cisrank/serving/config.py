@@ -19,11 +19,11 @@ Example (JSON)::
                    "max_inflight_cost": 4194304}
     }
 
-Memory and cost bounds (docs/reliability.md, "Bounds"): `limits.max_inflight_body_bytes` bounds the request
-bodies held by one server process at once (503 + Retry-After beyond it, before the body is read),
-a request costs the tokens of its (query, passage) pairs, counted with the model's own tokenizer
-(`cisrank.serving.token_count`; `cisrank.serving.batching.pair_tokens` caps a pair at the model's
-`max_length`), with `limits.max_request_cost` per request (422 naming `documents`) and
+Memory and cost bounds (docs/reliability.md, "Bounds"): `limits.max_inflight_body_bytes` bounds the
+request bodies held by one server process at once (503 + Retry-After beyond it, before the body is
+read), a request costs the tokens of its (query, passage) pairs, counted with the model's own
+tokenizer (`cisrank.serving.token_count`; `cisrank.serving.batching.pair_tokens` caps a pair at the
+model's `max_length`), with `limits.max_request_cost` per request (422 naming `documents`) and
 `batching.max_inflight_cost` per reranker (503 + Retry-After), and `batching.max_batch_tokens`
 and `batching.max_slice_s` bound one model call so a heavy request is scored in slices
 interleaved with small requests.

@@ -1,4 +1,5 @@
-"""What a request costs, in its reranker's own tokens, before any model work (docs/reliability.md, "Costs known before the work").
+"""What a request costs, in its reranker's own tokens, before any model work (docs/reliability.md,
+"Costs known before the work").
 
 Why not characters / 4, as before: the model thread's time follows tokens, and tokens per
 character vary 25-fold with the script. SmolLM2 reads English at about 0.16-0.25 tokens a
