@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from cisrank.data.datasets import guarded_json
 from cisrank.errors import DataError
-from cisrank.fileio import atomic_write_bytes, atomic_write_text
+from cisrank.fileio import atomic_write_text
 
 MANIFEST = "manifest.json"
 STATE = ".generate-state.json"
@@ -41,10 +41,6 @@ SCHEMA = pa.schema(
 
 def shard_path(out: Path, index: int) -> Path:
     return out / f"shard-{index:05d}.parquet"
-
-
-def write_shard(path: Path, columns: dict[str, list[Any]]) -> None:
-    atomic_write_bytes(path, shard_bytes(columns))
 
 
 def shard_bytes(columns: dict[str, list[Any]]) -> bytes:

@@ -73,11 +73,6 @@ def shipped_model(name: str) -> ShippedModel | None:
     return load_shipped().get(name.strip().lower())
 
 
-def is_shipped_folder(provenance: Mapping[str, Any] | None) -> bool:
-    """Whether a folder's provenance says it ships with cisrank (its remedy is a reinstall)."""
-    return provenance is not None and provenance.get("format") == SHIPPED_FORMAT
-
-
 def student_folder() -> Path:
     """Where the shipped student's files live in this installation."""
     return shipped_root() / "cisrank-student"

@@ -252,13 +252,6 @@ def servable() -> list[RerankerKind[Any, Any]]:
     return sorted((k for k in (NONE, *KINDS.values()) if k.servable), key=lambda k: k.name)
 
 
-def served_with_lm(name: str) -> bool:
-    """Whether a served reranker of kind `name` (a registry kind or a `module:factory` path,
-    which declares nothing) runs a causal LM: `RerankerKind.causal_lm`."""
-    found = NONE if name == NONE.name else KINDS.get(name)
-    return found is not None and found.causal_lm
-
-
 def config_fields(name: str) -> frozenset[str]:
     """The options reranker kind `name` takes (its config's fields; `none` takes none)."""
     return kind_of(name).fields
