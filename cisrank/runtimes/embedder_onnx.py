@@ -37,19 +37,18 @@ import numpy as np
 import torch
 
 from cisrank.errors import CisrankError, ModelNotFoundError, require
-from cisrank.models.resolve import resolve_model
 from cisrank.runtimes.batching import LengthBatcher
 from cisrank.runtimes.embedder import normalized
 from cisrank.runtimes.encoder import Pads, model_input_names
-from cisrank.runtimes.encoder_onnx import first_line, fuse_graph
+from cisrank.runtimes.encoder_onnx import fuse_graph
 from cisrank.runtimes.onnx_export import (
     OPSET,
     PROVENANCE,
-    cached_export,
-    discard,
     export_module,
     import_onnxruntime,
+    local_source,
     make_derived,
+    open_export,
     quantize_dynamic_int8,
 )
 from cisrank.runtimes.table import FEATURE_EXTRACTION, check_compute_type
@@ -223,36 +222,15 @@ class OnnxEmbedder:
         self, model: str, compute_type: str, threads: int, max_length: int | None = None
     ) -> None:
         ort = import_onnxruntime(_FEATURE)
-        path = resolve_model(model)
-        source = Path(path)
-        if not source.is_dir():
-            raise ModelNotFoundError(
-                f"cannot load bi-encoder '{model}': --backend onnx exports a local model "
-                f"folder, and '{path}' is none (pull it first: cisrank models pull)"
-            )
-        for attempt in (1, 2):
-            folder = cached_export(
-                source,
-                _export_onnx,
-                kind=ONNX_KIND,
-                required=(ONNX_MODEL["float32"],),
-                derived=(ONNX_MODEL["int8"],),
-            )
-            try:
-                self._open(ort, folder, compute_type, threads)
-                break
-            except Exception as exc:
-                if attempt == 2:
-                    raise CisrankError(
-                        f"cannot load the ONNX export of bi-encoder '{model}' ({folder}): "
-                        f"{first_line(exc)}"
-                    ) from exc
-                log.warning(
-                    "the ONNX export %s does not load (%s): making it again",
-                    folder,
-                    first_line(exc),
-                )
-                discard(folder)
+        source = local_source(model, "bi-encoder")
+        folder = open_export(
+            source,
+            _export_onnx,
+            lambda f: self._open(ort, f, compute_type, threads),
+            kind=ONNX_KIND,
+            files=ONNX_MODEL,
+            what=f"bi-encoder '{model}'",
+        )
         self.folder = folder
         self.compute_type = compute_type
         positions = self.info.get("max_positions")

@@ -32,18 +32,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from cisrank.errors import CisrankError, ModelNotFoundError, require
-from cisrank.models.resolve import resolve_model
+from cisrank.errors import CisrankError, require
 from cisrank.runtimes.encoder import Pads, default_max_length, model_input_names
 from cisrank.runtimes.encoder_torch import load_cross_encoder
 from cisrank.runtimes.onnx_export import (
     OPSET,
     PROVENANCE,
-    cached_export,
-    discard,
     export_module,
     import_onnxruntime,
+    local_source,
     make_derived,
+    open_export,
     quantize_dynamic_int8,
 )
 from cisrank.runtimes.table import SEQUENCE_CLASSIFICATION, check_compute_type
@@ -202,11 +201,6 @@ def _quantize_onnx(folder: Path) -> None:
     )
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 class OnnxCrossEncoder:
     """A cross-encoder's ONNX export run by ONNX Runtime on the CPU: its session, tokenizer and
     recorded facts (`info`), as an `EncoderBackend`. Exported on first use, quantized when int8
@@ -219,36 +213,15 @@ class OnnxCrossEncoder:
 
     def __init__(self, model: str, compute_type: str, threads: int) -> None:
         ort = import_onnxruntime(_ONNX_FEATURE)
-        path = resolve_model(model)
-        source = Path(path)
-        if not source.is_dir():
-            raise ModelNotFoundError(
-                f"cannot load cross-encoder '{model}': --backend onnx exports a local model "
-                f"folder, and '{path}' is none (pull it first: cisrank models pull)"
-            )
-        for attempt in (1, 2):
-            folder = cached_export(
-                source,
-                _export_onnx,
-                kind=ONNX_KIND,
-                required=(ONNX_MODEL["float32"],),
-                derived=(ONNX_MODEL["int8"],),
-            )
-            try:
-                self._open(ort, folder, compute_type, threads)
-                break
-            except Exception as exc:
-                if attempt == 2:
-                    raise CisrankError(
-                        f"cannot load the ONNX export of cross-encoder '{model}' ({folder}): "
-                        f"{first_line(exc)}"
-                    ) from exc
-                log.warning(
-                    "the ONNX export %s does not load (%s): making it again",
-                    folder,
-                    first_line(exc),
-                )
-                discard(folder)
+        source = local_source(model, "cross-encoder")
+        folder = open_export(
+            source,
+            _export_onnx,
+            lambda f: self._open(ort, f, compute_type, threads),
+            kind=ONNX_KIND,
+            files=ONNX_MODEL,
+            what=f"cross-encoder '{model}'",
+        )
         self.folder = folder
         self.compute_type = compute_type
         self.max_length = int(self.info["max_length"])

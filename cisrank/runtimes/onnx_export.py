@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from cisrank import env
-from cisrank.errors import CisrankError, MissingExtraError, require
+from cisrank.errors import CisrankError, MissingExtraError, ModelNotFoundError, require
+from cisrank.models.resolve import resolve_model
 from cisrank.runtimes import checked_cache
 from cisrank.runtimes.lm import folder_key
 
@@ -95,6 +96,55 @@ def cached_export(
         final, PROVENANCE, convert, required=required, derived=derived, what="ONNX export"
     )
     return final
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def local_source(model: str, what: str) -> Path:
+    """The local folder `--backend onnx` exports for `model` (a name resolved, a pull checked);
+    a hub id with no folder here is refused in one line naming `what` the model is."""
+    path = resolve_model(model)
+    source = Path(path)
+    if not source.is_dir():
+        raise ModelNotFoundError(
+            f"cannot load {what} '{model}': --backend onnx exports a local model "
+            f"folder, and '{path}' is none (pull it first: cisrank models pull)"
+        )
+    return source
+
+
+def open_export(
+    source: Path,
+    export: Callable[[Path, Path], Mapping[str, Any]],
+    open_: Callable[[Path], None],
+    *,
+    kind: str,
+    files: Mapping[str, str],
+    what: str,
+) -> Path:
+    """The export folder of `source` (`cached_export`, its `files` by compute type: float32's
+    required, the others derived), opened by `open_`. An intact export that still does not open
+    is discarded and made once more; a second failure is one line naming `what` and the folder."""
+    required = tuple(v for k, v in files.items() if k == "float32")
+    derived = tuple(v for k, v in files.items() if k != "float32")
+    for attempt in (1, 2):
+        folder = cached_export(source, export, kind=kind, required=required, derived=derived)
+        try:
+            open_(folder)
+            return folder
+        except Exception as exc:
+            if attempt == 2:
+                raise CisrankError(
+                    f"cannot load the ONNX export of {what} ({folder}): {first_line(exc)}"
+                ) from exc
+            log.warning(
+                "the ONNX export %s does not load (%s): making it again", folder, first_line(exc)
+            )
+            discard(folder)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def make_derived(folder: Path, name: str, make: Callable[[], None]) -> None:
