@@ -27,7 +27,6 @@ embeds it.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,12 +42,11 @@ from cisrank.runtimes.encoder import Pads, model_input_names
 from cisrank.runtimes.encoder_onnx import fuse_graph
 from cisrank.runtimes.onnx_export import (
     OPSET,
-    PROVENANCE,
     export_module,
     import_onnxruntime,
     local_source,
-    make_derived,
     open_export,
+    open_session,
     quantize_dynamic_int8,
 )
 from cisrank.runtimes.table import FEATURE_EXTRACTION, check_compute_type
@@ -247,27 +245,17 @@ class OnnxEmbedder:
     def _open(self, ort: Any, folder: Path, compute_type: str, threads: int) -> None:
         from transformers import AutoTokenizer
 
-        self.info = json.loads((folder / PROVENANCE).read_text())
-        if self.info.get("kind") != ONNX_KIND:
-            raise CisrankError(f"{folder} holds no bi-encoder export")
-        if self.info.get("format") != EXPORT_FORMAT:
-            raise CisrankError(
-                f"{folder} is an export of format {self.info.get('format')}, not {EXPORT_FORMAT}"
-            )
-        if compute_type == "int8":  # made once, recorded and checked with the export
-
-            def quantize() -> None:
-                log.info("quantizing %s to int8 (once)", folder)
-                _quantize_onnx(folder)
-
-            make_derived(folder, ONNX_MODEL["int8"], quantize)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / ONNX_TOKENIZER))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            str(folder / ONNX_MODEL[compute_type]), options, providers=["CPUExecutionProvider"]
+        self.info, self.session = open_session(
+            ort,
+            folder,
+            compute_type,
+            threads,
+            kind=ONNX_KIND,
+            export_format=EXPORT_FORMAT,
+            files=ONNX_MODEL,
+            quantize=_quantize_onnx,
         )
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / ONNX_TOKENIZER))
         self.inputs = {i.name for i in self.session.get_inputs()}
 
     def embed(self, texts: Sequence[str], batch_size: int) -> np.ndarray:

@@ -25,6 +25,7 @@ the same way:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -145,6 +146,44 @@ def open_export(
             )
             discard(folder)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def open_session(
+    ort: Any,
+    folder: Path,
+    compute_type: str,
+    threads: int,
+    *,
+    kind: str,
+    export_format: int,
+    files: Mapping[str, str],
+    quantize: Callable[[Path], None],
+) -> tuple[dict[str, Any], Any]:
+    """An export's recorded facts and an ONNX Runtime CPU session on its graph for
+    `compute_type` (int8 quantized from float32 once, recorded and checked with the export), on
+    `threads` intra-op threads; an export of another kind or format is refused."""
+    info: dict[str, Any] = json.loads((folder / PROVENANCE).read_text())
+    if info.get("kind") != kind:
+        raise CisrankError(f"{folder} holds no {kind} export")
+    if info.get("format") != export_format:
+        raise CisrankError(
+            f"{folder} is an export of format {info.get('format', 1)}, not {export_format} "
+            "(an older cisrank made it)"
+        )
+    if compute_type == "int8":
+
+        def make() -> None:
+            log.info("quantizing %s to int8 (once)", folder)
+            quantize(folder)
+
+        make_derived(folder, files["int8"], make)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(
+        str(folder / files[compute_type]), options, providers=["CPUExecutionProvider"]
+    )
+    return info, session
 
 
 def make_derived(folder: Path, name: str, make: Callable[[], None]) -> None:
