@@ -167,7 +167,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=FLAGS",
-        help="a variant of the recipe defined here ('cross=--student cross-encoder'); repeat",
+        help="a variant of the recipe defined here ('bi=--student bi'); repeat",
     )
     ap.add_argument("--seeds", nargs="+", type=int, default=[12, 13, 14])
     ap.add_argument("--parallel", type=int, default=1)
