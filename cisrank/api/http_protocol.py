@@ -59,7 +59,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from cisrank.api.middleware import CLIENT_GONE, ClientGone
+from cisrank.api.middleware import CLIENT_GONE, ByteBudget, ClientGone
 from cisrank.api.schemas import ErrorBody, FieldError
 from cisrank.serving.config import ServerConfig
 
@@ -138,23 +138,9 @@ SEND_SLICE = 64 * 1024
 that does not read holds at most a slice and the transport's high-water mark in its buffers."""
 
 
-class ResponseBudget:
+class ResponseBudget(ByteBudget):
     """Bytes of response bodies over `SEND_SLICE` that this process holds while their clients
-    read them. One per process and limit (every connection of a process has the same limits);
-    used from the event loop's thread only."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, n: int) -> bool:
-        if self.used + n > self.limit:
-            return False
-        self.used += n
-        return True
-
-    def give(self, n: int) -> None:
-        self.used -= n
+    read them. One per process and limit (every connection of a process has the same limits)."""
 
 
 _budgets: dict[int, ResponseBudget] = {}

@@ -180,7 +180,27 @@ class _Streamed:
         self.evicted = asyncio.Event()
 
 
-class BodyBytesBudget:
+class ByteBudget:
+    """Bytes held at once against a limit; used from the event loop's thread only, so plain
+    integers suffice. Request bodies (`BodyBytesBudget`) and responses in flight
+    (`cisrank.api.http_protocol.ResponseBudget`) each keep one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        """Reserve `n` bytes; False (nothing reserved) when that would go over the limit."""
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+class BodyBytesBudget(ByteBudget):
     """Bytes of request bodies this process holds at once. One per app, used only from the
     event loop's thread, so plain integers suffice.
 
@@ -195,20 +215,9 @@ class BodyBytesBudget:
     with Content-Length, and every other one is told 503."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
+        super().__init__(limit)
         self._streams: dict[int, _Streamed] = {}
         self._seq = 0
-
-    def take(self, n: int) -> bool:
-        """Reserve `n` bytes; False (nothing reserved) when that would go over the limit."""
-        if self.used + n > self.limit:
-            return False
-        self.used += n
-        return True
-
-    def give(self, n: int) -> None:
-        self.used -= n
 
     def stream(self) -> _Streamed:
         """A streamed body starts: it holds nothing yet, and is the youngest."""
