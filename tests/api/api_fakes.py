@@ -8,6 +8,7 @@ calls the batcher makes. `slow_reranker` is also loaded by a real uvicorn subpro
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -164,3 +165,24 @@ def config_for(names, **changes) -> ServerConfig:
 def broken_reranker(model: str | None = None, **options):
     """Factory for a uvicorn subprocess: a model whose weights cannot be read."""
     raise OSError(f"cannot read the weights of '{model or 'broken'}': the file is truncated")
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of one HTTP/1.1 response with a Content-Length."""
+    sock.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed before a response: {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+    while len(rest) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, headers, rest

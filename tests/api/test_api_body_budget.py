@@ -13,34 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import httpx
-from api_fakes import OverlapReranker, config_for
+from api_fakes import OverlapReranker, config_for, read_response
 
 from cisrank.api.app import create_app
 from cisrank.serving.config import BatchingConfig, Limits
 
 DOCS = ["word " * 6000] * 3  # 90,000 characters
 BODY = json.dumps({"query": "word", "documents": DOCS}).encode()  # 90,042 bytes
-
-
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and body of one HTTP/1.1 response with a Content-Length."""
-    sock.settimeout(5)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise AssertionError(f"connection closed before a response: {data!r}")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
-    while len(rest) < int(headers.get("content-length", "0")):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return status, headers, rest
 
 
 def _head(path: str, extra: str) -> bytes:
@@ -77,7 +56,7 @@ def test_bodies_over_the_inflight_budget_get_503_before_they_are_read(live_serve
         # a third declares 90 KB: refused up front; not a byte of its body is ever sent
         with socket.create_connection((host, port)) as sock:
             sock.sendall(_head("/v1/rerank", f"Content-Length: {len(BODY)}\r\n"))
-            status, headers, body = _read_response(sock)
+            status, headers, body = read_response(sock)
         assert status == 503, body
         assert headers["retry-after"] == "4"
         assert headers["content-type"] == "application/json"
@@ -91,7 +70,7 @@ def test_bodies_over_the_inflight_budget_get_503_before_they_are_read(live_serve
             piece = BODY[:10_000]
             for _ in range(8):
                 sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-            status, headers, body = _read_response(sock)
+            status, headers, body = read_response(sock)
         assert status == 503, body
         assert headers["retry-after"] == "4" and json.loads(body)["error"] == "overloaded"
 

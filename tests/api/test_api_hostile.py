@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 import uvicorn
-from api_fakes import OverlapReranker, config_for
+from api_fakes import OverlapReranker, config_for, read_response
 
 from cisrank.api.app import create_app
 from cisrank.api.http_protocol import (
@@ -32,27 +32,6 @@ from cisrank.serving.config import BatchingConfig, Limits
 KEY = "hostile-test-key-0123"
 DOCS = ["word " * 6000] * 3  # 90,000 characters
 BODY = json.dumps({"query": "word", "documents": DOCS}).encode()  # 90,042 bytes
-
-
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and body of one HTTP/1.1 response with a Content-Length."""
-    sock.settimeout(5)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise AssertionError(f"connection closed before a response: {data!r}")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
-    while len(rest) < int(headers.get("content-length", "0")):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return status, headers, rest
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -85,7 +64,7 @@ def test_clients_without_a_key_get_401_from_the_head_and_reserve_no_body_budget(
             attackers.append(sock)
             sock.sendall((head + auth + "\r\n").encode() + BODY[:100])
             # answered from the head: 90 KB declared, 100 bytes sent, the 401 is already there
-            status, headers, body = _read_response(sock)
+            status, headers, body = read_response(sock)
             assert status == 401, body
             assert headers["www-authenticate"] == "Bearer"
             assert headers["connection"] == "close"
@@ -284,7 +263,7 @@ def test_responses_in_flight_are_bounded_and_a_client_that_stops_reading_is_cut(
             time.sleep(0.02)
         with socket.create_connection(("127.0.0.1", port)) as second:
             second.sendall(request)
-            status, headers, answer = _read_response(second)
+            status, headers, answer = read_response(second)
         assert status == 503 and headers["retry-after"] == "1", answer[:300]
         error = json.loads(answer)
         assert error["error"] == "overloaded"
