@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from cisrank.api.app import create_app
+from cisrank.api.http_protocol import ConnectionLimits, GuardedHttpToolsProtocol
 
 # The fakes module is imported by name here and, through PYTHONPATH, by server subprocesses.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -84,3 +88,30 @@ def live_server():
     for server, thread in servers:
         server.should_exit = True
         thread.join(20)
+
+
+@pytest.fixture
+def guarded_app():
+    """`guarded_app(app, **limits)` -> the port of `app` under an in-process uvicorn with `cisrank
+    serve`'s connection protocol (the guarded httptools one; `limits` are `ConnectionLimits`)."""
+    servers = []
+
+    def start(app, lifespan: str = "auto", **limits) -> int:
+        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits(**limits))
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, http=protocol, lifespan=lifespan, log_config=None
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        return server.servers[0].sockets[0].getsockname()[1]
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)

@@ -22,11 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from cisrank.api.http_protocol import (
-    ConnectionLimits,
-    GuardedHttpToolsProtocol,
     accept_backlog,
     connection_cap,
 )
@@ -232,29 +229,9 @@ class _Echo:
 
 
 @pytest.fixture
-def guarded():
+def guarded(guarded_app):
     """`guarded(**limits)` -> the port of an in-process uvicorn with the guarded protocol."""
-    servers = []
-
-    def start(**limits) -> int:
-        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits(**limits))
-        config = uvicorn.Config(
-            _Echo(), host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-        return server.servers[0].sockets[0].getsockname()[1]
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(10)
+    return lambda **limits: guarded_app(_Echo(), lifespan="off", **limits)
 
 
 def test_a_stalled_head_gets_408_and_an_idle_connection_is_closed(guarded):

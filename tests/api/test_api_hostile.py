@@ -17,14 +17,10 @@ import time
 from urllib.parse import urlparse
 
 import httpx
-import pytest
-import uvicorn
 from api_fakes import OverlapReranker, config_for, read_response
 
 from cisrank.api.app import create_app
 from cisrank.api.http_protocol import (
-    ConnectionLimits,
-    GuardedHttpToolsProtocol,
     response_budget,
 )
 from cisrank.serving.config import BatchingConfig, Limits
@@ -116,31 +112,6 @@ def test_a_trailing_slash_is_served_never_redirected_to_the_host_header(make_cli
     )
     r = client.post("/v1/nothing/", json=body, headers=evil)
     assert r.status_code == 404 and "location" not in r.headers
-
-
-@pytest.fixture
-def guarded_app():
-    """`guarded_app(app)` -> the port of `app` under an in-process uvicorn with `cisrank serve`'s
-    connection protocol (the guarded httptools one, default limits)."""
-    servers = []
-
-    def start(app, **limits) -> int:
-        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits(**limits))
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, http=protocol, log_config=None)
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-        return server.servers[0].sockets[0].getsockname()[1]
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _metric(app, name: str) -> float:
