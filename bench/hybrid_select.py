@@ -1,8 +1,8 @@
 """Choose the hybrid's fusion on DL21, then report it on DL19 untouched by the choice.
 
 Inputs are the run files `cisrank eval` wrote (the reranked top 100 with raw scores, and the
-first stage, which enters as its rank, `cisrank.data.fusion.input_order`): fusing them with
-`cisrank.data.fusion.fuse_runs` ranks exactly as
+first stage, which enters as its rank, `cisrank.fusion.input_order`): fusing them with
+`cisrank.fusion.fuse_runs` ranks exactly as
 `cisrank eval --reranker hybrid --fuse ... --fusion ...` does (tests/rerank/test_hybrid.py), so
 the grid costs seconds instead of a model pass per point. The grid: linear fusion of min-max or
 z-scored scores and weighted RRF, over CIS with dense, with the first stage, and with both;
@@ -31,11 +31,11 @@ from typing import Any
 from common import dl19_dir, write_result
 
 from cisrank.data.datasets import load_folder
-from cisrank.data.fusion import fuse_runs, input_order
 from cisrank.data.runs import Run
 from cisrank.env import data_dir
 from cisrank.eval import metrics as M
 from cisrank.eval.pipeline import first_stage_run
+from cisrank.fusion import fuse_runs, input_order
 
 FIRST_STAGE = "first-stage"
 MEASURES = ("nDCG@10", "RR(rel=2)@10", "R(rel=2)@100")

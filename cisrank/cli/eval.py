@@ -32,6 +32,7 @@ from cisrank.cli.options import (
 )
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
+from cisrank.fusion import RRF_K
 from cisrank.rerank.spec import RerankerSpec
 from cisrank.workers import WorkerOptions
 
@@ -230,7 +231,7 @@ def eval_fuse(
     normalize: Annotated[
         str, typer.Option("--fusion-normalize", help="linear: minmax or zscore per query.")
     ] = "minmax",
-    rrf_k: Annotated[float, typer.Option("--rrf-k", min=0.0, help="RRF's k.")] = 60.0,
+    rrf_k: Annotated[float, typer.Option("--rrf-k", min=0.0, help="RRF's k.")] = RRF_K,
     depth: DepthOpt = 100,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Folder for run.trec and metrics.json.")
@@ -297,8 +298,8 @@ def _fuse_saved(
 ) -> Run:
     """The runs `--fuse` names, fused as the hybrid reranker fuses its components (the first
     stage in its input order, as the hybrid sees the candidates)."""
-    from cisrank.data.fusion import fuse_runs, input_order, parse_weights
     from cisrank.eval.pipeline import FIRST_STAGE
+    from cisrank.fusion import fuse_runs, input_order, parse_weights
 
     try:
         weights = parse_weights(fuse)

@@ -79,8 +79,8 @@ def load_teacher_sets(
     """Per query of committed teacher sets (`distill.teacher_set`): text joined back by id, and
     labels fused from the named components (per-query normalized, weighted sum; the first
     component alone when `fuse_spec` is None)."""
-    from cisrank.data.fusion import fuse, parse_weights
     from cisrank.distill import teacher_set as TS
+    from cisrank.fusion import fuse, parse_weights
 
     queries: list[dict[str, Any]] = []
     for path in paths:

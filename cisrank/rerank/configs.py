@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from cisrank.config import ComponentConfig, Flag
-from cisrank.data.fusion import RRF_K, parse_weights
+from cisrank.fusion import RRF_K, Method, Normalization, parse_weights
 from cisrank.lm.prompts import resolve_forward, resolve_reverse
 from cisrank.runtimes.table import (
     DYNAMIC_INT8_CPU_BATCH_SIZE,
@@ -400,11 +400,11 @@ class HybridRerankerConfig(ComponentConfig):
         "by 5-fold cross-validation (bench/hybrid_select.py --cv 5; CV nDCG@10 0.5448 at depth "
         "20, DL19 0.6074 at depth 20, bench/RESULTS.md).",
     )
-    fusion: Annotated[Literal["linear", "rrf"], Flag()] = Field(
+    fusion: Annotated[Method, Flag()] = Field(
         default="linear",
         description="linear: weighted sum of per-query normalized scores; rrf: sum of w/(k+rank).",
     )
-    fusion_normalize: Literal["minmax", "zscore"] = Field(
+    fusion_normalize: Normalization = Field(
         default="minmax", description="Per-query normalization of linear fusion."
     )
     rrf_k: float = Field(default=RRF_K, ge=0.0, description="RRF's k.")

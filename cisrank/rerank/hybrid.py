@@ -5,7 +5,7 @@ differently. A causal LM's likelihood ratio knows whether a passage *answers* th
 noisy across passages of different length and style; a bi-encoder's cosine measures topical
 similarity; the first stage (BM25) holds exact term matches. Fusing per query lets each correct the
 others where they err. The fusion itself (per-query normalized interpolation or RRF) lives in
-`cisrank.data.fusion`, shared with `bench/hybrid_select.py`, which chooses the weights on DL21 runs.
+`cisrank.fusion`, shared with `bench/hybrid_select.py`, which chooses the weights on DL21 runs.
 
 The first stage enters by its order only: a reranker receives passages, not first-stage scores,
 so component `first-stage` scores passage i of n as n - i (the input order, which is the BM25
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from cisrank.data.fusion import fuse, parse_weights
 from cisrank.errors import CisrankError
+from cisrank.fusion import fuse, parse_weights
 from cisrank.rerank.base import CombiningReranker, IdentityReranker, Part, Request, Reranker
 from cisrank.rerank.configs import HybridRerankerConfig
 

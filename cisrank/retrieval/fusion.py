@@ -1,8 +1,8 @@
-"""Hybrid retrieval by reciprocal-rank fusion (Cormack, Clarke and Büttcher, SIGIR 2009).
+"""Hybrid retrieval: several first stages fused by reciprocal-rank fusion (`cisrank.fusion.rrf`)
+over each one's top `depth`.
 
-`RRF(d) = sum over runs r of 1 / (k + rank_r(d))`, rank starting at 1, over each run's top `depth`.
 Only ranks are used, so BM25 scores and cosine similarities need no calibration against each
-other; `k` (60 in the paper) damps the weight of the very top ranks.
+other.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pydantic import Field
 from cisrank.config import ComponentConfig
 from cisrank.data.types import SearchHit
 from cisrank.errors import CisrankError
+from cisrank.fusion import RRF_K, rrf
 from cisrank.retrieval.base import DocumentStore, Retriever
 
 
@@ -23,22 +24,8 @@ class FusionConfig(ComponentConfig):
 
     label: ClassVar[str] = "fusion"
 
-    k: float = Field(default=60.0, ge=0.0, description="RRF's k constant (60 in the paper).")
+    k: float = Field(default=RRF_K, ge=0.0, description="RRF's k constant (60 in the paper).")
     depth: int = Field(default=100, ge=1, description="Hits per index fed into fusion.")
-
-
-def rrf(rankings: Sequence[Sequence[str]], k: float | None = None) -> list[tuple[str, float]]:
-    """Fuse ranked docid lists; best first, ties broken by first appearance across the runs."""
-    if k is None:
-        k = FusionConfig().k
-    if k < 0:
-        raise CisrankError(f"RRF k must be >= 0, got {k}")
-    scores: dict[str, float] = {}
-    for ranking in rankings:
-        for rank, docid in enumerate(ranking, 1):
-            scores[docid] = scores.get(docid, 0.0) + 1.0 / (k + rank)
-    order = {d: i for i, d in enumerate(scores)}
-    return sorted(scores.items(), key=lambda p: (-p[1], order[p[0]]))
 
 
 class FusionRetriever:

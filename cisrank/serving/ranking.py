@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cisrank.data.types import rank_order
+from cisrank.fusion import minmax, sigmoid
 from cisrank.rerank.base import Reranker
 from cisrank.serving.engine import (
     Serving,
@@ -57,15 +58,13 @@ log = logging.getLogger(__name__)
 
 
 def normalize_scores(scores: Sequence[float], how: str) -> list[float]:
-    """Opt-in normalization; `none` keeps raw scores (CIS is a log-ratio, not a probability)."""
+    """Opt-in normalization; `none` keeps raw scores (CIS is a log-ratio, not a probability).
+    Min-max over one request's scores shows a list it cannot spread as all 1 (all as good as
+    the best)."""
     if how == "sigmoid":
-        return [
-            1.0 / (1.0 + math.exp(-s)) if s >= 0 else math.exp(s) / (1.0 + math.exp(s))
-            for s in scores
-        ]
+        return sigmoid(scores)
     if how == "minmax":
-        lo, hi = min(scores), max(scores)
-        return [1.0 if hi == lo else (s - lo) / (hi - lo) for s in scores]
+        return minmax(scores, constant=1.0)
     return list(scores)
 
 

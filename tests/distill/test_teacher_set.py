@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from cisrank.data.fusion import fuse
 from cisrank.distill import teacher_set as TS
 from cisrank.distill.config import TrainConfig
 from cisrank.distill.generate import generate
@@ -16,6 +15,7 @@ from cisrank.distill.sources import load_source
 from cisrank.distill.teachers import load_teacher
 from cisrank.distill.train import load_teacher_sets, train
 from cisrank.errors import DataError
+from cisrank.fusion import fuse
 
 
 def _component(source, tmp_path, name, score):

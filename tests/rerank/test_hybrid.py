@@ -6,9 +6,9 @@ import pytest
 from builders import hit, write_folder
 
 from cisrank.data.datasets import load_folder
-from cisrank.data.fusion import fuse, fuse_runs, input_order, normalize, parse_weights, ranks
 from cisrank.errors import CisrankError
 from cisrank.eval.pipeline import RERANKED, first_stage_run, run_eval
+from cisrank.fusion import fuse, fuse_runs, input_order, normalize, parse_weights, ranks
 from cisrank.rerank import load_reranker
 from cisrank.rerank.base import BaseReranker, IdentityReranker
 from cisrank.rerank.hybrid import HybridReranker

@@ -3,7 +3,8 @@
 import pytest
 
 from cisrank.data.types import SearchHit
-from cisrank.retrieval.fusion import FusionRetriever, rrf
+from cisrank.fusion import rrf
+from cisrank.retrieval.fusion import FusionRetriever
 
 
 def test_rrf_matches_hand_computation():
