@@ -19,8 +19,8 @@ import sys
 from common import interleaved, machine, report
 
 from cisrank.data.datasets import load_named
+from cisrank.jobs.pool import WorkerOptions, cores, set_threads
 from cisrank.rerank.pooled import load_on_workers
-from cisrank.workers import WorkerOptions, cores, set_threads
 
 
 def main(argv: list[str] | None = None) -> int:

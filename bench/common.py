@@ -117,7 +117,7 @@ def interleaved(
     on) over the same queries' first-stage top `depth`, `queries_per_call` queries to a
     `score_batch` call (`cisrank eval` gives 8), the order of the rerankers rotated call by call
     so that load from other processes hits every one alike."""
-    from cisrank.workers import set_threads
+    from cisrank.jobs.pool import set_threads
 
     names = list(rerankers)
     seconds = dict.fromkeys(names, 0.0)

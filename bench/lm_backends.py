@@ -27,9 +27,9 @@ from common import cpu_flags, write_result
 from cisrank.data.datasets import load_named
 from cisrank.data.runs import Run
 from cisrank.eval import metrics as M
+from cisrank.jobs.pool import set_threads
 from cisrank.lm.backends import load_engine
 from cisrank.rerank.cis import CISReranker
-from cisrank.workers import set_threads
 
 DEFAULT = (
     "torch:float32",

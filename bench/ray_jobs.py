@@ -31,7 +31,7 @@ from common import GPT2_VOCAB, dl19_dir, machine, write_result
 from cisrank import testing
 from cisrank.data.datasets import load_folder
 from cisrank.indexes.build import build_index
-from cisrank.ray_engine import RayOptions
+from cisrank.jobs.ray import RayOptions
 
 
 def corpus_file(folder: Path, n: int) -> tuple[Path, list[str]]:

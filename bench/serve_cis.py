@@ -22,7 +22,7 @@ import httpx
 from common import dl19_dir, write_result
 from load import dl19_requests, free_port, start_server, wait_ready
 
-from cisrank.workers import cores
+from cisrank.jobs.pool import cores
 
 
 def config(model: str, workers: int | None, threads: int | None) -> dict:

@@ -31,8 +31,8 @@ from common import add_tag_option, interleaved, machine, report, result_name
 from cisrank.data.datasets import load_named
 from cisrank.devices import cpu_has_native_bf16
 from cisrank.eval.pipeline import QUERIES_PER_CALL
+from cisrank.jobs.pool import WorkerOptions
 from cisrank.rerank.pooled import load_on_workers
-from cisrank.workers import WorkerOptions
 
 CIS = "CIS reverse, torch float32"
 CIS_BF16 = "CIS reverse, torch bf16 (the default on this CPU)"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common import add_tag_option, dl19_dir, report, result_name
 
-from cisrank.workers import cores
+from cisrank.jobs.pool import cores
 
 # The README's three documents.
 PASSAGES = [

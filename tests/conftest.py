@@ -44,7 +44,7 @@ def _thread_baseline() -> tuple[int, dict[str, str | None]]:
     fixture changed them."""
     import torch
 
-    from cisrank.workers import THREAD_ENV
+    from cisrank.jobs.pool import THREAD_ENV
 
     return torch.get_num_threads(), {name: os.environ.get(name) for name in THREAD_ENV}
 

@@ -98,8 +98,8 @@ def build(root: Path, engines: tuple[str, ...] = ("local", "ray")) -> None:
     from cisrank.distill.sources import from_triples
     from cisrank.distill.teachers import TeacherSpec
     from cisrank.indexes.build import build_index
-    from cisrank.ray_engine import RayOptions
-    from cisrank.workers import WorkerOptions
+    from cisrank.jobs.pool import WorkerOptions
+    from cisrank.jobs.ray import RayOptions
 
     src = write_sources(root / "src")
     two = RayOptions(actors=2, num_cpus=1)

@@ -16,8 +16,8 @@ from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.distill.config import RunPlan, SynthConfig, TrainConfig
 from cisrank.distill.teachers import TeacherSpec, teacher_kind, teacher_list
 from cisrank.distill.trainset import EXCLUDED_SETS, POOL_SETS
+from cisrank.jobs.pool import WorkerOptions
 from cisrank.rerank.registry import CIS
-from cisrank.workers import WorkerOptions
 
 distill_app = typer.Typer(
     help="Distil a teacher (CIS by default) into a BERT cross-encoder: score pairs, train, "
@@ -224,7 +224,7 @@ def _teacher_on(
     """The teacher as `generate` takes it, and the worker pool that scores: each Ray actor or
     worker builds its own teacher from the spec; alone, it is built now, on this process's
     threads. A teacher that reads its scores from a file has no model to spread: one worker."""
-    from cisrank.workers import for_device, set_threads
+    from cisrank.jobs.pool import for_device, set_threads
 
     pool = for_device(workers, device)
     if teacher_kind(spec.name).reads_file:

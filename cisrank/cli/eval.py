@@ -33,8 +33,8 @@ from cisrank.cli.options import (
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.errors import CisrankError
 from cisrank.fusion import RRF_K
+from cisrank.jobs.pool import WorkerOptions
 from cisrank.rerank.spec import RerankerSpec
-from cisrank.workers import WorkerOptions
 
 if TYPE_CHECKING:
     from cisrank.data.runs import Run

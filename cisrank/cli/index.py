@@ -22,10 +22,10 @@ from cisrank.cli.defaults import config_flag
 from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
 from cisrank.indexes.kinds import KINDS
 from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
+from cisrank.jobs.pool import WorkerOptions
 from cisrank.retrieval.bm25 import BM25IndexConfig
 from cisrank.retrieval.dense import DenseIndexConfig
 from cisrank.retrieval.lucene import LuceneIndexConfig
-from cisrank.workers import WorkerOptions
 
 index_app = typer.Typer(
     help=f"Offline index build jobs ({', '.join(KINDS)}) and their manifests.",
@@ -217,7 +217,7 @@ def build_prior(
 
         raise CisrankError("--shard-size needs --engine ray")
     params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype, "backend": backend}
-    from cisrank.workers import for_device, set_threads
+    from cisrank.jobs.pool import for_device, set_threads
 
     pool = for_device(workers, device)
     set_threads(pool.threads_per_worker)

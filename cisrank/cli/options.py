@@ -27,8 +27,8 @@ import typer
 from cisrank.rerank.registry import KINDS, available, default_model
 
 if TYPE_CHECKING:
-    from cisrank.ray_engine import RayOptions
-    from cisrank.workers import WorkerOptions
+    from cisrank.jobs.pool import WorkerOptions
+    from cisrank.jobs.ray import RayOptions
 
 Built = TypeVar("Built")
 Command = TypeVar("Command", bound=Callable[..., None])
@@ -241,7 +241,7 @@ def engine_options(
     """The engine and its Ray options from the CLI flags; a Ray flag without `--engine ray` is
     an error rather than silently ignored."""
     from cisrank.errors import CisrankError
-    from cisrank.ray_engine import RayOptions, check_engine
+    from cisrank.jobs.ray import RayOptions, check_engine
 
     name = check_engine(engine)
     if name == "local":
@@ -275,7 +275,7 @@ ENGINE_FLAGS = FlagGroup(_EngineFlags, engine_options)
 """The offline jobs' engine (`index build prior | dense`, `distill generate`)."""
 
 
-# One process per core for model work (`cisrank.workers`): eval, rerank, distill generate,
+# One process per core for model work (`cisrank.jobs.pool`): eval, rerank, distill generate,
 # index build prior.
 WorkersOpt = Annotated[
     int | None,
@@ -298,8 +298,8 @@ ThreadsPerWorkerOpt = Annotated[
 
 
 def worker_options(workers: int | None, threads_per_worker: int | None) -> WorkerOptions:
-    """The flags as `cisrank.workers.WorkerOptions` (its defaults where a flag is left out)."""
-    from cisrank.workers import WorkerOptions
+    """The flags as `cisrank.jobs.pool.WorkerOptions` (its defaults where a flag is left out)."""
+    from cisrank.jobs.pool import WorkerOptions
 
     default = WorkerOptions()
     return WorkerOptions(

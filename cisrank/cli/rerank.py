@@ -21,7 +21,7 @@ from cisrank.cli.options import (
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.cli.tables import print_ranking
 from cisrank.errors import CisrankError
-from cisrank.workers import WorkerOptions
+from cisrank.jobs.pool import WorkerOptions
 
 
 def _read_passages(path: Path) -> tuple[list[str], list[str]]:

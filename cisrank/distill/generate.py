@@ -4,7 +4,7 @@ Safe to interrupt: shards are written whole, and a rerun with the same source an
 the shards that exist. A rerun with a different source or teacher refuses to mix the two unless
 told to `overwrite`.
 
-The shards run on the shard runner (`cisrank.data.shard_runner`): in this process, on a pool of
+The shards run on the shard runner (`cisrank.jobs.shards`): in this process, on a pool of
 `workers`, or with `engine="ray"` on a Ray actor pool; wherever it runs, the teacher is built
 once from its `TeacherSpec` and scores whole shards through the same `_shard_columns`, and this
 process writes the shard files, the same ones, so a run interrupted on one engine resumes on the
@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from cisrank.data.shard_runner import Progress, Shards, ShardWriter, run_shards
 from cisrank.distill import rows as R
 from cisrank.distill.sources import PairSource, QueryPairs
 from cisrank.distill.teachers import QueryItems, Teacher, TeacherSpec
 from cisrank.errors import CisrankError, DataError
-from cisrank.ray_engine import POS, SHARD, Engine, RayOptions, check_engine
+from cisrank.jobs.pool import WorkerOptions
+from cisrank.jobs.ray import POS, SHARD, Engine, RayOptions, check_engine
+from cisrank.jobs.shards import Progress, Shards, ShardWriter, run_shards
 from cisrank.version import __version__
-from cisrank.workers import WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def generate(
     job_wrapper: Callable[[Any], Any] | None = None,
 ) -> GenerateResult:
     """Score every pair of `source` with `teacher` into Parquet shards under `out`, on the shard
-    runner (`cisrank.data.shard_runner`).
+    runner (`cisrank.jobs.shards`).
 
     `teacher` is a loaded teacher, or a `TeacherSpec` (loaded here for the local engine; the
     Ray engine and a local pool of several `workers` need a spec: each worker loads its own).

@@ -34,7 +34,6 @@ from typing import Any
 
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.datasets import guarded_json, json_lines
-from cisrank.data.shard_runner import Progress, Shards, ShardWriter, run_shards
 from cisrank.distill.config import SynthConfig
 from cisrank.distill.synth_prompt import (
     Shot,
@@ -48,9 +47,10 @@ from cisrank.distill.synth_prompt import (
 )
 from cisrank.errors import DataError
 from cisrank.fileio import atomic_write_bytes, atomic_write_text
-from cisrank.ray_engine import Engine
+from cisrank.jobs.pool import WorkerOptions
+from cisrank.jobs.ray import Engine
+from cisrank.jobs.shards import Progress, Shards, ShardWriter, run_shards
 from cisrank.version import __version__
-from cisrank.workers import WorkerOptions
 
 log = logging.getLogger(__name__)
 

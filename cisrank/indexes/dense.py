@@ -1,7 +1,7 @@
 """The dense index build: every passage embedded by the bi-encoder, then a FAISS index over them.
 
 Encoding is the slow part of a build (hours for millions of passages on a CPU), so it runs in
-shards of `shard_size` passages on the shard runner (`cisrank.data.shard_runner`), each saved
+shards of `shard_size` passages on the shard runner (`cisrank.jobs.shards`), each saved
 atomically to `shards/emb-NNNNN.npy` as soon as it is done. A rerun of an interrupted build
 (same corpus, same parameters, same model fingerprint) reuses every finished shard. When all shards exist they are joined into
 `embeddings.npy`, the FAISS index is built from it, and the shards are removed.
@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from cisrank import ray_engine
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
-from cisrank.data.shard_runner import Progress, ShardWriter, Shards, run_shards
 from cisrank.fileio import atomic_write_bytes
+from cisrank.jobs import ray as ray_jobs
+from cisrank.jobs.ray import check_engine
+from cisrank.jobs.shards import Progress, Shards, ShardWriter, run_shards
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
-from cisrank.ray_engine import check_engine
 from cisrank.retrieval.dense import FAISS_FILE, DenseIndexConfig, encode, import_faiss
 from cisrank.retrieval.docstore import DOCSTORE_FILE, write_docstore
 
@@ -93,7 +93,7 @@ def build_dense(
 ) -> BuildOutput:
     """Encode in resumable shards, join, build FAISS, write the document store.
 
-    The shards are the shard runner's (`cisrank.data.shard_runner`): `engine="ray"` encodes the
+    The shards are the shard runner's (`cisrank.jobs.shards`): `engine="ray"` encodes the
     missing ones on a Ray actor pool (`ray`: the engine's `RayOptions`); `job_wrapper` wraps the
     job wherever it encodes, for tests. The shards, the join, FAISS and the document store are
     the same on either engine, so a build interrupted on one resumes on the other.
@@ -158,7 +158,7 @@ def _plan(
     return Shards(
         items=((start, min(total, start + size)) for start in range(0, total, size)),
         rows=lambda span: span[1] - span[0],
-        block=lambda i, span: ray_engine.text_block(i, corpus.texts[span[0] : span[1]]),
+        block=lambda i, span: ray_jobs.text_block(i, corpus.texts[span[0] : span[1]]),
         complete=lambda i, rows: _shard_ok(_shard_path(shard_dir, i), rows),
         folder=shard_dir,
         meta=meta,

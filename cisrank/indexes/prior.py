@@ -29,16 +29,16 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from cisrank import ray_engine
 from cisrank.data.corpus import CorpusReader
 from cisrank.data.manifest import BuildOutput, library_versions
-from cisrank.data.shard_runner import Progress, ShardWriter, Shards, batched, run_shards
 from cisrank.errors import CisrankError
-from cisrank.ray_engine import POS, SHARD, Engine, RayOptions, check_engine
-from cisrank.runtimes.table import BackendName
+from cisrank.jobs import ray as ray_jobs
+from cisrank.jobs.pool import WorkerOptions
+from cisrank.jobs.ray import POS, SHARD, Engine, RayOptions, check_engine
+from cisrank.jobs.shards import Progress, Shards, ShardWriter, batched, run_shards
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
-from cisrank.workers import WorkerOptions
+from cisrank.runtimes.table import BackendName
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def build_prior(
     job_wrapper: Callable[[Any], Any] | None = None,
     workers: WorkerOptions | None = None,
 ) -> BuildOutput:
-    """log p(K) of every passage not stored yet, on the shard runner (`cisrank.data.shard_runner`).
+    """log p(K) of every passage not stored yet, on the shard runner (`cisrank.jobs.shards`).
 
     The local engine fills the SQLite store `priors.sqlite` (`_build_store`); `engine="ray"`
     scores the corpus on a Ray actor pool into the Parquet prior table `priors.parquet`
@@ -204,7 +204,11 @@ def _build_store(
     return BuildOutput(
         files=[PRIOR_FILE],
         mutable=[PRIOR_FILE],  # a CIS reranker with --prior-store adds the priors it computes
-        params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": info["batch_tokens"]},
+        params={
+            **config.model_dump(),
+            "batch_size": batch_size,
+            "batch_tokens": info["batch_tokens"],
+        },
         libraries=library_versions("transformers", "torch", "tokenizers"),
         model=_manifest_model(config, info),
         extra={
@@ -395,7 +399,7 @@ def _build_table(
         return Shards(
             items=batched((p.contents for p in reader), shard_size),
             rows=len,
-            block=ray_engine.text_block,
+            block=ray_jobs.text_block,
             complete=lambda i, rows: _prior_shard_ok(_shard_path(shard_dir, i), rows, fingerprint),
             folder=shard_dir,
             meta={"store_fingerprint": fingerprint, "shard_size": shard_size},
@@ -418,7 +422,11 @@ def _build_table(
     info = run.info
     return BuildOutput(
         files=[TABLE_FILE],
-        params={**config.model_dump(), "batch_size": batch_size, "batch_tokens": info["batch_tokens"]},
+        params={
+            **config.model_dump(),
+            "batch_size": batch_size,
+            "batch_tokens": info["batch_tokens"],
+        },
         libraries=library_versions("transformers", "torch", "tokenizers", "ray", "pyarrow"),
         model=_manifest_model(config, info),
         extra={

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cisrank.jobs.pool import WorkerOptions, WorkerPool, balanced_split, for_device, set_threads
 from cisrank.rerank.base import CombiningReranker, Part, Request, Reranker
-from cisrank.workers import WorkerOptions, WorkerPool, balanced_split, for_device, set_threads
 
 log = logging.getLogger(__name__)
 

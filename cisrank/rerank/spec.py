@@ -31,7 +31,7 @@ from cisrank.rerank.registry import (
 )
 
 if TYPE_CHECKING:
-    from cisrank.workers import WorkerOptions
+    from cisrank.jobs.pool import WorkerOptions
 
 
 class RerankerSpec(ComponentConfig):
@@ -58,7 +58,7 @@ class RerankerSpec(ComponentConfig):
         default=None,
         ge=1,
         description="Processes this reranker's model work runs on, each with its own copy of "
-        "the model (`cisrank.workers`): one request's passages are shared among them. Default: "
+        "the model (`cisrank.jobs.pool`): one request's passages are shared among them. Default: "
         "one per CPU core for the causal-LM kinds "
         f"({kind_list(k for k in servable() if k.causal_lm)}), whose 100-passage requests "
         "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 def build_reranker(spec: RerankerSpec) -> Reranker:
     """A reranker from its spec: a registry kind, or a `module:factory` import path."""
+    from cisrank.jobs.pool import WorkerOptions
     from cisrank.rerank.registry import kind_list, servable
-    from cisrank.workers import WorkerOptions
 
     record = spec.record
     if record is not None and not record.servable:

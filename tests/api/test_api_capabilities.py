@@ -62,8 +62,8 @@ def test_each_reranker_declares_its_own(tiny_dense, cis, tiny_bert_dir, tmp_path
 
 
 def test_a_pooled_reranker_answers_with_its_local_copy(tiny_gpt2_dir):
+    from cisrank.jobs.pool import WorkerOptions
     from cisrank.rerank.pooled import PooledReranker
-    from cisrank.workers import WorkerOptions
 
     pooled = PooledReranker("cis", str(tiny_gpt2_dir), WorkerOptions(workers=1), template="qa")
     local = pooled.local

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from cisrank.jobs.pool import cores
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.serving.config import RerankerSpec
 from cisrank.serving.engine import build_reranker
 from cisrank.testing import SAMPLE_SENTENCES
-from cisrank.workers import cores
 
 
 def test_cis_is_served_on_a_worker_per_core_and_scores_as_one_copy(tiny_gpt2_dir):

@@ -63,10 +63,10 @@ def test_small_rerank_and_eval_run_in_process_unless_workers_are_given(
     start than it saves, so none starts; `--workers 2` is obeyed all the same."""
     from builders import InProcessPool
 
-    from cisrank import workers
+    from cisrank.jobs import pool
 
     built = InProcessPool.installed(monkeypatch)
-    monkeypatch.setattr(workers, "cores", lambda: 2)  # a worker per core would be 2 here
+    monkeypatch.setattr(pool, "cores", lambda: 2)  # a worker per core would be 2 here
     passages = tmp_path / "p.txt"
     passages.write_text("Hamlet is a tragedy.\nParis is the capital of France.\nfleas\n")
     rerank = ["rerank", "--reranker", "dense", "--model", str(tiny_bert_dir), "--json"]

@@ -16,7 +16,7 @@ from cisrank.distill.generate import generate
 from cisrank.distill.sources import load_source
 from cisrank.distill.teachers import TeacherSpec
 from cisrank.errors import DataError
-from cisrank.ray_engine import RayOptions
+from cisrank.jobs.ray import RayOptions
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -24,8 +24,8 @@ from cisrank.eval.rag import (
 )
 from cisrank.eval.rag.jobs import AnswerJob
 from cisrank.eval.rag.report import find_test
+from cisrank.jobs.pool import WorkerOptions
 from cisrank.rerank.spec import RerankerSpec
-from cisrank.workers import WorkerOptions
 
 ONE = WorkerOptions(workers=1)
 WORDS = {"words": RerankerSpec(kind="rag_fakes:word_count_reranker")}

@@ -16,14 +16,14 @@ from typer.testing import CliRunner
 
 from cisrank import testing
 from cisrank.cli import app
+from cisrank.data.manifest import MANIFEST_FILE, read_manifest
 from cisrank.errors import CisrankError, DataError
 from cisrank.indexes.build import STATE_FILE, build_index
-from cisrank.data.manifest import MANIFEST_FILE, read_manifest
+from cisrank.indexes.kinds import open_index
+from cisrank.indexes.prior import PRIOR_FILE
 from cisrank.lm.engine import CausalLMEngine
 from cisrank.rerank.cis import CISReranker
-from cisrank.indexes.prior import PRIOR_FILE
 from cisrank.rerank.prior_store import PriorStore, passage_key
-from cisrank.indexes.kinds import open_index
 
 TOL = 1e-4
 QUERY = "When was the author of Hamlet born?"
@@ -113,9 +113,15 @@ def test_reranker_uses_the_store_as_is(tmp_path, corpus, tiny_gpt2_dir, monkeypa
     monkeypatch.setattr(CausalLMEngine, "score_continuations", spy)
     for template, normalize in (("qa", "sum"), ("plain", "mean")):  # neither enters the key
         with_store = CISReranker(
-            str(tiny_gpt2_dir), template=template, normalize=normalize, prior_store=store
-        , estimator="forward")
-        without = CISReranker(template=template, normalize=normalize, engine=with_store.engine, estimator="forward")
+            str(tiny_gpt2_dir),
+            template=template,
+            normalize=normalize,
+            prior_store=store,
+            estimator="forward",
+        )
+        without = CISReranker(
+            template=template, normalize=normalize, engine=with_store.engine, estimator="forward"
+        )
         expected = without.score(QUERY, CONTENTS)
         prefixes.clear()
         got = with_store.score(QUERY, CONTENTS)
@@ -190,7 +196,9 @@ def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, 
     assert "kind      prior" in res.output and f"{len(ROWS)} passages" in res.output
     assert "priors    " in res.output and "dim " not in res.output
     data = json.loads(runner.invoke(app, ["index", "info", str(out), "--json"]).stdout)
-    short = CISReranker(max_doc_tokens=6, engine=ref.engine, estimator="forward")  # truncation is part of the key
+    short = CISReranker(
+        max_doc_tokens=6, engine=ref.engine, estimator="forward"
+    )  # truncation is part of the key
     keys = {passage_key(d) for d in short.passage_ids(CONTENTS)}
     assert data["params"]["max_doc_tokens"] == 6
     assert data["model"]["store_fingerprint"] == short.store_fingerprint
@@ -234,7 +242,7 @@ def test_bad_model_and_bad_params_are_clear_errors(
 
 
 def test_two_workers_store_the_priors_of_one(tmp_path, corpus, tiny_gpt2_dir, ref):
-    from cisrank.workers import WorkerOptions
+    from cisrank.jobs.pool import WorkerOptions
 
     out = tmp_path / "prior2"
     m = build_index(

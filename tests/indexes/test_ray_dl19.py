@@ -16,7 +16,7 @@ from cisrank.data.datasets import load_folder
 from cisrank.data.runs import Run
 from cisrank.indexes.build import build_index
 from cisrank.indexes.prior import PRIOR_FILE
-from cisrank.ray_engine import RayOptions
+from cisrank.jobs.ray import RayOptions
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.prior_store import PriorStore
 from cisrank.rerank.prior_table import TABLE_FILE
@@ -59,7 +59,9 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
     # and the reranker reads them from the table (no prior computed)
     dataset = load_folder(dl19_dir)
     qid = dataset.qids[0]
-    reranker = CISReranker(model, max_doc_tokens=MAX_DOC, prior_store=str(tmp_path / "ray"), estimator="forward")
+    reranker = CISReranker(
+        model, max_doc_tokens=MAX_DOC, prior_store=str(tmp_path / "ray"), estimator="forward"
+    )
     reranker.score(dataset.topics[qid], [h.text for h in dataset.candidates[qid][:20]])
     assert reranker.prior_store.stats() == {"hits": 20, "misses": 0}
 

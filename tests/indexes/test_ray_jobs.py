@@ -26,7 +26,7 @@ from cisrank.errors import CisrankError, DataError
 from cisrank.indexes.build import build_index
 from cisrank.indexes.integrity import verify_index
 from cisrank.indexes.prior import PRIOR_FILE
-from cisrank.ray_engine import RayOptions
+from cisrank.jobs.ray import RayOptions
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.prior_store import PriorStore
 from cisrank.rerank.prior_table import TABLE_FILE, PriorTable, TieredPriors, open_prior_store
@@ -127,7 +127,9 @@ def test_the_parquet_table_gives_the_cis_scores_of_the_sqlite_store(
     local_prior, ray_prior, tiny_gpt2_dir, tmp_path
 ):
     passages = TEXTS[:12]
-    by_store = CISReranker(str(tiny_gpt2_dir), prior_store=str(local_prior / PRIOR_FILE), estimator="forward")
+    by_store = CISReranker(
+        str(tiny_gpt2_dir), prior_store=str(local_prior / PRIOR_FILE), estimator="forward"
+    )
     want = by_store.score(QUERY, passages)
     for spec in (ray_prior / TABLE_FILE, ray_prior):  # the file, or the prior index folder
         r = CISReranker(str(tiny_gpt2_dir), prior_store=str(spec), estimator="forward")
@@ -136,7 +138,9 @@ def test_the_parquet_table_gives_the_cis_scores_of_the_sqlite_store(
         assert r.prior_store.stats() == {"hits": 12, "misses": 0}
     # A table plus a SQLite file: ad-hoc passages go to the file, the table stays as it was.
     cache = tmp_path / "adhoc.sqlite"
-    r = CISReranker(str(tiny_gpt2_dir), prior_store=f"{ray_prior / TABLE_FILE},{cache}", estimator="forward")
+    r = CISReranker(
+        str(tiny_gpt2_dir), prior_store=f"{ray_prior / TABLE_FILE},{cache}", estimator="forward"
+    )
     adhoc = ["an ad hoc passage about the weather"]
     r.score(QUERY, [*passages[:2], *adhoc])
     assert r.prior_store.stats() == {"hits": 2, "misses": 1}
@@ -222,7 +226,7 @@ import ray
 ray.init(address=sys.argv[4], log_to_driver=False)
 from cisrank import testing
 from cisrank.indexes.build import build_index
-from cisrank.ray_engine import RayOptions
+from cisrank.jobs.ray import RayOptions
 build_index("prior", sys.argv[1], sys.argv[2], {"model": sys.argv[3]}, progress=False,
     options={"engine": "ray", "shard_size": 4, "batch_size": 4,
              "ray": RayOptions(actors=1, num_cpus=2),

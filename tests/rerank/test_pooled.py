@@ -7,10 +7,10 @@ import pytest
 from builders import InProcessPool
 
 from cisrank.errors import CisrankError
+from cisrank.jobs.pool import WorkerOptions, balanced_split
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.rerank.registry import load_reranker
 from cisrank.testing import SAMPLE_SENTENCES
-from cisrank.workers import WorkerOptions, balanced_split
 
 QUERIES = ["When was the author of Hamlet born?", "What is the capital of France?", "fleas"]
 

@@ -1,5 +1,5 @@
 """The model work of `cisrank eval rag`, one job per model, run in this process or on a worker
-per core (`cisrank.workers`: each worker loads the model once).
+per core (`cisrank.jobs.pool`: each worker loads the model once).
 
 Work is dealt out by whole questions: a worker scores a chunk of questions with all their
 candidates (`RankJob`; `PartsJob`, one side of CIS's model sums), or answers a chunk of prompts
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cisrank.data.types import Passage
+from cisrank.jobs.pool import WorkerJob, WorkerOptions, run_local_shards, set_threads
 from cisrank.rerank.base import Reranker
 from cisrank.rerank.spec import RerankerSpec
-from cisrank.workers import WorkerJob, WorkerOptions, run_local_shards, set_threads
 
 Request = tuple[str, list[str]]
 

@@ -31,9 +31,9 @@ from cisrank.eval.rag.cache import GenerationCache, PartsCache, ScoreCache, Scor
 from cisrank.eval.rag.jobs import AnswerJob, GeneratorSetting, PartsJob, RankJob, run_items
 from cisrank.eval.rag.questions import CandidateSet, Distractors, candidate_sets, load_questions
 from cisrank.eval.rag.report import CLOSED_BOOK, GOLD_ONLY, summarize, write_outputs
+from cisrank.jobs.pool import WorkerOptions, for_device
 from cisrank.rerank.spec import RerankerSpec
 from cisrank.version import __version__
-from cisrank.workers import WorkerOptions, for_device
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import json
 import pytest
 from shard_outputs import CASES, REFERENCE, build, summarize
 
-from cisrank.data.shard_runner import Progress, Shards, ShardWriter, run_shards
-from cisrank.ray_engine import Engine
+from cisrank.jobs.ray import Engine
+from cisrank.jobs.shards import Progress, Shards, ShardWriter, run_shards
 
 
 def _compare(root, cases):

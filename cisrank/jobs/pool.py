@@ -9,7 +9,7 @@ torch threads each, every worker loading the model once.
 Two users, one pool:
 
 - the offline jobs (teacher scoring, the prior job, dense encoding) give it their shards as the
-  Ray engine does (`cisrank.ray_engine.ShardJob`: `load()` once per worker, `score(state,
+  Ray engine does (`cisrank.jobs.ray.ShardJob`: `load()` once per worker, `score(state,
   block)` per shard), so a shard is scored by the same code on a local pool, on Ray or in this
   process, and resumes the same way (`run_local_shards`);
 - a reranker (`cisrank.rerank.pooled.PooledReranker`) hands each worker a share of a batch's
@@ -97,7 +97,7 @@ def for_device(options: WorkerOptions, device: str | None) -> WorkerOptions:
 
 class WorkerJob(Protocol):
     """What every worker runs: `load()` once, then `score(state, item)` per item. Must pickle
-    (it is sent to every worker); `cisrank.ray_engine.ShardJob` is one."""
+    (it is sent to every worker); `cisrank.jobs.ray.ShardJob` is one."""
 
     def load(self) -> Any: ...
 

@@ -3,7 +3,7 @@ test_ray_jobs.py, tests/distill/test_ray_generate.py)."""
 
 from __future__ import annotations
 
-from cisrank.ray_engine import POS, SHARD, text_block
+from cisrank.jobs.ray import POS, SHARD, text_block
 
 
 def test_a_text_block_carries_its_shard_and_positions():

@@ -1,7 +1,7 @@
 """`--engine ray`: the offline jobs' shards scored by a pool of Ray actors (Ray Data).
 
 The jobs themselves (the prior job, the dense encoding, teacher scoring) keep their own shard
-plans and output files, and the shard runner (`cisrank.data.shard_runner`) finds the shards that
+plans and output files, and the shard runner (`cisrank.jobs.shards`) finds the shards that
 are missing and writes their files; this module only distributes the scoring of those. One Ray Data pipeline per job:
 
     shards (one Arrow block each, put in the object store by the driver as it reads the corpus)
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class Engine(StrEnum):
-    """Where an offline job's shards are scored (`cisrank.data.shard_runner` dispatches on it)."""
+    """Where an offline job's shards are scored (`cisrank.jobs.shards` dispatches on it)."""
 
     LOCAL = "local"
     """This process, or a pool of local worker processes."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from cisrank.data.shards import META_FILE, claim_shard_dir, resume_shards
+from cisrank.jobs.resume import META_FILE, claim_shard_dir, resume_shards
 
 
 def test_a_shard_folder_is_kept_only_for_a_resumed_build_of_the_same_meta(tmp_path, caplog):

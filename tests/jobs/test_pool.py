@@ -19,7 +19,7 @@ PARENT = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from cisrank.workers import WorkerPool
+    from cisrank.jobs.pool import WorkerPool
 
     class Sleeper:
         def load(self):

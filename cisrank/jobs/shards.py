@@ -7,8 +7,8 @@ how to tell a shard file already written) and a `ShardWriter` (a shard's result 
 its file). `run_shards` owns the rest, the same way for every job:
 
 - the engine, one dispatch (`Engine`): `local` scores in this process, or on a pool of worker
-  processes (`workers`), with this process taking its share where the job says so
-  (`driver_scores`); `ray` on a pool of Ray actors (`cisrank.ray_engine`);
+  processes (`cisrank.jobs.pool`), with this process taking its share where the job says so
+  (`driver_scores`); `ray` on a pool of Ray actors (`cisrank.jobs.ray`);
 - describing the outputs where the model will run (the actors' device decides the compute type),
   then claiming the shard folder for that description (`claim_shard_dir`: a rerun of the same
   build keeps its shards, another build's are discarded) and resuming (`resume_shards`: only the
@@ -34,10 +34,10 @@ from typing import Any, Generic, TypeVar
 
 from tqdm.auto import tqdm
 
-from cisrank import ray_engine
-from cisrank.data.shards import ShardResume, claim_shard_dir, resume_shards
 from cisrank.fileio import atomic_write_bytes
-from cisrank.ray_engine import Engine, RayOptions, ShardJob
+from cisrank.jobs import ray as ray_jobs
+from cisrank.jobs.ray import Engine, RayOptions, ShardJob
+from cisrank.jobs.resume import ShardResume, claim_shard_dir, resume_shards
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def run_shards(
     `job_wrapper` wraps the job wherever it loads and scores (tests count, slow or kill it, or
     put an exact model under it). `describe`, on the local engine: what identifies the outputs
     without loading the model, which is then loaded only if a shard is left to score. `workers`
-    (`cisrank.workers.WorkerOptions`, local engine): more than one scores the shards on a pool of
+    (`cisrank.jobs.pool.WorkerOptions`, local engine): more than one scores the shards on a pool of
     worker processes, this process too where `driver_scores`."""
     wrapped = job_wrapper(job) if job_wrapper is not None else job
     if engine is Engine.RAY:
@@ -169,7 +169,7 @@ def run_shards(
         with _bar(progress, info, split, suffix) as bar:
             handed = _Handed(bar, writer, progress)
             if pool is not None:
-                from cisrank.workers import run_local_shards
+                from cisrank.jobs.pool import run_local_shards
 
                 blocks = ((i, shards.block(i, item)) for i, item in split.todo)
                 run_local_shards(
@@ -250,7 +250,7 @@ def _stream(
     """Shards without files of their own, scored as they are read: in this process, or dealt
     round robin to this process (where `driver_scores`) and the workers of `pool`, at most two
     per scorer queued."""
-    from cisrank.workers import WorkerPool
+    from cisrank.jobs.pool import WorkerPool
 
     count = pool.count if pool is not None else 1
     processes = count - 1 if driver_scores else count
@@ -284,9 +284,9 @@ def _run_ray(
     progress: Progress,
     options: RayOptions,
 ) -> ShardRun:
-    with ray_engine.ray_session(options) as ray:
-        res = ray_engine.plan_resources(ray, options)
-        info = ray_engine.describe_remote(ray, job, res)  # where the actors will run
+    with ray_jobs.ray_session(options) as ray:
+        res = ray_jobs.plan_resources(ray, options)
+        info = ray_jobs.describe_remote(ray, job, res)  # where the actors will run
         shards = plan(info)
         if shards is None:
             return ShardRun(Engine.RAY, info, planned=False, actors=res.actors)
@@ -294,7 +294,7 @@ def _run_ray(
         with _bar(progress, info, split, " (ray)") as bar:
             handed = _Handed(bar, writer, progress)
             blocks = [shards.block(i, item) for i, item in split.todo]
-            ray_engine.score_on_actors(
+            ray_jobs.score_on_actors(
                 ray,
                 blocks,
                 job,
