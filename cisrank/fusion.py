@@ -87,14 +87,6 @@ def normalize(scores: Sequence[float], how: str = "minmax") -> list[float]:
     raise ValueError(f"normalization must be one of {', '.join(NORMALIZATIONS)}, got {how!r}")
 
 
-def ranks(scores: Sequence[float]) -> list[int]:
-    """1-based rank of each score, ties broken by input order (the house's `rank_order`)."""
-    out = [0] * len(scores)
-    for rank, i in enumerate(rank_order(list(scores)), 1):
-        out[i] = rank
-    return out
-
-
 # ------------------------------------------------------------------------------- fusion
 
 

@@ -284,7 +284,6 @@ class ExactLM:
     max_positions = None
     num_layers = 1
     supports_prefix_cache = False
-    supports_decoding = False
 
     def score_rows(self, rows, context, pad_id, cached=None):
         import numpy as np

@@ -275,8 +275,8 @@ class BodyBudgetMiddleware(HttpMiddleware):
     """503 + Retry-After when the request bodies in flight would exceed `max_inflight_bytes`.
 
     Why: every admitted body is held, then parsed into Python objects a few times its size, until
-    its response is sent; 64 concurrent 15 MB bodies took a server from 0.7 to 4.2 GB (issue
-    15). Bytes are reserved before they are read: the whole Content-Length up front (a body
+    its response is sent; 64 concurrent 15 MB bodies took a server from 0.7 to 4.2 GB
+    (bench/RESULTS.md, "Memory under 64 concurrent 15 MB bodies"). Bytes are reserved before they are read: the whole Content-Length up front (a body
     that does not fit is refused without reading a byte of it), or chunk by chunk for a chunked
     body, older chunked bodies before younger ones (`BodyBytesBudget`: chunked and sized bodies
     are served alike); they are given back when the response is done. Sits outside

@@ -225,12 +225,6 @@ class CISReranker(BaseReranker):
             )
         return out
 
-    def log_query_likelihood(self, query: str, passages: Sequence[str]) -> list[float]:
-        """log p(Q|K) per passage under the passage-first template (mean per query token if
-        normalize='mean'): the reverse estimate of CIS, up to log p(Q), which is the same for
-        every passage of a query."""
-        return self.reverse_batch([(query, passages)])[0]
-
     def reverse_spans(
         self,
         requests: Sequence[tuple[str, Sequence[str]]],
@@ -250,7 +244,9 @@ class CISReranker(BaseReranker):
         ]
 
     def reverse_batch(self, requests: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
-        """`log_query_likelihood` of each request. Each passage is its own long context and the
+        """log p(Q|K) per passage of each request under the passage-first template (mean per
+        query token if normalize='mean'): the reverse estimate of CIS, up to log p(Q), which is
+        the same for every passage of a query. Each passage is its own long context and the
         query one short target, so all pairs of all requests go to the engine at once, batched
         by length; the LM head runs at the query's positions only."""
         return [

@@ -1,10 +1,10 @@
 """Hybrid reranking: CIS fused with the dense bi-encoder and the first-stage order.
 
-Why: the CIS paper (seed 002, Sec. 6) names hybrid metrics as its future work, and the parts fail
-differently. A causal LM's likelihood ratio knows whether a passage *answers* the question but is
-noisy across passages of different length and style; a bi-encoder's cosine measures topical
-similarity; the first stage (BM25) holds exact term matches. Fusing per query lets each correct the
-others where they err. The fusion itself (per-query normalized interpolation or RRF) lives in
+Why: the CIS paper ("Grounding Large Language Model with Causal Knowledge Retrieval", Sec. 7)
+names hybrid metrics as its future work, and the parts fail differently. A causal LM's likelihood
+ratio knows whether a passage *answers* the question but is noisy across passages of different
+length and style; a bi-encoder's cosine measures topical similarity; the first stage (BM25) holds
+exact term matches. Fusing per query lets each correct the others where they err. The fusion itself (per-query normalized interpolation or RRF) lives in
 `cisrank.fusion`, shared with `bench/hybrid_select.py`, which chooses the weights on DL21 runs.
 
 The first stage enters by its order only: a reranker receives passages, not first-stage scores,

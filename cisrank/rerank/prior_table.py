@@ -188,10 +188,6 @@ class PriorTable:
         self._lock = threading.Lock()
         self._warned: set[str] = set()
 
-    @property
-    def fingerprints(self) -> list[str]:
-        return list(self._by_fp)
-
     def get_many(self, fingerprint: str, keys: Sequence[str]) -> dict[str, tuple[float, int]]:
         found: dict[str, tuple[float, int]] = {}
         arrays = self._by_fp.get(fingerprint)

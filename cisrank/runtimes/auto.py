@@ -21,8 +21,8 @@ top 20 1.87x faster than float32 at nDCG@10 -0.0001 (p = 0.98), and DL19 at dept
 (float32 0.5860) in 7 minutes. `--dtype float32` keeps the exact scores (every test's brute-force
 reference), and the engine's fingerprint names the compute type, so priors stay apart.
 
-Why torch stays the CIS default and `auto` is asked for by name: on DL19 at depth 100 (the issue's
-acceptance run, 4,300 pairs) ONNX int8 scored nDCG@10 0.5720 against torch's 0.5860 and was only
+Why torch stays the CIS default and `auto` is asked for by name: on DL19 at depth 100 (4,300
+pairs, bench/RESULTS.md) ONNX int8 scored nDCG@10 0.5720 against torch's 0.5860 and was only
 about 1.3x faster on two workers: deeper lists carry more near-ties that quantization noise (up to
 a few nats on a pair) reorders, which the depth-20 DL21 selection did not show.
 

@@ -8,8 +8,8 @@ scored span starts, return the log-probability of every scored token (optionally
 whose state it has cached). A new runtime is one module implementing `LMBackend` with a loader
 (`Loader`) and one row of the runtime table (`cisrank.runtimes.table`); nothing above changes.
 
-The torch backend (`cisrank.runtimes.lm_torch`) also decodes (`cisrank.lm.decoding`); a backend
-that cannot (`supports_decoding = False`) serves scoring only.
+The torch backend (`cisrank.runtimes.lm_torch`) also decodes (`cisrank.lm.decoding`); every other
+backend serves scoring only (`CausalLMEngine.torch_backend` says so in one line).
 """
 
 from __future__ import annotations
@@ -64,9 +64,6 @@ class LMBackend(Protocol):
         """Whether `prefix_state` can return a reusable state (else the engine feeds whole
         rows)."""
         ...
-
-    @property
-    def supports_decoding(self) -> bool: ...
 
     def score_rows(
         self, rows: Sequence[Sequence[int]], context: Sequence[int], pad_id: int, cached: Any = None
@@ -127,7 +124,6 @@ class ConvertedBackend:
     compute_types: ClassVar[tuple[str, ...]]
     owner: ClassVar[str]
     supports_prefix_cache = False
-    supports_decoding = False
     device = "cpu"
 
     def __init__(self, folder: str | Path, compute_type: str, model_name: str) -> None:

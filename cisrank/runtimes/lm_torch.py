@@ -55,7 +55,6 @@ class TorchBackend:
     """
 
     name = "torch"
-    supports_decoding = True
 
     def __init__(
         self,

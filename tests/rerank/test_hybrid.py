@@ -6,9 +6,10 @@ import pytest
 from builders import hit, write_folder
 
 from cisrank.data.datasets import load_folder
+from cisrank.data.types import rank_order
 from cisrank.errors import CisrankError
 from cisrank.eval.pipeline import RERANKED, first_stage_run, run_eval
-from cisrank.fusion import fuse, fuse_runs, input_order, normalize, parse_weights, ranks
+from cisrank.fusion import fuse, fuse_runs, input_order, normalize, parse_weights
 from cisrank.rerank import load_reranker
 from cisrank.rerank.base import BaseReranker, IdentityReranker
 from cisrank.rerank.hybrid import HybridReranker
@@ -51,7 +52,7 @@ def test_linear_and_rrf_fusion_by_hand():
     want = [0.3 * 7 / 9 + 0.7 * 1, 0.3 * 1, 0.3 * 8 / 9 + 0.7 * 0.5, 0.7 * 0.5]
     assert fuse([a, b], [0.3, 0.7]) == pytest.approx(want)
     # ranks: a -> [3, 1, 2, 4]; b -> [1, 4, 2, 3] (the tie of p3 and p4 by input order)
-    assert ranks(b) == [1, 4, 2, 3]
+    assert rank_order(b) == [0, 2, 3, 1]  # ranks [1, 4, 2, 3]
     k = 60.0
     want = [1 / (k + 3) + 2 / (k + 1), 1 / (k + 1) + 2 / (k + 4)]
     assert fuse([a, b], [1.0, 2.0], "rrf")[:2] == pytest.approx(want)
