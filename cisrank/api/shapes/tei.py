@@ -82,7 +82,11 @@ def info(service: RankingService) -> TeiInfo:
         passage_cache=described.passage_cache,
         served_model_name=described.name,
         embeddings=embeddings,
-        rerankers=[_runtime(service.describe(name)) for name in config.rerankers],
+        rerankers=[
+            _runtime(service.describe(name))
+            for name in config.rerankers
+            if name in service.serving.rerankers  # an app given some of its rerankers
+        ],
         model_type={"reranker": TeiLabels()},
         max_concurrent_requests=config.batching.max_queue,
         max_input_length=described.pair_token_limit,
