@@ -235,8 +235,10 @@ class EmbeddingsRequest(_Request):
     input: str | list[str] = Field(description="A text or a list of texts (not token ids).")
     model: str | None = Field(
         default=None,
-        description="A configured dense reranker (its name or model id); the first dense one "
-        "if unset.",
+        description="A configured dense reranker (its name or model id; a model id picks the "
+        "config's `embeddings` reranker first). Unset: the config's `embeddings` reranker (the "
+        "bare server's: 'dense-float32', all-MiniLM-L6-v2 in float32), else the default "
+        "reranker where it embeds, else the first dense one.",
     )
     encoding_format: Literal["float", "base64"] = Field(
         default="float",
