@@ -53,6 +53,18 @@ def test_readme_example_with_the_default_reranker(capsys):
     assert [h.index for h in hits][:1] == [1] and len(hits) == 3
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert all(h.document == documents[h.index] for h in hits)
+    # the bare server's default, all-MiniLM-L6-v2 on ONNX Runtime int8 on a CPU with the extra
+    import importlib.util
+
+    import torch
+
+    from cisrank.serving.config import ServerConfig
+
+    bare = ServerConfig()
+    assert bare.rerankers[bare.default_reranker_name].options == {"backend": "auto"}
+    assert reranker.model_name == "all-MiniLM-L6-v2"
+    if importlib.util.find_spec("onnxruntime") and not torch.cuda.is_available():
+        assert (reranker.runtime, reranker.compute_type) == ("onnx", "int8")
 
 
 @pytest.fixture(scope="module")
