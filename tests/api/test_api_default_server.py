@@ -27,7 +27,7 @@ from cisrank.serving.config import RerankerSpec, ServerConfig
 from cisrank.testing import SAMPLE_SENTENCES
 
 needs_onnxruntime = pytest.mark.skipif(
-    importlib.util.find_spec("onnxruntime") is None,
+    not all(importlib.util.find_spec(name) for name in ("onnxruntime", "onnx")),
     reason="the default's runtime needs the 'onnx' extra: pip install 'cisrank[onnx]'",
 )
 
