@@ -1,8 +1,9 @@
 # cisrank REST API (CPU). Build:  docker build -t cisrank .
 # Run:    docker run -p 8000:8000 -v cisrank-models:/models -v $PWD/indexes:/app/indexes cisrank
 # With no flags it serves what `cisrank serve` serves (deploy/server.json, copied in below): the
-# shipped student on /v1/rerank (ONNX Runtime int8, exported once into /models/cache) and the
-# all-MiniLM-L6-v2 bi-encoder on /v1/embeddings. docs/deploy.md has the rest.
+# all-MiniLM-L6-v2 bi-encoder on ONNX Runtime int8 on /v1/rerank ('dense'), the shipped student
+# by name ('student') and the bi-encoder in float32 on /v1/embeddings ('dense-float32'), each
+# exported once into /models/cache. docs/deploy.md has the rest.
 # GPU hosts: build FROM an image with CUDA torch instead, or set TORCH_INDEX_URL to a CUDA index.
 FROM python:3.11-slim AS base
 
@@ -26,7 +27,7 @@ RUN pip install --index-url "$TORCH_INDEX_URL" -c constraints.txt torch
 # Dependencies before the source, so that code edits do not reinstall them.
 COPY pyproject.toml README.md ./
 COPY cisrank ./cisrank
-# onnx: the student's fast path; models: `cisrank models pull` (CIS's language model); dense:
+# onnx: the default's and the student's runtime; models: `cisrank models pull` (CIS's language model); dense:
 # BM25 and FAISS indexes (/v1/search) and the related distractors of `eval rag`.
 ARG EXTRAS=serve,onnx,minilm,models,dense
 RUN pip install -c constraints.txt ".[${EXTRAS}]"

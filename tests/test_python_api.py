@@ -1,8 +1,9 @@
 """The Python API at the top level: `cisrank.load_reranker(kind, model=...)` and
 `reranker.rank(query, documents, top_n=None)`, the same for every kind.
 
-The first test runs the README's example, taken from README.md, with the student shipped with
-cisrank; the others run every kind on the tiny models of `cisrank.testing`.
+The first test runs the README's example, taken from README.md, with the server's default
+reranker (all-MiniLM-L6-v2 on `backend="auto"`: ONNX Runtime int8 with the `onnx` extra); the
+others run every kind on the tiny models of `cisrank.testing`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ def _readme_python_api_example() -> str:
     return example
 
 
-def test_readme_example_with_the_shipped_student(capsys):
+def test_readme_example_with_the_default_reranker(capsys):
     """The README's example, extracted from README.md and run as written, offline, on the
-    student shipped with cisrank; it prints what the README shows below it."""
+    bi-encoder a bare `cisrank serve` answers /v1/rerank with; it prints what the README shows
+    below it."""
     example = _readme_python_api_example()
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)
@@ -51,6 +53,18 @@ def test_readme_example_with_the_shipped_student(capsys):
     assert [h.index for h in hits][:1] == [1] and len(hits) == 3
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert all(h.document == documents[h.index] for h in hits)
+    # the bare server's default, all-MiniLM-L6-v2 on ONNX Runtime int8 on a CPU with the extra
+    import importlib.util
+
+    import torch
+
+    from cisrank.serving.config import ServerConfig
+
+    bare = ServerConfig()
+    assert bare.rerankers[bare.default_reranker_name].options == {"backend": "auto"}
+    assert reranker.model_name == "all-MiniLM-L6-v2"
+    if importlib.util.find_spec("onnxruntime") and not torch.cuda.is_available():
+        assert (reranker.runtime, reranker.compute_type) == ("onnx", "int8")
 
 
 @pytest.fixture(scope="module")

@@ -389,7 +389,8 @@ async def rerank_any_shape(
 )
 async def embeddings(body: EmbeddingsRequest, request: Request) -> EmbeddingsResponse:
     """OpenAI's embeddings (as infinity and TEI serve them) with a served dense reranker's
-    bi-encoder: unit-length vectors, bounded like a rerank request."""
+    bi-encoder (the config's `embeddings` one unless `model` names another): unit-length
+    vectors, bounded like a rerank request; `/info` says its runtime and number format."""
     with _answering(request):
         return await openai.embeddings(_ranking(request), body)
 

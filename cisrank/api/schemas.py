@@ -235,8 +235,10 @@ class EmbeddingsRequest(_Request):
     input: str | list[str] = Field(description="A text or a list of texts (not token ids).")
     model: str | None = Field(
         default=None,
-        description="A configured dense reranker (its name or model id); the first dense one "
-        "if unset.",
+        description="A configured dense reranker (its name or model id; a model id picks the "
+        "config's `embeddings` reranker first). Unset: the config's `embeddings` reranker (the "
+        "bare server's: 'dense-float32', all-MiniLM-L6-v2 in float32), else the default "
+        "reranker where it embeds, else the first dense one.",
     )
     encoding_format: Literal["float", "base64"] = Field(
         default="float",
@@ -539,11 +541,21 @@ class GenerateResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
-    id: str
+    id: str = Field(description="The name a request's `model` takes (and responses carry).")
     object: Literal["model"] = "model"
     kind: str
-    model: str
+    model: str = Field(description="The model it serves (a local folder by its name).")
     ready: bool
+    runtime: str | None = Field(
+        default=None,
+        description="The runtime its model runs on (torch, onnx, ctranslate2), as `--backend "
+        "auto` chose it; null while it loads.",
+    )
+    dtype: str | None = Field(
+        default=None,
+        description="The number format it computes in (float32, bfloat16, int8); null while "
+        "it loads.",
+    )
 
 
 class IndexCard(BaseModel):
@@ -557,7 +569,12 @@ class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
     indexes: list[IndexCard] = Field(default_factory=list)
-    default: str
+    default: str = Field(description="The reranker of a /v1/rerank request without `model`.")
+    embeddings: str | None = Field(
+        default=None,
+        description="The reranker whose encoder embeds a /v1/embeddings request without "
+        "`model`; null where none embeds or while the models load.",
+    )
 
 
 class FieldError(BaseModel):
@@ -587,6 +604,17 @@ class TeiLabels(BaseModel):
     label2id: dict[str, int] = Field(default_factory=dict)
 
 
+class ServedRuntime(BaseModel):
+    """What runs behind one served name: its model, runtime and number format."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    served_model_name: str = Field(description="The name a request's `model` takes.")
+    model_id: str = Field(description="Its model (a local folder by name).")
+    model_dtype: str | None = Field(description="float32, bfloat16, int8, ...")
+    model_runtime: str | None = Field(description="torch, onnx, ctranslate2.")
+
+
 class TeiInfo(BaseModel):
     """Hugging Face text-embeddings-inference's `GET /info`, filled with what cisrank knows of
     its default reranker (the one a request without `model` gets); every reranker served is in
@@ -613,6 +641,16 @@ class TeiInfo(BaseModel):
         "budget_bytes; null where it keeps none.",
     )
     served_model_name: str = Field(description="The name responses carry in `model`.")
+    embeddings: ServedRuntime | None = Field(
+        default=None,
+        description="cisrank (not a TEI field): the encoder of a /v1/embeddings request "
+        "without `model`; null where no served reranker embeds.",
+    )
+    rerankers: list[ServedRuntime] = Field(
+        default_factory=list,
+        description="cisrank (not a TEI field): every served reranker, its model, runtime and "
+        "number format (the default's are the fields above).",
+    )
     model_type: dict[Literal["reranker"], TeiLabels] = Field(
         description="TEI's model type: always a reranker here."
     )

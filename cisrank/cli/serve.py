@@ -291,8 +291,10 @@ def serve(
             "--config",
             "-c",
             help="Server config (JSON or YAML): rerankers {name: {kind, model, options}}, "
-            "indexes, limits, batching. Default: the shipped student ('student', /v1/rerank) "
-            "and the all-MiniLM-L6-v2 bi-encoder ('dense', /v1/embeddings).",
+            "indexes, limits, batching. Default (deploy/server.json): the all-MiniLM-L6-v2 "
+            "bi-encoder on --backend auto, ONNX Runtime int8 ('dense', /v1/rerank, DL21 nDCG@10 "
+            "0.5801), the shipped student ('student', DL21 0.5505) and the bi-encoder in "
+            "float32 ('dense-float32', /v1/embeddings).",
         ),
     ] = None,
     reranker: Annotated[
@@ -333,8 +335,10 @@ def serve(
     answers with a cis reranker's language model), /v1/embeddings (OpenAI shape, a dense
     reranker's encoder), /v1/models, /healthz, /readyz, /metrics; the OpenAPI docs at /docs.
 
-    No flags: the student shipped with cisrank on /v1/rerank and the all-MiniLM-L6-v2
-    bi-encoder on /v1/embeddings.
+    No flags: the all-MiniLM-L6-v2 bi-encoder on ONNX Runtime int8 ('dense': /v1/rerank's
+    default, the best on DL21 among the fastest, bench/RESULTS.md), the student shipped with
+    cisrank ('student', by name) and the bi-encoder in float32 ('dense-float32': /v1/embeddings);
+    without the onnx extra, torch as --backend auto chooses (said in the log and in /info).
 
     Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/bm25
     (a folder of `cisrank index build bm25`);

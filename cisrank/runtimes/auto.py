@@ -148,7 +148,10 @@ def resolve_embedder_backend(
     if _onnxruntime_installed():
         return "onnx", "float32" if dtype in ("float32", "fp32") else "int8"
     if dtype in (None, AUTO) and cpu_has_native_bf16():
+        log.info("the onnx extra is not installed: the bi-encoder runs on torch bfloat16")
         return "torch", "bfloat16"
+    if dtype in (None, AUTO):
+        log.info("the onnx extra is not installed: the bi-encoder runs on torch float32")
     return "torch", dtype
 
 

@@ -12,6 +12,7 @@ Example (JSON)::
         "cis": {"kind": "cis", "model": "smollm2-135m-instruct", "options": {"estimator": "reverse"}}
       },
       "default_reranker": "dense",
+      "embeddings": "dense",
       "indexes": {"msmarco": {"path": "indexes/msmarco-bm25"}},
       "limits": {"max_documents": 1000, "max_request_cost": 1048576,
                  "max_inflight_body_bytes": 268435456},
@@ -196,20 +197,47 @@ class BatchingConfig(ComponentConfig):
     retry_after_s: int = _count(1, "Retry-After sent with 503.")
 
 
+DEFAULT_RERANKERS: dict[str, dict[str, Any]] = {
+    "dense": {"kind": "dense", "options": {"backend": "auto"}},
+    "student": {"kind": "student"},
+    "dense-float32": {"kind": "dense", "options": {"backend": "auto", "dtype": "float32"}},
+}
+"""What a bare `cisrank serve` serves, chosen on DL21 (bench/RESULTS.md, "The default chosen
+again"): the best on DL21 among the rerankers within 1.5x of the fastest's 100-passage latency.
+`dense` is all-MiniLM-L6-v2 on `--backend auto` (ONNX Runtime int8 with the `onnx` extra: DL21
+nDCG@10 0.5801, DL19 0.6438, p50 1.52 s against the student's 1.66 s in one run), the default of
+`/v1/rerank`; `student`, the distilled cross-encoder shipped with cisrank (DL21 0.5505, DL19
+0.6458), served by name; `dense-float32`, the same bi-encoder in float32 (ONNX Runtime float32,
+as torch's to 1e-5, or torch float32 without the extra), the encoder of `/v1/embeddings`: int8
+moves a cosine by up to 0.035-0.064 from float32's, and an embeddings client stores the vectors
+and compares them with others made elsewhere from the same model."""
+
+DEFAULT_EMBEDDINGS = "dense-float32"
+"""The reranker of `DEFAULT_RERANKERS` whose encoder `/v1/embeddings` serves."""
+
+
 class ServerConfig(ComponentConfig):
     """Everything `cisrank serve` needs besides host, port and workers."""
 
     rerankers: dict[str, RerankerSpec] = Field(
         default_factory=lambda: {
-            "student": RerankerSpec(kind="student"),
-            "dense": RerankerSpec(kind="dense"),
+            name: RerankerSpec.model_validate(spec) for name, spec in DEFAULT_RERANKERS.items()
         },
-        description="Served rerankers by name. Default: the student shipped with cisrank "
-        "(DL19 nDCG@10 0.6458, the default of /v1/rerank) and the all-MiniLM-L6-v2 bi-encoder "
-        "(the encoder of /v1/embeddings).",
+        description="Served rerankers by name. Default: 'dense', the all-MiniLM-L6-v2 bi-encoder "
+        "on --backend auto (ONNX Runtime int8 with the onnx extra; DL21 nDCG@10 0.5801, the "
+        "default of /v1/rerank); 'student', the cross-encoder shipped with cisrank (DL21 "
+        "0.5505); 'dense-float32', the same bi-encoder in float32 (the encoder of "
+        "/v1/embeddings).",
     )
     default_reranker: str | None = Field(
         default=None, description="Used when a request names no model; the first one when unset."
+    )
+    embeddings: str | None = Field(
+        default=None,
+        description="The served reranker whose bi-encoder /v1/embeddings uses when a request "
+        "names no reranker: for a request without `model`, and first among those serving the "
+        "model id a request names. Default: 'dense-float32' with the default rerankers; with "
+        "your own, the default reranker where it embeds, else the first that does.",
     )
     indexes: dict[str, IndexSpec] = Field(default_factory=dict)
     default_index: str | None = None
@@ -226,6 +254,15 @@ class ServerConfig(ComponentConfig):
         "503 with Retry-After (JSON), and `cisrank serve` exits 0.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_embeddings(cls, data: Any) -> Any:
+        """The default rerankers come with their embeddings encoder; rerankers of one's own
+        name theirs (or leave it to the default reranker)."""
+        if isinstance(data, dict) and "rerankers" not in data and "embeddings" not in data:
+            return {**data, "embeddings": DEFAULT_EMBEDDINGS}
+        return data
+
     @model_validator(mode="after")
     def _check_names(self) -> ServerConfig:
         if not self.rerankers:
@@ -237,6 +274,11 @@ class ServerConfig(ComponentConfig):
             raise ValueError(
                 f"default_reranker {self.default_reranker!r} is not one of the configured "
                 f"rerankers: {', '.join(self.rerankers)}"
+            )
+        if self.embeddings is not None and self.embeddings not in self.rerankers:
+            raise ValueError(
+                f"embeddings {self.embeddings!r} is not one of the configured rerankers: "
+                f"{', '.join(self.rerankers)}"
             )
         if self.default_index is not None and self.default_index not in self.indexes:
             raise ValueError(f"default_index {self.default_index!r} is not a configured index")

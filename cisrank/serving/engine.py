@@ -197,12 +197,14 @@ class Serving:
             for name, spec in self.config.rerankers.items():
                 component = f"reranker '{name}'"
                 started = time.perf_counter()
-                loaded[name] = build_reranker(spec)
+                reranker = loaded[name] = build_reranker(spec)
+                runs_on = " ".join(filter(None, (reranker.runtime, reranker.compute_type)))
                 log.info(
-                    "loaded reranker %s (%s, %s) in %.1f s",
+                    "loaded reranker %s (%s, %s on %s) in %.1f s",
                     name,
                     spec.kind,
-                    spec.model,
+                    public_model_id(spec.model or reranker.model_name),
+                    runs_on or "its own runtime",
                     time.perf_counter() - started,
                 )
             retrievers = {}

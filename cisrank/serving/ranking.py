@@ -118,24 +118,40 @@ class RankingService:
         self.serving = serving
 
     def catalog(self) -> Catalog:
-        """The rerankers (by the name a query's `model` takes) and indexes served here."""
+        """The rerankers (by the name a query's `model` takes) and indexes served here, with
+        the runtime and number format of each once loaded."""
         serving = self.serving
         config = serving.config
-        rerankers = [
-            ServedReranker(
-                name=name,
-                kind=spec.kind,
-                model=public_model_id(serving.served_model(name)) or "",
-                ready=serving.ready,
+        rerankers = []
+        for name, spec in config.rerankers.items():
+            loaded = serving.rerankers.get(name)
+            rerankers.append(
+                ServedReranker(
+                    name=name,
+                    kind=spec.kind,
+                    model=public_model_id(serving.served_model(name)) or "",
+                    ready=serving.ready,
+                    runtime=loaded.runtime if loaded is not None else None,
+                    compute_type=loaded.compute_type if loaded is not None else None,
+                )
             )
-            for name, spec in config.rerankers.items()
-        ]
         names = list(config.indexes) or list(serving.retrievers)
         indexes = []
         for n in names:
             retriever = serving.retrievers.get(n)
             indexes.append(ServedIndex(name=n, kind=retriever.name if retriever else None))
-        return Catalog(rerankers=rerankers, indexes=indexes, default=config.default_reranker_name)
+        embeddings = None
+        if serving.ready:
+            try:
+                embeddings = self.embedder_name()
+            except InvalidField:  # nothing served embeds
+                embeddings = None
+        return Catalog(
+            rerankers=rerankers,
+            indexes=indexes,
+            default=config.default_reranker_name,
+            embeddings=embeddings,
+        )
 
     def describe(self, name: str | None = None) -> RerankerInfo:
         """What is loaded and configured of reranker `name` (default: the default reranker)."""
@@ -213,20 +229,28 @@ class RankingService:
             truncated=truncated,
         )
 
-    def _embedder(self, requested: str | None) -> str:
-        """The reranker whose bi-encoder embeds: the one named, else the default if it has one,
-        else the first served that has one."""
+    def embedder_name(self, requested: str | None = None) -> str:
+        """The reranker whose bi-encoder embeds: the one named; for a request without `model`,
+        `embeddings` of the config, else the default if it has one, else the first served that
+        has one; for a model id, the reranker that embeds with it, `embeddings` before the
+        others (the default server's float32 encoder, not its int8 reranker of the same
+        model), then any other that serves it."""
         serving = self.serving
         serving.check_ready()
-        able = [n for n in serving.config.rerankers if text_embedder(serving.rerankers[n])]
+        config = serving.config
+        able = [n for n in config.rerankers if text_embedder(serving.rerankers[n])]
+        chosen = config.embeddings
+        first = [chosen] if chosen in able else []
         if requested is None:
-            default = serving.config.default_reranker_name
-            name = default if default in able or not able else able[0]
-        elif requested in serving.config.rerankers:
+            default = config.default_reranker_name
+            name = first[0] if first else default if default in able or not able else able[0]
+        elif requested in config.rerankers:
             name = requested
-        else:  # a model id: the reranker that embeds with it, before any other that serves it
+        else:  # a model id
             try:
-                name = serving.resolve_reranker(requested, among=able)
+                name = serving.resolve_reranker(
+                    requested, among=[*first, *(n for n in able if n != chosen)]
+                )
             except InvalidField:
                 name = serving.resolve_reranker(requested)
         if name not in able:
@@ -247,7 +271,7 @@ class RankingService:
         serving = self.serving
         config = serving.config
         limits = config.limits
-        name = self._embedder(q.model)
+        name = self.embedder_name(q.model)
         reranker = serving.rerankers[name]
         dimensions = embedding_dimensions(reranker)
         if q.dimensions is not None and dimensions is not None and q.dimensions != dimensions:

@@ -156,6 +156,10 @@ class ServedReranker:
     model: str
     """Its model's public id (a local folder by its name), "" while unknown."""
     ready: bool
+    runtime: str | None = None
+    """The runtime its model runs on (torch, onnx, ctranslate2), None while it loads."""
+    compute_type: str | None = None
+    """The number format it computes in (float32, bfloat16, int8), None while it loads."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,9 @@ class Catalog:
     rerankers: list[ServedReranker]
     indexes: list[ServedIndex]
     default: str
+    embeddings: str | None = None
+    """The reranker whose encoder /v1/embeddings uses without a `model` (None: none embeds,
+    or not known while the models load)."""
 
 
 @dataclass(frozen=True)

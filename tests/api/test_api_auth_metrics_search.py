@@ -188,7 +188,9 @@ def test_models_lists_rerankers_and_indexes(search_client):
     assert body["default"] == "inv"
     assert body["data"] == [
         {"id": "inv", "object": "model", "kind": "dense", "model": "model-inv", "ready": True}
+        | {"runtime": None, "dtype": None}  # a stand-in model declares neither
     ]
+    assert body["embeddings"] is None  # it has no bi-encoder
     assert body["indexes"] == [{"id": "toy", "kind": "list"}]
 
 

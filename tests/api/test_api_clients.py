@@ -148,6 +148,23 @@ def test_info_is_tei_s_filled_from_what_is_served(default_dense, tiny_gpt2_dir):
         "model_dtype": "float32",
         "model_runtime": "torch",
         "served_model_name": "dense",
+        # the encoder of /v1/embeddings (the default, which embeds) and every reranker
+        "embeddings": {
+            "served_model_name": "dense",
+            "model_id": "all-MiniLM-L6-v2",
+            "model_dtype": "float32",
+            "model_runtime": "torch",
+        },
+        "rerankers": [
+            {
+                "served_model_name": "dense",
+                "model_id": "all-MiniLM-L6-v2",
+                "model_dtype": "float32",
+                "model_runtime": "torch",
+            },
+            {"served_model_name": "over", "model_id": "m", "model_dtype": None}
+            | {"model_runtime": None},
+        ],
         "model_type": {"reranker": {"id2label": {}, "label2id": {}}},
         "max_concurrent_requests": 9,
         "max_input_length": default_dense.runner.max_length,

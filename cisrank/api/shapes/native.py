@@ -44,11 +44,19 @@ def models(service: RankingService) -> ModelList:
     catalog = service.catalog()
     return ModelList(
         data=[
-            ModelCard(id=r.name, kind=r.kind, model=r.model, ready=r.ready)
+            ModelCard(
+                id=r.name,
+                kind=r.kind,
+                model=r.model,
+                ready=r.ready,
+                runtime=r.runtime,
+                dtype=r.compute_type,
+            )
             for r in catalog.rerankers
         ],
         indexes=[IndexCard(id=i.name, kind=i.kind) for i in catalog.indexes],
         default=catalog.default,
+        embeddings=catalog.embeddings,
     )
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cisrank.api.schemas import TeiInfo, TeiLabels, TeiRank, TeiRerankRequest
+from cisrank.api.schemas import ServedRuntime, TeiInfo, TeiLabels, TeiRank, TeiRerankRequest
 from cisrank.api.shapes.renaming import fields_renamed, renamed_list
 from cisrank.serving.errors import InvalidField
 from cisrank.serving.ranking import RankingService
-from cisrank.serving.types import RerankQuery
+from cisrank.serving.types import RerankerInfo, RerankQuery
 from cisrank.version import __version__
 
 
@@ -56,17 +56,37 @@ async def rerank(service: RankingService, body: TeiRerankRequest) -> list[TeiRan
     ]
 
 
+def _runtime(described: RerankerInfo) -> ServedRuntime:
+    return ServedRuntime(
+        served_model_name=described.name,
+        model_id=described.model,
+        model_dtype=described.compute_type,
+        model_runtime=described.runtime,
+    )
+
+
 def info(service: RankingService) -> TeiInfo:
     """TEI's `GET /info` for the default reranker, from what is loaded and configured (no value
-    cisrank does not know: `model_sha` and the build's `sha` are null)."""
+    cisrank does not know: `model_sha` and the build's `sha` are null); and, beyond TEI's
+    fields, the runtime and number format of /v1/embeddings' encoder and of every reranker."""
     described = service.describe()
     config = service.serving.config
+    try:
+        embeddings: ServedRuntime | None = _runtime(service.describe(service.embedder_name()))
+    except InvalidField:  # no served reranker embeds
+        embeddings = None
     return TeiInfo(
         model_id=described.model,
         model_dtype=described.compute_type,
         model_runtime=described.runtime,
         passage_cache=described.passage_cache,
         served_model_name=described.name,
+        embeddings=embeddings,
+        rerankers=[
+            _runtime(service.describe(name))
+            for name in config.rerankers
+            if name in service.serving.rerankers  # an app given some of its rerankers
+        ],
         model_type={"reranker": TeiLabels()},
         max_concurrent_requests=config.batching.max_queue,
         max_input_length=described.pair_token_limit,
