@@ -153,6 +153,7 @@ DENSE_FLAGS = config_flags(
         "hnsw_m",
         "ivf_nlist",
         "ivf_nprobe",
+        "backend",
         "dtype",
     ],
     aliases={"model": ["-m"]},

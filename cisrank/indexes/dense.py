@@ -31,7 +31,13 @@ from cisrank.jobs.ray import check_engine
 from cisrank.jobs.shards import Progress, Shards, ShardWriter, run_shards
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
-from cisrank.retrieval.dense import FAISS_FILE, DenseIndexConfig, encode, import_faiss
+from cisrank.retrieval.dense import (
+    FAISS_FILE,
+    DenseIndexConfig,
+    encode,
+    import_faiss,
+    open_encoder,
+)
 from cisrank.retrieval.docstore import DOCSTORE_FILE, write_docstore
 
 log = logging.getLogger(__name__)
@@ -115,7 +121,7 @@ def build_dense(
         progress=Progress("encode", "passage", progress, total=len(corpus)),
         ray=ray,
         job_wrapper=job_wrapper,
-        describe=lambda: {"dtype": _local_dtype(config, device)},
+        describe=lambda: _local_runtime(config, device),
     )
     embeddings = _join(out, shard_dir, run.shards, config, faiss)
     write_docstore(out / DOCSTORE_FILE, zip(corpus.docids, corpus.texts, strict=True))
@@ -131,6 +137,7 @@ def build_dense(
             "path": model_path,
             "fingerprint": fingerprint,
             "dimension": int(embeddings.shape[1]),
+            "runtime": run.info["runtime"],
             "dtype": run.info["dtype"],
         },
         extra={
@@ -146,13 +153,14 @@ def _plan(
     corpus: Any, config: DenseIndexConfig, shard_dir: Path, fingerprint: str, info: dict[str, Any]
 ) -> Shards[tuple[int, int]]:
     """The corpus in spans of `shard_size` passages, the folder claimed for this build: the
-    precision decides the embeddings, so shards encoded in another one (a rerun on another
-    device) are not reused, and the manifest records it."""
+    runtime and precision decide the embeddings, so shards encoded in others (a rerun on another
+    device or backend) are not reused, and the manifest records them."""
     size, total = config.shard_size, len(corpus)
     meta = {
         "model_fingerprint": fingerprint,
         "passages": total,
         "params": config.model_dump(),
+        "runtime": info["runtime"],
         "dtype": info["dtype"],
     }
     return Shards(
@@ -176,13 +184,17 @@ def _join(out: Path, shard_dir: Path, shards: int, config: DenseIndexConfig, fai
     return embeddings
 
 
-def _local_dtype(config: DenseIndexConfig, device: str | None) -> str:
-    """The precision a local build encodes in, known before the model loads (a Ray build's
-    actors report theirs: their device decides it)."""
+def _local_runtime(config: DenseIndexConfig, device: str | None) -> dict[str, str]:
+    """The runtime and precision a local build encodes in, known before the model loads (a Ray
+    build's actors report theirs: their device decides it)."""
     from cisrank.devices import resolve_device, resolve_dtype
     from cisrank.models.encoders import dtype_name
+    from cisrank.runtimes.auto import resolve_embedder_backend
 
-    return dtype_name(resolve_dtype(config.dtype, resolve_device(device)))
+    runtime, dtype = resolve_embedder_backend(config.backend, device, config.dtype)
+    if runtime == "onnx":
+        return {"runtime": runtime, "dtype": "float32" if dtype in (None, "fp32") else dtype}
+    return {"runtime": runtime, "dtype": dtype_name(resolve_dtype(dtype, resolve_device(device)))}
 
 
 def _embeddings_npy(shard: int, table: Any) -> bytes:
@@ -204,22 +216,22 @@ class DenseShardJob:
         self.device = device
 
     def load(self) -> Any:
-        from cisrank.models.encoders import load_sentence_transformer
-
-        return load_sentence_transformer(
-            self.model_path, self.device, self.config.max_seq_length, self.config.dtype
+        """The encoder on the build's runtime (`open_encoder`, as its queries will be), with its
+        texts a batch."""
+        return open_encoder(
+            self.model_path, self.config, self.device, self.config.backend, self.config.dtype
         )
 
     def describe(self, encoder: Any) -> dict[str, Any]:
-        from cisrank.models.encoders import dtype_name
-
-        return {"dtype": dtype_name(next(encoder.parameters()).dtype)}
+        runner, _ = encoder
+        return {"runtime": runner.name, "dtype": runner.compute_type}
 
     def score(self, encoder: Any, batch: Any) -> Any:
         import pyarrow as pa
 
         texts = batch.column("text").to_pylist()
-        emb = encode(encoder, texts, self.config, self.config.passage_prefix)
+        runner, batch_size = encoder
+        emb = encode(runner, texts, self.config, self.config.passage_prefix, batch_size)
         values = pa.array(emb.reshape(-1), pa.float32())
         return pa.table(
             {

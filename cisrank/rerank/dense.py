@@ -34,10 +34,8 @@ from cisrank.rerank.base import BaseReranker, fast_only
 from cisrank.rerank.configs import DenseRerankerConfig
 from cisrank.rerank.passage_cache import EmbeddingCache, cache_space
 from cisrank.runtimes.auto import resolve_embedder_backend
-from cisrank.runtimes.embedder import EmbedderBackend
-from cisrank.runtimes.table import DYNAMIC_INT8_CPU_BATCH_SIZE, FEATURE_EXTRACTION, runtime
+from cisrank.runtimes.embedder import EmbedderBackend, open_embedder
 
-GPU_BATCH_SIZE = 128
 MIB = 1 << 20
 
 
@@ -83,24 +81,18 @@ class DenseReranker(BaseReranker):
         c = self.config
         self.backend, dtype = resolve_embedder_backend(c.backend, c.device, c.dtype)
         self.config = c = c.replace(backend=self.backend, dtype=dtype)
-        load = runtime(self.backend, FEATURE_EXTRACTION).load()
-        self.runner: EmbedderBackend = load(
+        self.runner: EmbedderBackend
+        self.runner, self.batch_size = open_embedder(
             c.model,
+            self.backend,
             c.dtype,
             device=c.device,
             threads=torch.get_num_threads(),  # ONNX Runtime's: torch's (--threads-per-worker)
             max_length=c.max_seq_length,
+            batch_size=c.batch_size,
         )
         self.compute_type = self.runner.compute_type
         self.runtime = self.runner.name
-        on_gpu = self.runner.device.type == "cuda"
-        # dynamic int8 embeds one text a batch: its activation scale is the batch's
-        cpu_batch = (
-            DYNAMIC_INT8_CPU_BATCH_SIZE
-            if self.compute_type == "int8"
-            else runtime(self.backend, FEATURE_EXTRACTION).cpu_batch_size or 16
-        )
-        self.batch_size = c.batch_size or (GPU_BATCH_SIZE if on_gpu else cpu_batch)
         # Capabilities: the encoder's tokenizer, and its sequence length as the pair limit.
         self.fast_tokenizer = fast_only(self.runner.tokenizer)
         self.pair_token_limit = self.runner.max_length

@@ -29,6 +29,8 @@ from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
 from cisrank.retrieval.base import IndexConfig
 from cisrank.retrieval.docstore import DOCSTORE_FILE, DocStore
+from cisrank.runtimes.embedder import EmbedderBackend, open_embedder
+from cisrank.runtimes.table import BackendName
 
 FAISS_FILE = "faiss.index"
 IndexType = Literal["flat", "hnsw", "ivf"]
@@ -60,11 +62,19 @@ class DenseIndexConfig(IndexConfig):
         default=None, ge=1, description="IVF lists; about 4 sqrt(n) when unset."
     )
     ivf_nprobe: int = Field(default=16, ge=1, description="IVF lists searched per query.")
+    backend: BackendName = Field(
+        default="torch",
+        description="Runtime that embeds the passages, and the queries at search time: torch "
+        "(sentence-transformers' encode, exact float32 on a CPU), onnx (the model's modules "
+        "exported to ONNX Runtime, CPU: float32 as torch's to 1e-5, or int8, one passage a "
+        "batch) or auto (the dense reranker's rule). The manifest's model.runtime records the "
+        "one used, and queries are embedded on it.",
+    )
     dtype: str | None = Field(
         default=None,
-        description="Encoder precision: float32, bfloat16 or float16; unset: the device's "
-        "(bf16 on GPUs that support it, fp16 on older ones, float32 on CPU). The manifest's "
-        "model.dtype records the one used.",
+        description="Encoder precision: float32, bfloat16 or float16 (torch), float32 or int8 "
+        "(onnx); unset: the runtime's (torch: bf16 on GPUs that support it, fp16 on older "
+        "ones, float32 on CPU). The manifest's model.dtype records the one used.",
     )
 
 
@@ -72,20 +82,43 @@ def import_faiss():
     return require("faiss", "dense", "the dense index (FAISS)")
 
 
-def encode(encoder, texts: Sequence[str], config: DenseIndexConfig, prefix: str) -> np.ndarray:
-    import torch
+def open_encoder(
+    model_path: str, config: DenseIndexConfig, device: str | None, runtime: str, dtype: str | None
+) -> tuple[EmbedderBackend, int]:
+    """The index's bi-encoder on `runtime` in `dtype`, and its texts a batch: the dense
+    reranker's way in (`cisrank.runtimes.embedder.open_embedder`), so passages embedded by a
+    build and the queries searched against them run the same arithmetic."""
+    return open_embedder(
+        model_path,
+        runtime,
+        dtype,
+        device=device,
+        max_length=config.max_seq_length,
+        batch_size=config.batch_size,
+    )
 
+
+def encode(
+    encoder: EmbedderBackend,
+    texts: Sequence[str],
+    config: DenseIndexConfig,
+    prefix: str,
+    batch_size: int,
+) -> np.ndarray:
     if prefix:
         texts = [prefix + t for t in texts]
-    with torch.inference_mode():
-        emb = encoder.encode(
-            list(texts),
-            batch_size=config.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=config.normalize,
-            show_progress_bar=False,
-        )
+    emb = encoder.embed(list(texts), batch_size, normalize=config.normalize)
     return np.ascontiguousarray(emb, dtype=np.float32)
+
+
+def recorded_runtime(manifest: Manifest, config: DenseIndexConfig) -> tuple[str, str | None]:
+    """The runtime and precision an index's passages were embedded in, which its queries must
+    be embedded in too. Indexes built before runtimes were recorded are torch's, at the
+    precision asked for then (unset: the device's)."""
+    model = manifest.model or {}
+    if "runtime" not in model:
+        return "torch", config.dtype
+    return str(model["runtime"]), model.get("dtype")
 
 
 class DenseRetriever:
@@ -99,9 +132,12 @@ class DenseRetriever:
         manifest: Manifest,
         device: str | None = None,
         check_model: bool = True,
+        backend: str | None = None,
+        dtype: str | None = None,
     ) -> None:
-        from cisrank.models.encoders import load_sentence_transformer
-
+        """`backend` and `dtype`, where given, are what the caller expects the queries to be
+        embedded with: an index embedded otherwise is refused (its vectors and the queries'
+        would not be comparable); unset, the index's own (`recorded_runtime`)."""
         faiss = import_faiss()
         self.path = Path(path)
         self.config = DenseIndexConfig.from_params(manifest.params)
@@ -114,8 +150,18 @@ class DenseRetriever:
                 "the model"
             )
         self.model_name = self.config.model
-        self.encoder = load_sentence_transformer(
-            model_path, device, self.config.max_seq_length, self.config.dtype
+        self.runtime, self.dtype = recorded_runtime(manifest, self.config)
+        asked = {"backend": backend, "dtype": dtype}
+        held = {"backend": self.runtime, "dtype": self.dtype}
+        for what in ("backend", "dtype"):
+            if asked[what] not in (None, "auto") and asked[what] != held[what]:
+                raise DataError(
+                    f"the index at {self.path} was embedded with {what} {held[what]}, not "
+                    f"{asked[what]}: its queries are embedded the same way (drop the option, or "
+                    f"rebuild the index with --{what} {asked[what]})"
+                )
+        self.encoder, self.batch_size = open_encoder(
+            model_path, self.config, device, self.runtime, self.dtype
         )
         try:
             self.index = faiss.read_index(str(self.path / FAISS_FILE))
@@ -152,7 +198,9 @@ class DenseRetriever:
         tokenizer fails ("Already borrowed") when one thread changes its settings while another
         encodes; a GPU FAISS index is not safe for concurrent searches either."""
         with self._lock:
-            return encode(self.encoder, queries, self.config, self.config.query_prefix)
+            return encode(
+                self.encoder, queries, self.config, self.config.query_prefix, self.batch_size
+            )
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]:
         return self.batch_search([query], k)[0]

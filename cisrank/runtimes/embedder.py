@@ -59,9 +59,10 @@ class EmbedderBackend(Protocol):
         """The length of its embeddings, as the model declares it."""
         ...
 
-    def embed(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
-        """Unit-length float32 embeddings of `texts`, one row each, in input order, at most
-        `batch_size` texts a model batch."""
+    def embed(self, texts: Sequence[str], batch_size: int, normalize: bool = True) -> np.ndarray:
+        """Float32 embeddings of `texts`, one row each, in input order, at most `batch_size`
+        texts a model batch; unit length unless `normalize` is False (models trained for raw
+        dot products, as Contriever: a Normalize module of the model's own still applies)."""
         ...
 
 
@@ -89,3 +90,47 @@ def normalized(rows: np.ndarray) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.float32)
     norms = np.linalg.norm(rows, axis=1, keepdims=True)
     return rows / np.maximum(norms, np.float32(1e-12))
+
+
+def embed_batch_size(
+    backend: EmbedderBackend, asked: int | None, task_cpu_batch: int | None
+) -> int:
+    """Texts a model batch: what the caller asked, else 128 on a GPU and the runtime's CPU size
+    (16) on a CPU; dynamic int8 always one text a batch, whatever was asked: its activation scale
+    is the batch's, and a passage's embedding must be a function of the passage alone (an index
+    built in batches of 64 would not match the same passage embedded at serve time)."""
+    from cisrank.runtimes.table import DYNAMIC_INT8_CPU_BATCH_SIZE
+
+    if backend.compute_type == "int8":
+        return DYNAMIC_INT8_CPU_BATCH_SIZE
+    if asked:
+        return asked
+    return GPU_BATCH_SIZE if backend.device.type == "cuda" else (task_cpu_batch or 16)
+
+
+GPU_BATCH_SIZE = 128
+
+
+def open_embedder(
+    model: str,
+    backend: str,
+    dtype: str | None,
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    max_length: int | None = None,
+    batch_size: int | None = None,
+) -> tuple[EmbedderBackend, int]:
+    """The one way a bi-encoder is opened: for the dense reranker (and so `/v1/embeddings`, the
+    hybrid's dense part and the dense teacher) and for the dense index's passages and queries, so
+    an index built offline and its queries run on the same runtime and precision. `backend` may
+    be `auto` (`cisrank.runtimes.auto.resolve_embedder_backend`); returns the loaded runtime and
+    the texts a model batch (`embed_batch_size`)."""
+    from cisrank.runtimes.auto import resolve_embedder_backend
+    from cisrank.runtimes.table import FEATURE_EXTRACTION, check_serves, runtime
+
+    name, compute = resolve_embedder_backend(backend, device, dtype)
+    check_serves(name, FEATURE_EXTRACTION)
+    row = runtime(name, FEATURE_EXTRACTION)
+    runner = row.load()(model, compute, device=device, threads=threads, max_length=max_length)
+    return runner, embed_batch_size(runner, batch_size, row.cpu_batch_size)

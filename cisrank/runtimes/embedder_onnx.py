@@ -258,9 +258,9 @@ class OnnxEmbedder:
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder / ONNX_TOKENIZER))
         self.inputs = {i.name for i in self.session.get_inputs()}
 
-    def embed(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    def embed(self, texts: Sequence[str], batch_size: int, normalize: bool = True) -> np.ndarray:
         """Texts tokenized, sorted by length and cut into batches of `batch_size`, each padded
-        to its longest; the rows normalized in float32."""
+        to its longest; the rows normalized in float32 unless `normalize` is False."""
         if not texts:
             return np.zeros((0, self.dimensions or 0), dtype=np.float32)
         enc = _tokenize(self.tokenizer, texts, self.max_length, self._lower, self._token_inputs)
@@ -270,7 +270,7 @@ class OnnxEmbedder:
             batch = self._pads.collate(enc, rows)
             feeds = {k: v for k, v in batch.items() if k in self.inputs}
             (out,) = self.session.run([OUTPUT], feeds)
-            return list(normalized(out))
+            return list(normalized(out) if normalize else np.asarray(out, np.float32))
 
         empty = np.zeros(self.dimensions or 0, dtype=np.float32)
         rows = LengthBatcher(batch_size=batch_size).run(lengths, run, empty)

@@ -52,8 +52,8 @@ class TorchEmbedder:
         dimensions = self.encoder.get_embedding_dimension()
         return int(dimensions) if dimensions else None
 
-    def embed(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
-        """`encode` with normalized embeddings (sentence-transformers sorts by length itself)."""
+    def embed(self, texts: Sequence[str], batch_size: int, normalize: bool = True) -> np.ndarray:
+        """`encode` (sentence-transformers sorts by length itself)."""
         scope = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if self.autocast
@@ -64,7 +64,7 @@ class TorchEmbedder:
                 list(texts),
                 batch_size=batch_size,
                 convert_to_numpy=True,
-                normalize_embeddings=True,
+                normalize_embeddings=normalize,
                 show_progress_bar=False,
             )
         return np.asarray(emb, dtype=np.float32)
@@ -92,9 +92,7 @@ def load(
         raise CisrankError(f"bf16 {mode!r}: one of {', '.join(BF16_MODES)}")
     dev = resolve_device(device)
     asked = compute_type not in (None, "auto")
-    dtype = resolve_dtype(compute_type if asked else None, dev)
-    if dev.type == "cpu" and not asked:
-        dtype = torch.float32
+    dtype = resolve_dtype(compute_type if asked else None, dev)  # the policy: float32 on a CPU
     autocast = dtype == torch.bfloat16 and dev.type == "cpu" and mode == "autocast"
     weights = torch.float32 if autocast else dtype
     encoder = load_sentence_transformer(model, str(dev), max_length, dtype=weights)
