@@ -1,18 +1,22 @@
 # cisrank developer entry points. Everything runs inside .venv, created on first use.
-PY_BOOT ?= $(shell command -v python3.11 || command -v python3)
-VENV    := .venv
-PY      := $(VENV)/bin/python
-PIP     := $(PY) -m pip
-EXTRAS  ?= minilm,dense,lucene,train,serve,models,dev,ray,ctranslate2,onnx
-DATA_DIR ?= $(abspath ../shared/data)
-export CISRANK_DATA_DIR ?= $(DATA_DIR)
-export HF_HUB_OFFLINE ?= 1
-export TRANSFORMERS_OFFLINE ?= 1
-export TOKENIZERS_PARALLELISM ?= false
+# The experiments (issue 46's RAG runs, the README's which-reranker table) are bench/Makefile's:
+# `make -C bench help` lists them.
+include common.mk
+.DEFAULT_GOAL := install
 
 VENV_MIN := .venv-min
 
-.PHONY: install test test-fast test-min lint format demo demo-cis demo-dense student ship-student check-student which-reranker rag rag-select rag-heldout bench clean
+.PHONY: help install test test-fast test-min lint format demo demo-cis demo-dense student ship-student check-student bench clean
+
+help:  ## this list; the experiments' targets are bench/Makefile's (make -C bench help)
+	@grep -E '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed -E 's/^([a-z-]+):.*## /  \1\t/'
+	@echo "  experiments: make -C bench help (rag, rag-select, rag-heldout, which-reranker)"
+
+# The experiment targets moved to bench/Makefile: asked for here, say where they are, run nothing.
+MOVED := rag rag-select rag-heldout which-reranker
+ifneq ($(filter $(MOVED),$(MAKECMDGOALS)),)
+$(error $(filter $(MOVED),$(MAKECMDGOALS)) moved to bench/Makefile: run make -C bench $(filter $(MOVED),$(MAKECMDGOALS)))
+endif
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY_BOOT) -m venv $(VENV)
@@ -117,58 +121,6 @@ student: install  ## train the kept student from the committed teacher rows into
 	$(VENV)/bin/cisrank eval trec-dl19 --reranker cross-encoder --model out/student \
 		--output out/eval-dl19-student
 
-# Issue 46: which reranker's passages answer the question (`cisrank eval rag`, bench/RESULTS.md
-# "Which reranker's passages answer"). The questions are NQ-Open's with their gold passage; each
-# candidate set is the gold and K - 1 distractors without an answer. Every run stores its
-# rankings and answers in RAG_CACHE by content and resumes there: rerun `make rag` after a stop,
-# and K = 10 related reads its pair scores from K = 20 related (its top). The rerankers are
-# bench/rag_rerankers.json (the student entry needs the registry's `student` kind). About 14 h of
-# both cores on the dev host (bench/RESULTS.md: the estimate from smoke runs, run by run).
-RAG_QUESTIONS ?= $(DATA_DIR)/nq-open-lim/nq-open-oracle.first2000.jsonl.gz
-RAG_OUT ?= out/rag
-RAG_CACHE ?= $(RAG_OUT)/cache
-RAG = $(VENV)/bin/cisrank eval rag --questions $(RAG_QUESTIONS) --cache $(RAG_CACHE) --resume
-RAG_ANSWERED ?= first-stage,mpnet,cis,cis-reverse,student,hybrid
-rag: install  ## issue 46's experiment: retrieval figures (500 questions, K 10/20, related/random), answers (300)
-	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
-	$(VENV)/bin/cisrank models pull all-mpnet-base-v2
-	$(VENV)/bin/cisrank models pull qwen2.5-coder-0.5b-instruct
-	$(RAG) --limit 500 --candidates 20 --distractors related --rerankers bench/rag_rerankers.json \
-		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/related-k20
-	$(RAG) --limit 500 --candidates 10 --distractors related --rerankers bench/rag_rerankers.json \
-		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/related-k10
-	$(RAG) --limit 500 --candidates 20 --distractors random --rerankers bench/rag_rerankers.json \
-		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/random-k20
-	$(RAG) --limit 500 --candidates 10 --distractors random --rerankers bench/rag_rerankers.json \
-		--top-k 1,3,5 --versus mpnet --output $(RAG_OUT)/random-k10
-	$(RAG) --limit 300 --candidates 20 --distractors related --rerankers bench/rag_rerankers.json \
-		--only $(RAG_ANSWERED) --top-k 1,3,5 --generator smollm2-135m-instruct --versus mpnet \
-		--output $(RAG_OUT)/answers-smollm2
-	$(RAG) --limit 300 --candidates 20 --distractors related --rerankers bench/rag_rerankers.json \
-		--only $(RAG_ANSWERED) --top-k 3 --generator qwen2.5-coder-0.5b-instruct --versus mpnet \
-		--output $(RAG_OUT)/answers-qwen
-
-# Issue 46, item 3: the CIS setting that chooses RAG passages best (bench/rag_cis_grid.json:
-# estimator, template, prior, normalization; reverse CIS with normalize=mean is not in it: it
-# divides every passage's log p(Q|K) by the same query length, so it ranks exactly as the sum
-# does, tests/rerank/test_cis_reverse.py; the settings read one stored pass of each side and
-# template, and one log p(K) a passage, out/rag/cache/parts: 5 passes and the priors for 8
-# settings), chosen on questions 0-999 by MRR of the gold at K = 20 related (gold recall@3
-# breaks ties) and reported once on questions 1000-1999 with
-# RAG_CHOSEN (the grid's name of the choice) beside the first stage, mpnet and the paper's
-# forward CIS (`cis`).
-# Chosen on 0-999 (bench/RESULTS.md, item 3): cis-reverse, the TREC DL default, so no preset.
-RAG_CHOSEN ?= cis-reverse
-rag-select: install  ## issue 46 item 3: the CIS grid on questions 0-999, chosen by MRR (then `make rag-heldout`)
-	$(RAG) --limit 1000 --candidates 20 --distractors related --rerankers bench/rag_cis_grid.json \
-		--top-k 1,3,5 --versus cis --output $(RAG_OUT)/select-0-999
-
-rag-heldout: install  ## issue 46 item 3: the chosen CIS setting (RAG_CHOSEN), mpnet and forward CIS on questions 1000-1999
-	$(RAG) --first 1000 --limit 1000 --candidates 20 --distractors related \
-		--rerankers bench/rag_rerankers.json --rerankers bench/rag_cis_grid.json \
-		--only mpnet,cis,$(RAG_CHOSEN) --top-k 1,3,5 --versus $(RAG_CHOSEN) \
-		--output $(RAG_OUT)/select-1000-1999
-
 # The shipped student (cisrank/models/shipped/cisrank-student, the `student` reranker) is
 # `make student`'s out/student in float16: `ship-student` writes it (deterministic: the same
 # float32 weights give the same sha256), `check-student` shows that the shipped files are made
@@ -177,13 +129,6 @@ ship-student: install  ## out/student -> the shipped float16 files of the `stude
 	$(VENV)/bin/cisrank distill ship --student out/student
 check-student: install  ## exit 0 iff the shipped student's files are out/student's, sha256 for sha256
 	$(VENV)/bin/cisrank distill ship --student out/student --check
-
-# README's "Which reranker" table: DL19 and DL21 nDCG@10 of every named reranker (evaluations in
-# out/which, reused when there) and their 100-passage /v1/rerank latency, served side by side.
-which-reranker: install  ## the README's which-reranker table (CIS at depth 100: tens of minutes)
-	$(VENV)/bin/cisrank models pull smollm2-135m-instruct
-	$(VENV)/bin/cisrank models pull all-mpnet-base-v2
-	$(PY) bench/which_reranker.py
 
 bench: install  ## benchmarks; results go to bench/RESULTS.md by hand, with machine and date
 	$(PY) bench/dense_reranker.py

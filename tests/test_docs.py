@@ -9,6 +9,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RESULTS = ROOT / "bench" / "RESULTS.md"
+LINKED = [*PAGES, RESULTS, *sorted((ROOT / "bench" / "archive").glob("*.md"))]
+"""The pages whose relative links must resolve: the README, docs/, and bench/RESULTS.md with the
+record it links into."""
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -21,7 +25,7 @@ def test_the_readme_is_read_in_five_minutes_and_opens_with_the_two_commands():
 
 def test_every_relative_link_of_the_readme_and_docs_resolves():
     dead = []
-    for page in PAGES:
+    for page in LINKED:
         text = page.read_text(encoding="utf-8")
         for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
@@ -38,6 +42,18 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
                 if anchor not in slugs:
                     dead.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert dead == []
+
+
+def test_the_results_file_holds_the_current_figures_and_links_the_record():
+    """bench/RESULTS.md is the current figure of each claim, read in minutes; the session-by-
+    session record is bench/archive/, which it links (the links are checked above)."""
+    lines = RESULTS.read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 600, len(lines)
+    archives = sorted((ROOT / "bench" / "archive").glob("RESULTS-*.md"))
+    assert archives
+    text = "\n".join(lines)
+    for archive in archives:
+        assert f"](archive/{archive.name}" in text, archive.name
 
 
 def test_the_own_data_page_covers_every_file_of_the_example_folder():

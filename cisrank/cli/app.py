@@ -20,6 +20,7 @@ from cisrank.cli.context import context
 from cisrank.cli.distill import distill_app
 from cisrank.cli.eval import eval_app
 from cisrank.cli.generate import generate
+from cisrank.cli.help_format import KIND_FLAGS, install_help
 from cisrank.cli.index import index_app
 from cisrank.cli.models import models_app
 from cisrank.cli.rerank import rerank
@@ -47,8 +48,9 @@ def _shown_as(label: str) -> Callable[[Any], str]:
 
 def _plain_value_types(command: Any) -> None:
     """The help's type column in the user's words, not Python's: nothing for a flag (typer
-    shows `<bool>`, `--help` included) and the item of a repeatable parameter (`<path>`, not
-    `<list[Path]>`; the help text says that it repeats)."""
+    shows `<bool>`, `--help` included), the item of a repeatable parameter (`<path>`, not
+    `<list[Path]>`; the help text says that it repeats) and a bounded number's type (`<int>`,
+    not `<int range>`)."""
     context = command.context_class(command, **command.context_settings)
     params = [*command.params, command.get_help_option(context)]
     for param in params:
@@ -57,6 +59,9 @@ def _plain_value_types(command: Any) -> None:
                 param.metavar = ""
             elif param.type_descriptor.is_list:
                 param.metavar = _item_type(param)
+            elif param.type_descriptor.annotation in (int, float):
+                # A bounded number's range is in its description ([x>=1]).
+                param.metavar = f"<{param.type_descriptor.annotation.__name__}>"
         elif isinstance(param, TyperArgument) and param.type_descriptor.is_list:
             # An argument's metavar is its name in the usage line, so its type is set here.
             param.display_type_rich = _shown_as(_item_type(param))  # type: ignore[method-assign,assignment]
@@ -78,13 +83,15 @@ def _unwrapped(text: str | None) -> str | None:
 
 class _Cisrank(TyperGroup):
     """The root command: its tree is built once per run (typer builds it from `app`), and this
-    sets every command's value types and help paragraphs for the help as it is built."""
+    sets every command's value types, help paragraphs and help layout (`help_format`: the
+    terminal's full width, a reranker kind's flags on a page of their own) as it is built."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for command in _commands(self):
             _plain_value_types(command)
             command.help = _unwrapped(command.help)
+            install_help(command, getattr(command.callback, KIND_FLAGS, None))
 
 
 app = typer.Typer(

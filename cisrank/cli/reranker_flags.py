@@ -22,6 +22,7 @@ import typer
 from pydantic.fields import FieldInfo
 
 from cisrank.cli.defaults import field_help
+from cisrank.cli.help_format import HELP_KIND, KIND_FLAGS, KindFlags, show_kind
 from cisrank.config import ComponentConfig, Flag, flag_fields, flag_name
 from cisrank.rerank.registry import KINDS
 
@@ -173,6 +174,23 @@ def flags_of(
     return list(found.values())
 
 
+def _help_kind(mark: KindFlags) -> inspect.Parameter:
+    option = typer.Option(
+        HELP_KIND,
+        metavar="KIND",
+        is_eager=True,
+        expose_value=False,
+        callback=show_kind,
+        help=f"Show the options of one {mark.role} kind ({', '.join(mark.every_kind)}) and exit.",
+    )
+    return inspect.Parameter(
+        "help_kind",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[str | None, option],
+    )
+
+
 def reranker_flags(
     *,
     role: str = "reranker",
@@ -194,7 +212,15 @@ def reranker_flags(
         if clash:
             raise TypeError(f"{command.__name__} already has {', '.join(sorted(clash))}")
         generated = [flag.parameter(role) for flag in flags]
+        # Whose each flag is, for the help: with several kinds, each kind's flags are on a
+        # page of their own (`--help-kind KIND`) and the main help has a line per kind.
+        kinds = {flag.field: flag.kinds for flag in flags}
+        summaries = {k: KINDS[k].summary for f in flags for k in f.kinds}
+        mark = KindFlags(f"--{role}", kinds, summaries)
+        if mark.collapsed:
+            generated.insert(0, _help_kind(mark))
         cast(Any, command).__signature__ = signature.replace(parameters=[*params[:-1], *generated])
+        setattr(command, KIND_FLAGS, mark)
         return command
 
     return decorate

@@ -303,8 +303,8 @@ def serve(
             "--reranker",
             "-r",
             help=f"Quick start without --config: serve one reranker of this kind ({SERVED_KINDS}, "
-            "or package.module:factory for your own), named after the kind, with the reranker "
-            "flags below as its options.",
+            "or package.module:factory for your own), named after the kind, with that kind's "
+            "flags (--help-kind KIND lists them) as its options.",
         ),
     ] = None,
     model: ModelOpt = None,
@@ -343,7 +343,7 @@ def serve(
     Quick start: cisrank serve --reranker dense --model all-MiniLM-L6-v2 --index indexes/bm25
     (a folder of `cisrank index build bm25`);
     cisrank serve --reranker cis --estimator forward --template qa (every option of a kind is a
-    flag, listed below by kind).
+    flag: cisrank serve --help-kind cis lists the cis kind's).
 
     Several models: cisrank serve --config deploy/server.json (the no-flag server's config, to
     copy and edit; JSON or YAML).

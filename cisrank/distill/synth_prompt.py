@@ -16,10 +16,11 @@ of `cisrank.distill.synth`). The prompt here is InPars' "vanilla" one,
 
 as plain text after the model's BOS, not a chat turn: on the MS MARCO training shots both
 SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct answered a chat-formatted request with
-sentences about the passage, and this one with queries (bench/RESULTS.md, "Training queries made
-from the passages"). The shots are drawn per (passage, query number) from a seed, so a passage's
-second query reads other examples than its first (greedy decoding then differs by its prompt,
-not by chance), and a rerun, on any number of workers, draws the same shots.
+sentences about the passage, and this one with queries (bench/archive/RESULTS-to-2026-12-02.md, "A
+student that beats similarity": what was measured of `distill synth` before its data was lost). The
+shots are drawn per (passage, query number) from a seed, so a passage's second query reads other
+examples than its first (greedy decoding then differs by its prompt, not by chance), and a rerun, on
+any number of workers, draws the same shots.
 
 No torch here: the driver renders every prompt before a model is loaded.
 """

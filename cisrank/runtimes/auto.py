@@ -14,12 +14,12 @@ bar (>= 1.3x, <= 0.01 lost, p > 0.05); CTranslate2 int8 was 1.53x at -0.0040, fl
 - ONNX int8 on other CPUs where the `onnx` extra is installed; torch float32 where it is not;
 - `CISRANK_LM_BACKEND` (torch, onnx, ctranslate2) overrides the choice process-wide.
 
-torch's own compute type, where none is asked for: bf16 on a GPU, and bf16 on a CPU with native
-bf16 matmuls (AVX512-BF16 or AMX; `CISRANK_CPU_BF16` overrides the detection), float32 on other
-CPUs. On such a CPU (2 cores, AVX-512 BF16; bench/RESULTS.md, tenth session) bf16 scored DL21's
-top 20 1.87x faster than float32 at nDCG@10 -0.0001 (p = 0.98), and DL19 at depth 100 at 0.5871
-(float32 0.5860) in 7 minutes. `--dtype float32` keeps the exact scores (every test's brute-force
-reference), and the engine's fingerprint names the compute type, so priors stay apart.
+torch's own compute type, where none is asked for: bf16 on a GPU, and bf16 on a CPU with native bf16
+matmuls (AVX512-BF16 or AMX; `CISRANK_CPU_BF16` overrides the detection), float32 on other CPUs. On
+such a CPU (2 cores, AVX-512 BF16; bench/archive/RESULTS-to-2026-12-02.md, tenth session) bf16
+scored DL21's top 20 1.87x faster than float32 at nDCG@10 -0.0001 (p = 0.98), and DL19 at depth 100
+at 0.5871 (float32 0.5860) in 7 minutes. `--dtype float32` keeps the exact scores (every test's
+brute-force reference), and the engine's fingerprint names the compute type, so priors stay apart.
 
 Why torch stays the CIS default and `auto` is asked for by name: on DL19 at depth 100 (4,300
 pairs, bench/RESULTS.md) ONNX int8 scored nDCG@10 0.5720 against torch's 0.5860 and was only

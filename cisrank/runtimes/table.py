@@ -117,15 +117,15 @@ RUNTIMES: tuple[Runtime, ...] = (
         },
     ),
 )
-"""The cross-encoder's CPU batch by runtime (bench/RESULTS.md, "The cross-encoder's batch on a
-CPU", bench/cross_encoder_batch.py): pairs sorted by length pad little at any size, so the choice
-is about the runtime. torch at 32 never trails sentence-transformers' CrossEncoder.rank on the
-same weights: 1.12x in float32 and 3.19x in bf16 on a quiet 2-core AVX-512 host, 1.05-1.19x in
-float32 with the other core busy, where 8 pairs fell to 0.70x (each batch is a sync point of
-torch's threads, and a busy core stalls every one). ONNX Runtime float32 at 8; dynamic int8 on
-any runtime: `DYNAMIC_INT8_CPU_BATCH_SIZE`. A bi-encoder's texts: 16 on either runtime (torch's
-figure, bench/RESULTS.md: 1.2x faster than 32 on DL19 passages; ONNX Runtime's taken from it,
-not yet measured on its own)."""
+"""The cross-encoder's CPU batch by runtime (bench/archive/RESULTS-to-2026-12-02.md, "The
+cross-encoder's batch on a CPU", bench/cross_encoder_batch.py): pairs sorted by length pad little at
+any size, so the choice is about the runtime. torch at 32 never trails sentence-transformers'
+CrossEncoder.rank on the same weights: 1.12x in float32 and 3.19x in bf16 on a quiet 2-core AVX-512
+host, 1.05-1.19x in float32 with the other core busy, where 8 pairs fell to 0.70x (each batch is a
+sync point of torch's threads, and a busy core stalls every one). ONNX Runtime float32 at 8; dynamic
+int8 on any runtime: `DYNAMIC_INT8_CPU_BATCH_SIZE`. A bi-encoder's texts: 16 on either runtime
+(torch's figure, bench/archive/RESULTS-to-2026-12-02.md: 1.2x faster than 32 on DL19 passages; ONNX
+Runtime's taken from it, not yet measured on its own)."""
 DYNAMIC_INT8_CPU_BATCH_SIZE = 1
 """Dynamic int8 (ONNX Runtime's, or torch's `quantize="int8"`) scores one pair at a time on a
 CPU: its activation scale is taken over the whole batch tensor, so at 8 pairs a passage's score

@@ -30,6 +30,27 @@ def help_text(*verb: str) -> str:
     return res.output
 
 
+def help_pages(*verb: str, columns: int = 200) -> dict[str, str]:
+    """`cisrank VERB... --help` and, where the verb has `--help-kind`, each kind's page
+    (`--help-kind KIND` for every registry kind the verb takes; one it does not is exit 2),
+    keyed by `--help` and the kind."""
+    from cisrank.rerank.registry import KINDS
+
+    def invoke(*args: str):
+        return CliRunner().invoke(app, [*verb, *args], env={"COLUMNS": str(columns)})
+
+    main = invoke("--help")
+    assert main.exit_code == 0, main.output
+    pages = {"--help": main.output}
+    if "--help-kind" in main.output:
+        for kind in KINDS:
+            page = invoke("--help-kind", kind)
+            assert page.exit_code in (0, 2), page.output
+            if page.exit_code == 0:
+                pages[kind] = page.output
+    return pages
+
+
 @dataclass(frozen=True)
 class Ran:
     code: int

@@ -49,7 +49,7 @@ def _rows(*verb: str) -> dict[str, list[str]]:
     `["<path>", "Index", ...]`."""
     rows = {}
     for line in help_text(*verb).splitlines():
-        words = [w for w in line.strip("│ ").split() if w != "*"]
+        words = [w.rstrip(",") for w in line.strip("│ ").split() if w != "*"]
         if words and words[0].startswith("--"):
             rows[words[0]] = [w for w in words[1:] if not (w.startswith("-") and len(w) == 2)]
     return rows

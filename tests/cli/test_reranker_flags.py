@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli.helpers import help_pages
 from typer.testing import CliRunner
 
 from cisrank.cli import app
@@ -38,9 +39,8 @@ TEACHER_FLAGS = RERANKER_FLAGS - {
 
 
 def _help(*verb: str) -> str:
-    res = runner.invoke(app, [*verb, "--help"], env={"COLUMNS": "200"})
-    assert res.exit_code == 0, res.output
-    return res.output
+    """The verb's main help and its kinds' pages (`--help-kind KIND`), one after the other."""
+    return "".join(help_pages(*verb).values())
 
 
 @pytest.mark.parametrize(
