@@ -43,6 +43,10 @@ RERANKERS: dict[str, list[str]] = {
     "dense MiniLM": ["--reranker", "dense"],
     "dense MiniLM int8": ["--reranker", "dense", "--backend", "onnx", "--dtype", "int8"],
     "dense mpnet": ["--reranker", "dense", "--model", "all-mpnet-base-v2"],
+    "dense mpnet onnx": [
+        *("--reranker", "dense", "--model", "all-mpnet-base-v2"),
+        *("--backend", "onnx", "--dtype", "float32"),
+    ],
     "dense mpnet int8": [
         *("--reranker", "dense", "--model", "all-mpnet-base-v2"),
         *("--backend", "onnx", "--dtype", "int8"),

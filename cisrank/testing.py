@@ -255,6 +255,13 @@ class ExactEncoder:
     crc32 bucket (integers, exact in float32; crc32, unlike `hash`, is the same in every
     process). It ignores `normalize_embeddings` so that no division rounds."""
 
+    name = "torch"
+    compute_type = "float32"
+
+    def embed(self, texts, batch_size: int = 32, normalize: bool = True):
+        """The `EmbedderBackend` face the dense build reads (`encode`, unnormalized)."""
+        return self.encode(texts, batch_size)
+
     def encode(self, texts, batch_size: int = 32, **_ignored):
         import zlib
 
@@ -340,7 +347,7 @@ class ExactEncoderJob(_ExactModel):
     """The dense build's job on `ExactEncoder`."""
 
     def load(self):
-        return ExactEncoder()
+        return ExactEncoder(), 32  # the encoder and its texts a batch, as `open_encoder` gives
 
 
 class ExactPriorJob(_ExactModel):

@@ -75,8 +75,8 @@ def test_concurrent_dense_searches_all_answer_like_sequential_ones(dense_index):
     reference = open_index(dense_index)
     expected = [[(h.docid, h.score) for h in reference.search(q, 5)] for q in queries]
     retriever = open_index(dense_index)  # served cold: its tokenizer is first set up under load
-    probe = _OverlapProbe(retriever.encoder.encode)
-    retriever.encoder.encode = probe
+    probe = _OverlapProbe(retriever.encoder.encoder.encode)  # the torch runtime's model
+    retriever.encoder.encoder.encode = probe
     app = create_app(
         config_for(["ov"]), rerankers={"ov": OverlapReranker()}, retrievers={"dense": retriever}
     )
