@@ -1,8 +1,6 @@
 """Dense encoders follow the project's precision policy (`cisrank.devices.resolve_dtype`), and
 dense index manifests record the precision their embeddings were computed in."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -21,10 +19,8 @@ ROWS = [
 
 
 @pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.jsonl"
-    p.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in ROWS))
-    return p
+def corpus(write_corpus):
+    return write_corpus(ROWS)
 
 
 class _FakeEncoder:

@@ -32,10 +32,8 @@ ROWS = [
 
 
 @pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.jsonl"
-    p.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in ROWS))
-    return p
+def corpus(write_corpus):
+    return write_corpus(ROWS)
 
 
 @pytest.fixture(scope="module")
