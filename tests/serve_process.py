@@ -99,7 +99,7 @@ class ServeProcess:
         return self._proc
 
     def __enter__(self) -> ServeProcess:
-        with self.log.open("a") as out:  # appended to: the child's writes never overwrite
+        with self.log.open("w") as out:  # a fresh log: a ready line in it is this start's
             self._proc = subprocess.Popen(
                 serve_command(*self.args),
                 env=self.env,
