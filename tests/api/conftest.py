@@ -56,62 +56,49 @@ def make_client():
         client.__exit__(None, None, None)
 
 
-@pytest.fixture
-def live_server():
-    """`live_server(app)` -> the base URL of `app` served by a real uvicorn on 127.0.0.1 in a
-    thread (the whole HTTP stack: h11 parsing, keep-alive, chunked bodies), stopped at the end."""
-    import socket
-    import threading
-    import time
+class ThreadServers:
+    """uvicorn servers in threads of this process, each on a port the system picks (read back
+    once it listens, so no test races another for a port chosen in advance)."""
 
-    import uvicorn
+    def __init__(self) -> None:
+        self.running: list[tuple[uvicorn.Server, threading.Thread]] = []
 
-    servers = []
-
-    def start(app) -> str:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        server = uvicorn.Server(config)
+    def start(self, app, **options) -> int:
+        """`app` served with uvicorn `options`; its port, once uvicorn has started."""
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **options))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
-        servers.append((server, thread))
-        deadline = time.monotonic() + 20
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise AssertionError("uvicorn did not start")
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(20)
-
-
-@pytest.fixture
-def guarded_app():
-    """`guarded_app(app, **limits)` -> the port of `app` under an in-process uvicorn with `cisrank
-    serve`'s connection protocol (the guarded httptools one; `limits` are `ConnectionLimits`)."""
-    servers = []
-
-    def start(app, lifespan: str = "auto", **limits) -> int:
-        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits(**limits))
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, http=protocol, lifespan=lifespan, log_config=None
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        servers.append((server, thread))
+        self.running.append((server, thread))
         deadline = time.monotonic() + 20
         while not server.started:
             assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
             time.sleep(0.01)
         return server.servers[0].sockets[0].getsockname()[1]
 
+    def stop(self) -> None:
+        for server, thread in self.running:
+            server.should_exit = True
+            thread.join(20)
+
+
+@pytest.fixture
+def live_server():
+    """`live_server(app)` -> the base URL of `app` served by a real uvicorn on 127.0.0.1 in a
+    thread (the whole HTTP stack: h11 parsing, keep-alive, chunked bodies), stopped at the end."""
+    servers = ThreadServers()
+    yield lambda app: f"http://127.0.0.1:{servers.start(app, log_level='warning')}"
+    servers.stop()
+
+
+@pytest.fixture
+def guarded_app():
+    """`guarded_app(app, **limits)` -> the port of `app` under an in-process uvicorn with `cisrank
+    serve`'s connection protocol (the guarded httptools one; `limits` are `ConnectionLimits`)."""
+    servers = ThreadServers()
+
+    def start(app, lifespan: str = "auto", **limits) -> int:
+        protocol = GuardedHttpToolsProtocol.with_limits(ConnectionLimits(**limits))
+        return servers.start(app, http=protocol, lifespan=lifespan, log_config=None)
+
     yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(10)
+    servers.stop()

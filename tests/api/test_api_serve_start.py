@@ -7,17 +7,14 @@ real kinds and every route."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import sqlite3
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from serve_process import ServeProcess, one_error_line, run_serve
 from typer.testing import CliRunner
 
 from cisrank import testing
@@ -25,34 +22,6 @@ from cisrank.cli import app
 from cisrank.cli.serve import server_config
 from cisrank.errors import CisrankError
 from cisrank.rerank.prior_store import PriorStore
-
-HERE = Path(__file__).resolve().parent
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CISRANK_LOG_LEVEL="WARNING")
-    env.pop("CISRANK_API_KEYS", None)
-    return env
-
-
-def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`cisrank serve ARGS` as a real process; one that keeps serving fails the test."""
-    cmd = [sys.executable, "-m", "cisrank.cli", "serve", *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=_env(), check=False
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
-    assert proc.returncode == code, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
-
 
 # ------------------------------------------------------------------ a damaged prior store
 
@@ -118,8 +87,8 @@ def test_a_damaged_prior_store_refuses_the_start_as_index_verify_does(tmp_path, 
 def test_serve_exits_2_with_one_line_on_a_damaged_prior_store(tmp_path):
     store = _store(tmp_path / "priors.sqlite")
     _flip_every_value(store)
-    proc = _serve("--config", str(_config(tmp_path, store)), "--port", "0")
-    _one_error_line(proc, 2, "reranker 'cis'", str(store), "damaged file")
+    proc = run_serve("--config", str(_config(tmp_path, store)), "--port", "0")
+    one_error_line(proc, 2, "reranker 'cis'", str(store), "damaged file")
 
 
 def test_a_prior_store_damaged_while_served_is_a_500_naming_reranker_and_store(
@@ -162,8 +131,8 @@ def test_a_port_in_use_is_one_line_and_exit_2():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = _serve("-r", "api_fakes:slow_reranker", "--port", str(port))
-    _one_error_line(proc, 2, f"cannot listen on 127.0.0.1:{port}", "in use")
+        proc = run_serve("-r", "api_fakes:slow_reranker", "--port", str(port))
+    one_error_line(proc, 2, f"cannot listen on 127.0.0.1:{port}", "in use")
     assert proc.stderr.strip().count("\n") == 0, proc.stderr  # nothing else: no uvicorn log
 
 
@@ -171,8 +140,8 @@ def test_a_port_in_use_is_one_line_and_exit_2():
 def test_a_model_that_cannot_load_stops_serve_with_one_line(workers):
     """It stayed up forever answering 503 `load_failed`."""
     started = time.monotonic()
-    proc = _serve("-r", "api_fakes:broken_reranker", "--port", "0", "--workers", workers)
-    _one_error_line(
+    proc = run_serve("-r", "api_fakes:broken_reranker", "--port", "0", "--workers", workers)
+    one_error_line(
         proc,
         2,
         "reranker 'broken_reranker' failed to load: OSError: cannot read the weights",
@@ -182,33 +151,13 @@ def test_a_model_that_cannot_load_stops_serve_with_one_line(workers):
     assert time.monotonic() - started < 50
 
 
-def test_ready_line_once_loaded_then_sigterm_exits_0():
+def test_ready_line_once_loaded_then_sigterm_exits_0(tmp_path):
     import httpx
 
-    cmd = [sys.executable, "-m", "cisrank.cli", "serve", "-r", "api_fakes:slow_reranker"]
-    proc = subprocess.Popen(
-        [*cmd, "--port", "0"],
-        env=_env(),
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 60
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("ready on "):
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "serve exited before it was ready"
-        assert line.startswith("ready on http://127.0.0.1:"), line
-        url = line.split()[-1]
-        assert httpx.get(url + "/readyz", timeout=5).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with ServeProcess("-r", "api_fakes:slow_reranker", log=tmp_path / "serve.log") as served:
+        assert served.ready_line.startswith("ready on http://127.0.0.1:"), served.ready_line
+        assert httpx.get(served.url + "/readyz", timeout=5).status_code == 200
+        assert served.stop() == 0
 
 
 def test_serve_help_lists_the_real_kinds_and_every_route():

@@ -7,15 +7,12 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 from api_fakes import SLOW_LOAD_ENV
-
-HERE = Path(__file__).resolve().parent
+from serve_process import ServeProcess, serve_env
 
 
 def _descendants(pid: int) -> set[int]:
@@ -66,59 +63,49 @@ def test_workers_die_with_a_killed_parent_and_a_restarted_one_waits_until_loaded
     port held); a restarted worker answered 503 `not_ready` to requests (3 of 16) while the
     other was ready; its death was logged at INFO only."""
     slow = tmp_path / "slow-load"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
-    env.update(HF_HUB_OFFLINE="1", CISRANK_LOG_LEVEL="WARNING", **{SLOW_LOAD_ENV: str(slow)})
-    env.pop("CISRANK_API_KEYS", None)
-    cmd = [sys.executable, "-m", "cisrank.cli", "serve", "-r", "api_fakes:restart_slow_reranker"]
-    log = tmp_path / "stderr.txt"
     below: set[int] = set()
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [*cmd, "--port", "0", "--workers", "2"], env=env, stderr=err, stdout=subprocess.DEVNULL
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "ready on " not in log.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.1)
-        url = log.read_text().split("ready on ", 1)[1].split()[0]
-        port = int(url.rsplit(":", 1)[1])
-        workers = _workers(proc.pid)
-        below |= _descendants(proc.pid)
-        assert len(workers) == 2, workers
+    with ServeProcess(
+        *("-r", "api_fakes:restart_slow_reranker", "--workers", "2"),
+        log=tmp_path / "stderr.txt",
+        env=serve_env(**{SLOW_LOAD_ENV: str(slow)}),
+    ) as served:
+        proc, url = served.proc, served.url
+        try:
+            workers = _workers(proc.pid)
+            below |= _descendants(proc.pid)
+            assert len(workers) == 2, workers
 
-        # a worker dies: its replacement loads in 3 s, and takes no request meanwhile
-        slow.touch()
-        os.kill(workers[0], signal.SIGKILL)
-        body = {"query": "hamlet", "documents": ["hamlet", "paris"]}
-        loading, loaded = Path(f"{slow}.loading"), Path(f"{slow}.loaded")
-        deadline = time.monotonic() + 60
-        while not loading.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        statuses = []
-        while not loaded.exists() and time.monotonic() < deadline:
-            r = httpx.post(url + "/v1/rerank", json=body, timeout=10)  # a new connection each
-            statuses.append(r.status_code)
-        assert len(statuses) > 5 and set(statuses) == {200}, statuses
-        deadline = time.monotonic() + 20
-        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert f"worker {workers[0]} died (killed by signal 9)" in log.read_text()
+            # a worker dies: its replacement loads in 3 s, and takes no request meanwhile
+            slow.touch()
+            os.kill(workers[0], signal.SIGKILL)
+            body = {"query": "hamlet", "documents": ["hamlet", "paris"]}
+            loading, loaded = Path(f"{slow}.loading"), Path(f"{slow}.loaded")
+            deadline = time.monotonic() + 60
+            while not loading.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            statuses = []
+            while not loaded.exists() and time.monotonic() < deadline:
+                r = httpx.post(url + "/v1/rerank", json=body, timeout=10)  # a new connection each
+                statuses.append(r.status_code)
+            assert len(statuses) > 5 and set(statuses) == {200}, statuses
+            deadline = time.monotonic() + 20
+            while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert f"worker {workers[0]} died (killed by signal 9)" in served.output()
 
-        # the parent is killed: every process below it goes, and the port is free
-        below |= _descendants(proc.pid)
-        proc.kill()
-        proc.wait(10)
-        deadline = time.monotonic() + 15
-        while any(map(_alive, below)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p for p in below if _alive(p)], "orphans keep serving"
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", port))  # nobody holds the port any more
-    finally:
-        if proc.poll() is None:
+            # the parent is killed: every process below it goes, and the port is free
+            below |= _descendants(proc.pid)
             proc.kill()
-        for pid in below | _descendants(proc.pid):  # orphans of a failed test included
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            proc.wait(10)
+            deadline = time.monotonic() + 15
+            while any(map(_alive, below)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not [p for p in below if _alive(p)], "orphans keep serving"
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", served.port))  # nobody holds the port any more
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in below | _descendants(proc.pid):  # orphans of a failed test included
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -4,11 +4,7 @@ keys over the wire, graceful shutdown on SIGTERM, and the CLI's config errors.""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,87 +12,32 @@ from pathlib import Path
 import httpx
 import pytest
 from api_fakes import overlap
+from serve_process import ServeProcess, run_serve, serve_env
 
 from cisrank import testing
 
-HERE = Path(__file__).resolve().parent
 KEY = "test-key-0123456789"
 DOCS = testing.SAMPLE_SENTENCES[:5]
 QUERY = "who wrote hamlet"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CISRANK_LOG_LEVEL="WARNING")
-    env.update(extra)
-    return env
-
-
-class Server:
-    """`python -m cisrank.cli serve` on a free port (with `config` written to a --config file,
-    and/or other serve `args`); waits (bounded) until /readyz says ready."""
-
-    def __init__(self, tmp: Path, config: dict | None, *args: str, **env: str) -> None:
-        if config is not None:
-            cfg = tmp / "server.json"
-            cfg.write_text(json.dumps(config), encoding="utf-8")
-            args = ("--config", str(cfg), *args)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = (tmp / "server.log").open("w+")
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "cisrank.cli", "serve", *args),
-                *("--host", "127.0.0.1", "--port", str(self.port)),
-            ],
-            env=_env(**env),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.output()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"server not ready in 90 s: {self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
+def _config_file(tmp: Path, config: dict) -> str:
+    path = tmp / "server.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
 
 
 @pytest.fixture(scope="module")
 def dense_server(tmp_path_factory, tiny_bert_dir):
     tmp = tmp_path_factory.mktemp("server")
     config = {"rerankers": {"tiny": {"kind": "dense", "model": str(tiny_bert_dir)}}}
-    server = Server(tmp, config, CISRANK_API_KEYS=KEY, CISRANK_LOG_LEVEL="INFO")
-    yield server
-    log = server.output()
-    server.stop()
+    with ServeProcess(
+        *("--config", _config_file(tmp, config), "--host", "127.0.0.1"),
+        log=tmp / "server.log",
+        env=serve_env(CISRANK_API_KEYS=KEY, CISRANK_LOG_LEVEL="INFO"),
+    ) as server:
+        yield server
+        log = server.output()
     assert "loaded reranker tiny" in log and "/v1/rerank" in log  # the log was captured...
     assert KEY not in log  # ...and holds no key
 
@@ -176,10 +117,8 @@ def test_quick_start_serves_a_model_and_an_index_without_a_config(
     )
     index = tmp_path / "hamlet-docs"
     build_index("bm25", corpus, index, progress=False)
-    server = Server(
-        tmp_path, None, "--reranker", "dense", "--model", str(tiny_bert_dir), "--index", str(index)
-    )
-    try:
+    quick_start = ("--reranker", "dense", "--model", str(tiny_bert_dir), "--index", str(index))
+    with ServeProcess(*quick_start, "--host", "127.0.0.1", log=tmp_path / "server.log") as server:
         models = httpx.get(server.url + "/v1/models").json()
         # a local folder is listed by its name only: no answer carries a server path
         assert models["data"] == [
@@ -200,8 +139,6 @@ def test_quick_start_serves_a_model_and_an_index_without_a_config(
         assert [h["rerank_score"] for h in hits] == pytest.approx(
             tiny_dense.score(QUERY, [h["text"] for h in hits]), abs=1e-6
         )
-    finally:
-        server.stop()
 
 
 def test_sigterm_lets_the_in_flight_request_finish(tmp_path):
@@ -214,8 +151,8 @@ def test_sigterm_lets_the_in_flight_request_finish(tmp_path):
             }
         }
     }
-    server = Server(tmp_path, config)
-    try:
+    args = ("--config", _config_file(tmp_path, config), "--host", "127.0.0.1")
+    with ServeProcess(*args, log=tmp_path / "server.log") as server:
         box: dict[str, httpx.Response] = {}
         body = {"query": "slow query", "documents": ["a slow passage", "query"]}
         thread = threading.Thread(
@@ -239,8 +176,6 @@ def test_sigterm_lets_the_in_flight_request_finish(tmp_path):
             0: pytest.approx(overlap("slow query", "a slow passage")),
             1: pytest.approx(overlap("slow query", "query")),
         }
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize(
@@ -256,13 +191,7 @@ def test_serve_config_errors_are_one_line_exit_2(tmp_path, content, needle):
     cfg = tmp_path / "server.json"
     if content is not None:
         cfg.write_text(content, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "cisrank.cli", "serve", "--config", str(cfg)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_serve("--config", str(cfg))
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert proc.stderr.strip().count("\n") == 0

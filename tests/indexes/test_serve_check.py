@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from serve_process import one_error_line, run_serve
 
 from cisrank.cli.serve import server_config
 from cisrank.errors import CisrankError
@@ -27,25 +27,10 @@ def index(tmp_path) -> Path:
     return out
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
-    """`cisrank serve ARGS` as a real process; a server that starts anyway is killed after 30 s
-    and fails the test (TimeoutExpired)."""
-    cmd = [sys.executable, "-m", "cisrank.cli", "serve", "--port", "0", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-
-
-def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-
-
 def test_serve_refuses_a_half_built_index(index):
     (index / "manifest.json").unlink()  # what a killed build leaves: files, a state, no manifest
     (index / STATE_FILE).write_text("{}")
-    _one_line_exit_2(_serve("--index", str(index)), "index 'idx'", "not a complete index")
+    one_error_line(run_serve("--index", str(index)), 2, "index 'idx'", "not a complete index")
 
 
 def test_serve_refuses_a_damaged_index(index):
@@ -53,7 +38,7 @@ def test_serve_refuses_a_damaged_index(index):
     data = bytearray(docs.read_bytes())
     data[len(data) // 2] ^= 0x01  # one bit
     docs.write_bytes(bytes(data))
-    _one_line_exit_2(_serve("--index", str(index)), "index 'idx'", str(docs), "damaged")
+    one_error_line(run_serve("--index", str(index)), 2, "index 'idx'", str(docs), "damaged")
 
 
 def test_an_intact_index_passes_and_a_damaged_prior_store_does_not(index, tmp_path):
