@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cisrank.data.types import Passage, rank_order
+from cisrank.data.types import Passage, top_order
 from cisrank.errors import CisrankError, DataError
 from cisrank.serving.config import Limits
 from cisrank.serving.engine import Serving
@@ -636,7 +636,7 @@ class ContextService:
         scorer = self.serving.model_thread(plan.name)
         texts = [p.contents for p in passages]
         raw = await scorer.score(query, texts, "documents", plan.tokens)
-        best = rank_order(raw)[: plan.k]
+        best = top_order(raw, plan.k)
         return RerankPick(
             reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
         )
