@@ -64,17 +64,7 @@ async def search(service: RankingService, body: SearchRequest) -> SearchResponse
         id=str(uuid.uuid4()),
         index=found.index,
         model=found.reranker,
-        results=[
-            SearchResult(
-                rank=r.rank,
-                docid=r.docid,
-                text=r.text,
-                score=r.score,
-                retrieval_score=r.retrieval_score,
-                rerank_score=r.rerank_score,
-            )
-            for r in found.results
-        ],
+        results=[SearchResult.model_validate(r, from_attributes=True) for r in found.results],
         usage=Usage(documents=found.documents),
     )
 
@@ -83,9 +73,7 @@ async def search(service: RankingService, body: SearchRequest) -> SearchResponse
 
 
 def _choice(pick: types.RerankPick | None) -> RerankChoice | None:
-    if pick is None:
-        return None
-    return RerankChoice(reranker=pick.reranker, indexes=pick.indexes, scores=pick.scores)
+    return RerankChoice.model_validate(pick, from_attributes=True) if pick is not None else None
 
 
 def _texts_as_sent(body: ContextRequest | GenerateRequest) -> Rename:
