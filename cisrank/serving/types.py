@@ -89,13 +89,14 @@ def _non_blank(value: str) -> str:
 QueryText = Annotated[str, Field(min_length=1), AfterValidator(_non_blank)]
 """A query or question: at least one visible character (`is_blank`)."""
 
-TopN = Annotated[int, Field(ge=1)]
+Positive = Annotated[int, Field(ge=1)]
+"""A count of at least one (a search's depth, an embedding's dimensions)."""
+
+TopN = Positive
 """How many results: at least one (a cut to 0 answers nothing, one to -3 drops the last three)."""
 
 TokensPerDoc = Annotated[int, Field(ge=1, le=1_000_000)]
 """The tokens a document is cut to."""
-
-Positive = Annotated[int, Field(ge=1)]
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 """A float that is a number: JSON's non-standard NaN and Infinity (which Python's parser reads)
