@@ -1,8 +1,12 @@
 """Request and response models of the REST API, in one place.
 
 The rerank shape is the Cohere/Jina one that vLLM, LiteLLM, infinity and the official Cohere SDKs
-speak, so cisrank is a drop-in for them. Static limits live here; limits that an operator can
-change (`Limits` in `cisrank.serving.config`) are checked by the routes against the running config.
+speak, so cisrank is a drop-in for them. One type per request: cisrank's own search, context
+and generation bodies are the engine's queries (`cisrank.serving.types`), subclassed here only to
+accept `top_k` and the documents as strings or objects; the Cohere, TEI and OpenAI bodies are
+their shapes' fields with the engine's limits on them (`TopN`, `QueryText`...), renamed into a
+query by `cisrank.api.shapes`. Limits that an operator can change (`Limits` in
+`cisrank.serving.config`) are checked by the engine against the running config.
 
 Unknown request fields are refused (422 naming them: a misspelled `top_k` used to be ignored
 silently, and the default count came back), except the documented fields of the shapes clients
@@ -20,33 +24,22 @@ text a request ranks or embeds, and every query, follows one blank rule
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cisrank.context.config import (
-    ArrangeConfig,
-    AssemblerConfig,
-    DecoderConfig,
-    GenerationAssemblerConfig,
+from cisrank.serving.types import (
+    ContextQuery,
+    Document,
+    GenerateQuery,
+    NoiseSpec,
+    Normalization,
+    Positive,
+    QueryText,
+    SearchQuery,
+    TokensPerDoc,
+    TopN,
 )
-from cisrank.serving.types import BLANK, is_blank
-
-Normalization = Literal["none", "sigmoid", "minmax"]
-
-
-def _default(config: type[BaseModel], field: str) -> Any:
-    """A library config's default as a request's JSON value (an enum's as its string): the API
-    declares no default of its own."""
-    value = config.model_fields[field].default
-    return value.value if isinstance(value, Enum) else value
-
-
-def _non_blank(value: str) -> str:
-    if is_blank(value):
-        raise ValueError(BLANK)
-    return value
 
 
 class _Request(BaseModel):
@@ -60,10 +53,6 @@ class _Request(BaseModel):
 TOP_N_ALIASES = AliasChoices("top_n", "top_k")
 """`top_k` is accepted for `top_n` (one name per idea; both given is a 422 naming `top_k`)."""
 
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-"""A float that is a number: JSON's non-standard NaN and Infinity (which Python's parser reads)
-are refused, 422 naming the field."""
-
 
 class DocumentIn(BaseModel):
     """A document as an object: `text` is scored; `id` and any other fields are echoed back."""
@@ -75,13 +64,12 @@ class DocumentIn(BaseModel):
 
 
 class RerankRequest(_Request):
-    query: str = Field(min_length=1, description="The search query (not blank).")
+    query: QueryText = Field(description="The search query (not blank).")
     documents: list[str | DocumentIn] = Field(
         min_length=1, description="Passages as strings or {text, id?} objects."
     )
-    top_n: int | None = Field(
+    top_n: TopN | None = Field(
         default=None,
-        ge=1,
         validation_alias=TOP_N_ALIASES,
         description="Return only the best N (`top_k` is accepted as its alias).",
     )
@@ -89,8 +77,8 @@ class RerankRequest(_Request):
     model: str | None = Field(
         default=None, description="A configured reranker name (GET /v1/models); default if unset."
     )
-    max_tokens_per_doc: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="Truncate each document to this many tokens."
+    max_tokens_per_doc: TokensPerDoc | None = Field(
+        default=None, description="Truncate each document to this many tokens."
     )
     normalize: Normalization | None = Field(
         default=None,
@@ -109,8 +97,6 @@ class RerankRequest(_Request):
         "or at the model's length, never chunked).",
     )
     priority: int | None = Field(default=None, description="Cohere: accepted, not used.")
-
-    _query_not_blank = field_validator("query")(_non_blank)
 
 
 class RerankDocument(BaseModel):
@@ -154,24 +140,12 @@ class RerankResponse(BaseModel):
     meta: Meta = Field(default_factory=Meta)
 
 
-class SearchRequest(_Request):
-    query: str = Field(min_length=1)
-    top_n: int = Field(
+class SearchRequest(SearchQuery):
+    top_n: TopN = Field(
         default=10,
-        ge=1,
         validation_alias=TOP_N_ALIASES,
         description="Passages to return (`top_k` is accepted as its alias).",
     )
-    index: str | None = Field(default=None, description="A configured index; default if unset.")
-    rerank: str | None = Field(
-        default=None, description="A configured reranker name to rerank the first stage with."
-    )
-    depth: int | None = Field(
-        default=None, ge=1, description="First-stage candidates to rerank (default max(top_n,100))."
-    )
-    normalize: Normalization | None = None
-
-    _query_not_blank = field_validator("query")(_non_blank)
 
 
 class SearchResult(BaseModel):
@@ -197,7 +171,7 @@ class SearchResponse(BaseModel):
 class TeiRerankRequest(_Request):
     """Hugging Face text-embeddings-inference's `POST /rerank` body (`texts`, not `documents`)."""
 
-    query: str = Field(min_length=1, description="The search query (not blank).")
+    query: QueryText = Field(description="The search query (not blank).")
     texts: list[str] = Field(min_length=1, description="The passages to rank.")
     raw_scores: bool = Field(
         default=False,
@@ -216,8 +190,6 @@ class TeiRerankRequest(_Request):
         default=None,
         description="cisrank: a configured reranker (GET /v1/models); default if unset.",
     )
-
-    _query_not_blank = field_validator("query")(_non_blank)
 
 
 class TeiRank(BaseModel):
@@ -245,8 +217,8 @@ class EmbeddingsRequest(_Request):
         description="float: lists of numbers; base64: little-endian float32 bytes, base64 "
         "(what the openai client asks for by default).",
     )
-    dimensions: int | None = Field(
-        default=None, ge=1, description="Must be the model's own dimension when given."
+    dimensions: Positive | None = Field(
+        default=None, description="Must be the model's own dimension when given."
     )
     user: str | None = Field(default=None, description="OpenAI: accepted, not used.")
 
@@ -271,45 +243,21 @@ class EmbeddingsResponse(BaseModel):
 
 # ---- RAG context assembly (POST /v1/context)
 
-# The JSON names of `cisrank.context.Arrangement` and `Decoding` (a test holds them equal): a
-# Literal keeps the schema and the 422 bodies as they were.
-Arrangement = Literal[
-    "ranked", "reverse", "edges", "pmi_rotation", "likelihood_select", "curvature"
-]
 
-
-class ContextDocumentIn(BaseModel):
+class ContextDocumentIn(Document):
     """A passage of a context: `text`, an optional `title` (rendered as `(Title: t)`) and `id`."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    text: str = Field(description="The passage text.")
-    title: str = Field(default="", description="Its title, shown in the prompt.")
-    id: str | int | None = Field(default=None, description="Your id, echoed in the result.")
+    model_config = ConfigDict(extra="allow")
 
 
-class NoiseIn(_Request):
+class NoiseIn(NoiseSpec):
     """Random passages put before the arranged ones ([I, random..., retrieved, Q], as in "The
     Power of Noise"), drawn with `seed` from `documents` (a pool sent in the request) or from a
     served `index`."""
 
-    n: int = Field(ge=0, description="How many noise passages.")
-    seed: int = Field(default=0, description="Seed of the draw (the same seed, the same noise).")
     documents: list[str | ContextDocumentIn] | None = Field(
         default=None, description="The pool to draw from, as strings or {text, title?, id?}."
     )
-    index: str | None = Field(
-        default=None, description="A served index (GET /v1/models) to draw from instead."
-    )
-
-
-class RerankFirst(_Request):
-    """Take the passages from a served reranker first: all `documents` are ranked by it (each
-    document's title and text, as `cisrank eval rag` ranks them) and its best `top_k` go on,
-    best first (the pipeline `cisrank eval rag` measures, in one call)."""
-
-    reranker: str = Field(description="A served reranker (GET /v1/models), by name or model id.")
-    top_k: int = Field(ge=1, description="How many of its best documents go on (all if fewer).")
 
 
 class RerankChoice(BaseModel):
@@ -321,50 +269,11 @@ class RerankChoice(BaseModel):
     scores: list[float]
 
 
-class ContextRequest(_Request):
-    query: str = Field(min_length=1, description="The question (not blank).")
+class ContextRequest(ContextQuery):
     documents: list[str | ContextDocumentIn] = Field(
         min_length=1, description="The top-K passages, best first (as a reranker ranked them)."
     )
-    arrange: Arrangement = Field(
-        default=_default(ArrangeConfig, "arrange"),
-        description="ranked, reverse (best next to the question), edges, pmi_rotation, "
-        "likelihood_select or curvature (per-passage scores).",
-    )
-    template: str = Field(
-        default=_default(AssemblerConfig, "template"),
-        description="qa, noise, kv, entropy, or a custom string holding {documents} and "
-        "{question} (other {names} take their values from `fields`).",
-    )
-    fields: dict[str, str] = Field(default_factory=dict, description="A template's other fields.")
-    document_format: str | None = Field(
-        default=None,
-        description="Passage format with {index}, {title}, {text}, {id} (default the "
-        "template's: 'Document [{index}](Title: {title}) {text}').",
-    )
-    chat: bool = Field(
-        default=_default(AssemblerConfig, "chat"),
-        description="Wrap the prompt in the model's chat template.",
-    )
     noise: NoiseIn | None = Field(default=None, description="Noise padding (The Power of Noise).")
-    shuffles: int | None = Field(
-        default=_default(ArrangeConfig, "shuffles"),
-        ge=0,
-        description="likelihood_select: random shuffles (default K - 1).",
-    )
-    seed: int = Field(
-        default=_default(ArrangeConfig, "seed"), description="Seed of likelihood_select's shuffles."
-    )
-    pmi: bool = Field(default=False, description="Also gauge PMI against no passages.")
-    model: str | None = Field(
-        default=None, description="A configured cis reranker (its causal LM); default if unset."
-    )
-    rerank: RerankFirst | None = Field(
-        default=None,
-        description="Rank the documents with a served reranker first and arrange its top_k.",
-    )
-
-    _query_not_blank = field_validator("query")(_non_blank)
 
 
 class ContextCandidate(BaseModel):
@@ -425,91 +334,10 @@ class ContextResponse(BaseModel):
     usage: ContextUsage
 
 
-Decoding = Literal["naive", "avg_ens", "replug", "leens", "clehe"]
-
-MIN_TAU = 1e-4
-"""The smallest LeEns/CLeHe temperature served: weights are softmax(-H / tau) over entropies H of
-at most ln(vocabulary) (< 14), so 1e-4 already makes them one-hot; a tau near 5e-324 made them
-NaN (docs/reliability.md)."""
-MAX_BETA = 100.0
-"""The largest CLeHe contrast strength served (the paper uses 0.25; 1e308 gave inf - inf)."""
-
-
-class GenerateRequest(_Request):
-    query: str = Field(min_length=1, description="The question (not blank).")
+class GenerateRequest(GenerateQuery):
     documents: list[str | ContextDocumentIn] = Field(
         min_length=1, description="The top-K passages, best first."
     )
-    decoding: Decoding = Field(
-        default=_default(DecoderConfig, "decoding"),
-        description="naive (all passages in one prompt), or the document-parallel avg_ens, "
-        "replug (weights from `scores`), leens, clehe (entropy-based decoding).",
-    )
-    arrange: Arrangement = Field(
-        default=_default(ArrangeConfig, "arrange"),
-        description="naive: the passages' order in the prompt.",
-    )
-    template: str = Field(
-        default=_default(GenerationAssemblerConfig, "template"),
-        description="As /v1/context; the entropy-based decoding paper's prompts.",
-    )
-    fields: dict[str, str] = Field(default_factory=dict)
-    document_format: str | None = None
-    chat: bool = _default(GenerationAssemblerConfig, "chat")
-    scores: list[FiniteFloat] | None = Field(
-        default=None,
-        description="One reranker score per document (replug's weights; any decoding checks "
-        "the count).",
-    )
-    tau: float = Field(
-        default=_default(DecoderConfig, "tau"),
-        gt=0,
-        allow_inf_nan=False,
-        description=f"LeEns/CLeHe entropy temperature, at least {MIN_TAU:g}.",
-    )
-    beta: float = Field(
-        default=_default(DecoderConfig, "beta"),
-        ge=0,
-        allow_inf_nan=False,
-        description=f"CLeHe contrast strength, at most {MAX_BETA:g}.",
-    )
-    layers: list[int] | None = Field(
-        default=_default(DecoderConfig, "layers"),
-        description="CLeHe candidate layers (default: even layers, last half).",
-    )
-    max_new_tokens: int = Field(
-        default=_default(DecoderConfig, "max_new_tokens"),
-        ge=1,
-        description="Most tokens to generate.",
-    )
-    model: str | None = Field(default=None, description="A configured cis reranker.")
-    rerank: RerankFirst | None = Field(
-        default=None,
-        description="Rank the documents with a served reranker first and answer over its top_k "
-        "(replug without `scores` weighs them by its scores).",
-    )
-
-    _query_not_blank = field_validator("query")(_non_blank)
-
-    @field_validator("tau")
-    @classmethod
-    def _tau_not_tiny(cls, value: float) -> float:
-        if value < MIN_TAU:
-            raise ValueError(
-                f"must be at least {MIN_TAU:g}: a smaller temperature turns the passage "
-                "weights softmax(-entropy / tau) into infinities (no number)"
-            )
-        return value
-
-    @field_validator("beta")
-    @classmethod
-    def _beta_bounded(cls, value: float) -> float:
-        if value > MAX_BETA:
-            raise ValueError(
-                f"must be at most {MAX_BETA:g}: (1 + beta) * log p - beta * log q overflows "
-                "to infinity - infinity (no number) for large beta"
-            )
-        return value
 
 
 class GenerateUsage(BaseModel):

@@ -79,7 +79,7 @@ def rerank(
         **options,
     )
     try:
-        ranked = model_obj.rerank(query, texts, top_n=top_n)
+        ranked = model_obj.rank(query, texts, top_n=top_n)
     finally:
         model_obj.close()
     if as_json:

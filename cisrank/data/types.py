@@ -78,6 +78,20 @@ def rank_order(scores: Sequence[float]) -> list[int]:
     return [int(i) for i in np.argsort(-keyed, kind="stable")]
 
 
+def check_top_n(top_n: int | None) -> None:
+    """Refuse a `top_n` under 1: a slice would keep nothing for 0 and drop the last three for
+    -3, silently."""
+    if top_n is not None and top_n < 1:
+        raise ValueError(f"top_n must be >= 1, got {top_n}")
+
+
+def top_order(scores: Sequence[float], top_n: int | None = None) -> list[int]:
+    """The cut every ranking makes: the best `top_n` indices by `rank_order` (all of them when
+    None, fewer when there are fewer scores)."""
+    check_top_n(top_n)
+    return rank_order(scores)[:top_n]
+
+
 @dataclass(frozen=True, slots=True)
 class Passage:
     """One retrievable unit. `contents` (title and text) is what gets indexed and returned."""

@@ -3,7 +3,7 @@
 The API, eval and distillation code take any reranker through `Reranker`. Its one primitive is
 `score_batch`: many (query, passages) requests at once, so that a reranker with a model can pack
 passages of different queries into shared batches, and every caller (API batcher, eval,
-distillation) gets that without asking whether the reranker can. `score` and `rerank` derive from
+distillation) gets that without asking whether the reranker can. `score` and `rank` derive from
 it. Ranking is derived from scores in one place (`rank_order`) so that every caller breaks ties
 the same deterministic way.
 
@@ -51,7 +51,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from cisrank.data.types import RankedPassage, rank_order
+from cisrank.data.types import RankedPassage, check_top_n, top_order
 
 if TYPE_CHECKING:
     import numpy as np
@@ -182,17 +182,11 @@ class Reranker(Protocol):
         """One float per passage, in input order."""
         ...
 
-    def rerank(
-        self, query: str, passages: Sequence[str], top_n: int | None = None
-    ) -> list[RankedPassage]:
-        """Passages most relevant first, at most `top_n` of them."""
-        ...
-
     def rank(
         self, query: str, documents: Sequence[str], top_n: int | None = None
     ) -> list[RankedPassage]:
-        """`rerank` in the Python API's words: documents most relevant first, each with its
-        `index` in `documents`, its `score` and the `document`."""
+        """Documents most relevant first, at most `top_n` of them, each with its `index` in
+        `documents`, its `score` and the `document`."""
         ...
 
     def close(self) -> None:
@@ -201,8 +195,7 @@ class Reranker(Protocol):
 
 
 class BaseReranker(ABC):
-    """Derives `score`, `rerank` and `rank` from `score_batch`; subclasses only say how to
-    score."""
+    """Derives `score` and `rank` from `score_batch`; subclasses only say how to score."""
 
     name: str = "base"
     model_name: str = ""
@@ -233,21 +226,14 @@ class BaseReranker(ABC):
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
         return self.score_batch([(query, passages)])[0]
 
-    def rerank(
-        self, query: str, passages: Sequence[str], top_n: int | None = None
-    ) -> list[RankedPassage]:
-        if top_n is not None and top_n < 1:
-            raise ValueError(f"top_n must be >= 1, got {top_n}")
-        scores = self.score(query, passages) if passages else []
-        order = rank_order(scores)[:top_n]
-        return [RankedPassage(i, float(scores[i]), passages[i]) for i in order]
-
     def rank(
         self, query: str, documents: Sequence[str], top_n: int | None = None
     ) -> list[RankedPassage]:
         if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
             raise TypeError("documents must be a list of strings, not one string")
-        return self.rerank(query, documents, top_n)
+        check_top_n(top_n)  # before any model work
+        scores = self.score(query, documents) if documents else []
+        return [RankedPassage(i, float(scores[i]), documents[i]) for i in top_order(scores, top_n)]
 
     def close(self) -> None:  # noqa: B027 - a hook, deliberately empty by default
         """Release what the reranker holds beyond its memory (worker processes); a no-op for

@@ -3,9 +3,10 @@
 `Serving` holds the loaded rerankers with their batchers (`BatchScorer`) and model threads, the
 indexes, the configuration (`ServerConfig`), metrics and readiness; `RankingService` (rerank,
 embed, search) and `ContextService` (RAG context, generation) answer plain queries with plain
-results (`cisrank.serving.types`) and raise `ServiceError`s that say what went wrong, never which
-status code it is. `preflight(config)` is the check of every index, prior store and recorded
-model before anything is served.
+results (`cisrank.serving.types`: a query carries its limits, refused as an `InvalidField` where
+it is made) and raise `ServiceError`s that say what went wrong, never which status code it is.
+`preflight(config)` is the check of every index, prior store and recorded model before anything
+is served.
 
 `cisrank.api` reaches this engine over HTTP, one converter per wire shape; an application can
 embed it without a web framework (an import-linter contract keeps FastAPI and Starlette out)::
@@ -15,7 +16,7 @@ embed it without a web framework (an import-linter contract keeps FastAPI and St
     serving = Serving(ServerConfig.load("server.yaml"), Metrics())
     serving.start_loading()  # the pre-start checks, then every model and index, in a thread
     ...  # serving.wait_ready(timeout)
-    ranking = await RankingService(serving).rerank(RerankQuery("query", ["a", "b"]))
+    ranking = await RankingService(serving).rerank(RerankQuery(query="q", documents=["a", "b"]))
     ranking.results[0].index, ranking.results[0].score
 """
 

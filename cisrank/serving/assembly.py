@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cisrank.data.types import Passage, rank_order
+from cisrank.data.types import Passage, top_order
 from cisrank.errors import CisrankError, DataError
 from cisrank.serving.config import Limits
 from cisrank.serving.engine import Serving
@@ -70,6 +70,7 @@ from cisrank.serving.types import (
     Document,
     GeneratedAnswer,
     GenerateQuery,
+    Passages,
     RerankPick,
     is_blank,
 )
@@ -90,8 +91,13 @@ is rendered or tokenized: it cannot fit (real text runs 3-5 characters a token; 
 character, the densest text a BPE vocabulary packs, about 16)."""
 
 
+def _document(doc: str | Document) -> Document:
+    """A passage sent as its text alone, as a `Document` without title or id."""
+    return Document(text=doc) if isinstance(doc, str) else doc
+
+
 def _passages(
-    docs: Sequence[Document],
+    docs: Passages,
     field: str,
     max_chars: int,
     max_id_chars: int,
@@ -99,7 +105,8 @@ def _passages(
 ) -> list[Passage]:
     """The request's passages; one without an id is known by `id_prefix` + its position."""
     out = []
-    for i, doc in enumerate(docs):
+    for i, sent in enumerate(docs):
+        doc = _document(sent)
         text, title, doc_id, where = doc.text, doc.title, doc.id, f"{field}.{i}.text"
         if is_blank(text):
             raise InvalidField(where, BLANK)
@@ -636,7 +643,7 @@ class ContextService:
         scorer = self.serving.model_thread(plan.name)
         texts = [p.contents for p in passages]
         raw = await scorer.score(query, texts, "documents", plan.tokens)
-        best = rank_order(raw)[: plan.k]
+        best = top_order(raw, plan.k)
         return RerankPick(
             reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
         )
@@ -732,7 +739,7 @@ class ContextService:
                 tokens = sum(len(p.ids) for p in chunk)
                 await model.run_slice(tokens, asm.question_logprobs, chunk)
             result = await model.run(_arrange, asm, body, chosen, noise)
-        doc_ids = [d.id for d in body.documents]
+        doc_ids = [_document(d).id for d in body.documents]
         ids: list[str | int | None] = [p.docid for p in noise]
         ids += [doc_ids[index[i]] for i in result.order]
         return ArrangedContext(
@@ -801,7 +808,8 @@ class ContextService:
             answer, longest = await model.run(
                 _generate, asm, body, chosen, scores, deadline, cancel
             )
-        doc_ids = [d.id if d.id is not None else i for i, d in enumerate(body.documents)]
+        sent = [_document(d).id for d in body.documents]
+        doc_ids = [doc_id if doc_id is not None else i for i, doc_id in enumerate(sent)]
         order, gen = [index[i] for i in answer.order], answer.generation
         ordered_ids = [doc_ids[i] for i in order]
         return GeneratedAnswer(

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cisrank.data.types import rank_order
+from cisrank.data.types import top_order
 from cisrank.fusion import minmax, sigmoid
 from cisrank.rerank.base import Reranker
 from cisrank.serving.engine import (
@@ -224,7 +224,7 @@ class RankingService:
         shown = normalize_scores(raw, q.normalize or serving.config.normalize)
         return Ranking(
             reranker=name,
-            results=[RankedDocument(i, shown[i]) for i in rank_order(raw)[: q.top_n]],
+            results=[RankedDocument(i, shown[i]) for i in top_order(raw, q.top_n)],
             documents=len(texts),
             truncated=truncated,
         )
@@ -372,7 +372,7 @@ class RankingService:
             passages = [h.text for h in hits]
             _, tokens, _ = await serving.pair_costs(reranker, q.query, passages, "depth")
             raw = await self._score(reranker, q.query, passages, "query", tokens)
-            order = rank_order(raw)[: q.top_n]
+            order = top_order(raw, q.top_n)
             shown = normalize_scores(raw, q.normalize or config.normalize)
         else:
             raw = shown = []

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from cisrank.api.schemas import ContextDocumentIn, DocumentIn
-from cisrank.api.shapes.renaming import fields_renamed, item_texts, renamed_list
+from cisrank.api.schemas import (
+    ContextDocumentIn,
+    DocumentIn,
+    EmbeddingsRequest,
+    RerankRequest,
+    TeiRerankRequest,
+)
+from cisrank.api.shapes.renaming import fields_renamed, item_texts, query_of, renamed_list
 from cisrank.serving.errors import InvalidField
+from cisrank.serving.types import EmbedQuery, RerankQuery
 
 
 @pytest.mark.parametrize(
@@ -96,3 +103,18 @@ def test_every_shape_blames_a_long_text_as_sent(make_client, tiny_dense, tiny_ci
     for path, body, field in cases:
         r = client.post(path, json=body)
         assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, (path, r.text)
+
+
+def test_a_shape_body_becomes_the_engine_query_by_its_shared_names():
+    cohere = RerankRequest.model_validate(
+        {"query": "q", "documents": ["a", {"text": "b"}], "top_k": 2, "max_tokens_per_doc": 8}
+    )
+    assert query_of(RerankQuery, cohere, documents=["a", "b"]) == RerankQuery(
+        query="q", documents=["a", "b"], top_n=2, max_tokens_per_doc=8
+    )
+    tei = TeiRerankRequest.model_validate({"query": "q", "texts": ["a"], "model": "m"})
+    assert query_of(RerankQuery, tei, documents=tei.texts, normalize="sigmoid") == RerankQuery(
+        query="q", documents=["a"], model="m", normalize="sigmoid"
+    )  # TEI has no top_n: the query's default
+    openai = EmbeddingsRequest.model_validate({"input": "a", "dimensions": 3})
+    assert query_of(EmbedQuery, openai, texts=["a"]) == EmbedQuery(texts=["a"], dimensions=3)

@@ -88,6 +88,7 @@ def test_cli_and_api_declare_no_default_of_their_own():
     from cisrank.api import schemas
     from cisrank.cli.context import context
     from cisrank.cli.generate import generate
+    from cisrank.serving import types
 
     # a flag left out is None: the config's default
     for verb, flags in [
@@ -105,8 +106,8 @@ def test_cli_and_api_declare_no_default_of_their_own():
     assert gen["template"].default == GenerationAssemblerConfig().template
     for name in ["decoding", "tau", "beta", "layers", "max_new_tokens"]:
         assert gen[name].default == getattr(DecoderConfig(), name), name
-    assert get_args(schemas.Arrangement) == tuple(Arrangement)
-    assert get_args(schemas.Decoding) == tuple(Decoding)
+    assert get_args(types.Arrangement) == tuple(Arrangement)
+    assert get_args(types.Decoding) == tuple(Decoding)
 
 
 def test_settings_import_without_the_model_side():

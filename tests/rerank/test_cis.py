@@ -227,7 +227,7 @@ def test_validation_and_registry(refs, tmp_path):
     )
     assert isinstance(r, CISReranker) and r.prior_store is not None
     assert r.config.max_doc_tokens == 8 and r.score(QUERY, []) == []
-    ranked = r.rerank(QUERY, PASSAGES, top_n=2)
+    ranked = r.rank(QUERY, PASSAGES, top_n=2)
     assert [p.score for p in ranked] == sorted(r.score(QUERY, PASSAGES), reverse=True)[:2]
 
 

@@ -98,14 +98,14 @@ def test_score_batch_equals_score_per_query_and_dedupes(ce_dir, options):
 def test_rerank_orders_by_score(ce_dir):
     r = load_reranker("cross-encoder", str(ce_dir), batch_size=2)
     scores = r.score(QUERY, PASSAGES)
-    ranked = r.rerank(QUERY, PASSAGES, top_n=4)
+    ranked = r.rank(QUERY, PASSAGES, top_n=4)
     assert [p.index for p in ranked] == rank_order(scores)[:4]
     assert [p.text for p in ranked] == [PASSAGES[i] for i in rank_order(scores)[:4]]
     assert all(x.score >= y.score for x, y in itertools.pairwise(ranked))
-    everything = r.rerank(QUERY, PASSAGES)
+    everything = r.rank(QUERY, PASSAGES)
     positions = {p.index: k for k, p in enumerate(everything)}
     assert positions[2] < positions[5]  # the duplicate's tie keeps input order
-    assert r.rerank(QUERY, []) == []
+    assert r.rank(QUERY, []) == []
 
 
 @needs_fbgemm

@@ -57,17 +57,17 @@ def test_batch_size_and_order_do_not_change_scores(tiny_bert_dir):
 def test_rerank_orders_by_score_with_stable_ties(tiny_bert_dir):
     r = load_reranker("dense", str(tiny_bert_dir))
     scores = r.score(QUERY, PASSAGES)
-    ranked = r.rerank(QUERY, PASSAGES, top_n=3)
+    ranked = r.rank(QUERY, PASSAGES, top_n=3)
     assert [p.index for p in ranked] == rank_order(scores)[:3]
     assert [p.text for p in ranked] == [PASSAGES[i] for i in rank_order(scores)[:3]]
     assert all(x.score >= y.score for x, y in itertools.pairwise(ranked))
-    order = r.rerank(QUERY, PASSAGES)
+    order = r.rank(QUERY, PASSAGES)
     assert order.index(next(p for p in order if p.index == 2)) < order.index(
         next(p for p in order if p.index == 4)
     )  # the tie keeps input order
-    assert r.rerank(QUERY, []) == []
+    assert r.rank(QUERY, []) == []
     with pytest.raises(ValueError, match="top_n"):
-        r.rerank(QUERY, PASSAGES, top_n=0)
+        r.rank(QUERY, PASSAGES, top_n=0)
 
 
 def test_rank_order_puts_nan_last():

@@ -59,7 +59,7 @@ def test_a_hybrid_without_parts_builds_nothing():
     with pytest.raises(CisrankError, match="options given"):
         HybridReranker(fuse="first-stage:1", estimator="reverse")
     r = HybridReranker(fuse="first-stage:1")
-    assert [p.index for p in r.rerank("q", ["a", "b", "c"])] == [0, 1, 2]
+    assert [p.index for p in r.rank("q", ["a", "b", "c"])] == [0, 1, 2]
 
 
 def test_load_reranker_refuses_a_kind_that_is_not_a_string_in_one_line(tiny_bert_dir):

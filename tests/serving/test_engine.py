@@ -34,9 +34,9 @@ SCRIPT = textwrap.dedent(
         serving = Serving(config, Metrics(), rerankers={"o": Overlap()})
         service = RankingService(serving)
         docs = ["a b c", "b", "x y", "a b"]
-        ranked = await service.rerank(RerankQuery("a b c", docs, top_n=3))
+        ranked = await service.rerank(RerankQuery(query="a b c", documents=docs, top_n=3))
         try:
-            await service.embed(EmbedQuery(["a"]))
+            await service.embed(EmbedQuery(texts=["a"]))
         except ServiceError as exc:
             error = [type(exc).__name__, exc.field]
         await serving.aclose()

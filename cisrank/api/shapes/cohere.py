@@ -18,24 +18,13 @@ from cisrank.api.schemas import (
     RerankResult,
     Usage,
 )
-from cisrank.api.shapes.renaming import fields_renamed, item_texts
+from cisrank.api.shapes.renaming import fields_renamed, item_texts, query_of
 from cisrank.serving.ranking import RankingService
 from cisrank.serving.types import Ranking, RerankQuery
 
 
 def text_of(document: str | DocumentIn) -> str:
     return document.text if isinstance(document, DocumentIn) else document
-
-
-def query_of(body: RerankRequest) -> RerankQuery:
-    return RerankQuery(
-        query=body.query,
-        documents=[text_of(d) for d in body.documents],
-        model=body.model,
-        top_n=body.top_n,
-        max_tokens_per_doc=body.max_tokens_per_doc,
-        normalize=body.normalize,
-    )
 
 
 def response_of(ranking: Ranking, body: RerankRequest) -> RerankResponse:
@@ -66,5 +55,6 @@ def response_of(ranking: Ranking, body: RerankRequest) -> RerankResponse:
 
 async def rerank(service: RankingService, body: RerankRequest) -> RerankResponse:
     with fields_renamed(item_texts({"documents": body.documents}, objects=False)):
-        ranking = await service.rerank(query_of(body))
+        query = query_of(RerankQuery, body, documents=[text_of(d) for d in body.documents])
+        ranking = await service.rerank(query)
     return response_of(ranking, body)

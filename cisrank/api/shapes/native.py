@@ -1,9 +1,10 @@
 """cisrank's own shapes: search (`POST /v1/search`), RAG context and generation (`POST
 /v1/context`, `/v1/generate`) and the model list (`GET /v1/models`).
 
-A context's documents (and its noise pool's) are strings or objects `{text, title?, id?}`; a
-document's text is blamed as the client sent it (`documents.3` for a string, `documents.3.text`
-for an object).
+Their request bodies are the engine's queries (`cisrank.api.schemas` subclasses them) and go to
+the engine as they are. A context's documents (and its noise pool's) are strings or objects
+`{text, title?, id?}`; a document's text is blamed as the client sent it (`documents.3` for a
+string, `documents.3.text` for an object).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Sequence
 
 from cisrank.api.schemas import (
     ContextCandidate,
-    ContextDocumentIn,
     ContextGauge,
     ContextRequest,
     ContextResponse,
@@ -25,10 +25,8 @@ from cisrank.api.schemas import (
     IndexCard,
     ModelCard,
     ModelList,
-    NoiseIn,
     NoiseOut,
     RerankChoice,
-    RerankFirst,
     SearchRequest,
     SearchResponse,
     SearchResult,
@@ -61,31 +59,12 @@ def models(service: RankingService) -> ModelList:
 
 
 async def search(service: RankingService, body: SearchRequest) -> SearchResponse:
-    found = await service.search(
-        types.SearchQuery(
-            query=body.query,
-            top_n=body.top_n,
-            index=body.index,
-            rerank=body.rerank,
-            depth=body.depth,
-            normalize=body.normalize,
-        )
-    )
+    found = await service.search(body)
     return SearchResponse(
         id=str(uuid.uuid4()),
         index=found.index,
         model=found.reranker,
-        results=[
-            SearchResult(
-                rank=r.rank,
-                docid=r.docid,
-                text=r.text,
-                score=r.score,
-                retrieval_score=r.retrieval_score,
-                rerank_score=r.rerank_score,
-            )
-            for r in found.results
-        ],
+        results=[SearchResult.model_validate(r, from_attributes=True) for r in found.results],
         usage=Usage(documents=found.documents),
     )
 
@@ -93,30 +72,8 @@ async def search(service: RankingService, body: SearchRequest) -> SearchResponse
 # ---- context and generation
 
 
-def _documents(docs: Sequence[str | ContextDocumentIn]) -> list[types.Document]:
-    return [
-        types.Document(d.text, d.title, d.id)
-        if isinstance(d, ContextDocumentIn)
-        else types.Document(d)
-        for d in docs
-    ]
-
-
-def _noise(noise: NoiseIn | None) -> types.NoiseSpec | None:
-    if noise is None:
-        return None
-    pool = _documents(noise.documents) if noise.documents is not None else None
-    return types.NoiseSpec(n=noise.n, seed=noise.seed, documents=pool, index=noise.index)
-
-
-def _first(rerank: RerankFirst | None) -> types.RerankFirst | None:
-    return types.RerankFirst(rerank.reranker, rerank.top_k) if rerank is not None else None
-
-
 def _choice(pick: types.RerankPick | None) -> RerankChoice | None:
-    if pick is None:
-        return None
-    return RerankChoice(reranker=pick.reranker, indexes=pick.indexes, scores=pick.scores)
+    return RerankChoice.model_validate(pick, from_attributes=True) if pick is not None else None
 
 
 def _texts_as_sent(body: ContextRequest | GenerateRequest) -> Rename:
@@ -129,23 +86,8 @@ def _texts_as_sent(body: ContextRequest | GenerateRequest) -> Rename:
 async def context(
     service: ContextService, body: ContextRequest, cancel: threading.Event | None = None
 ) -> ContextResponse:
-    query = types.ContextQuery(
-        query=body.query,
-        documents=_documents(body.documents),
-        arrange=body.arrange,
-        template=body.template,
-        fields=body.fields,
-        document_format=body.document_format,
-        chat=body.chat,
-        noise=_noise(body.noise),
-        shuffles=body.shuffles,
-        seed=body.seed,
-        pmi=body.pmi,
-        model=body.model,
-        rerank=_first(body.rerank),
-    )
     with fields_renamed(_texts_as_sent(body)):
-        arranged = await service.context(query, cancel)
+        arranged = await service.context(body, cancel)
     return ContextResponse(
         id=str(uuid.uuid4()),
         model=arranged.reranker,
@@ -174,25 +116,8 @@ async def context(
 async def generate(
     service: ContextService, body: GenerateRequest, cancel: threading.Event | None = None
 ) -> GenerateResponse:
-    query = types.GenerateQuery(
-        query=body.query,
-        documents=_documents(body.documents),
-        decoding=body.decoding,
-        arrange=body.arrange,
-        template=body.template,
-        fields=body.fields,
-        document_format=body.document_format,
-        chat=body.chat,
-        scores=body.scores,
-        tau=body.tau,
-        beta=body.beta,
-        layers=body.layers,
-        max_new_tokens=body.max_new_tokens,
-        model=body.model,
-        rerank=_first(body.rerank),
-    )
     with fields_renamed(_texts_as_sent(body)):
-        answer = await service.generate(query, cancel)
+        answer = await service.generate(body, cancel)
     return GenerateResponse(
         id=str(uuid.uuid4()),
         model=answer.reranker,

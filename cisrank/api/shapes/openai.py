@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 
 from cisrank.api.schemas import EmbeddingOut, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage
-from cisrank.api.shapes.renaming import fields_renamed, renamed_list
+from cisrank.api.shapes.renaming import fields_renamed, query_of, renamed_list
 from cisrank.serving.ranking import RankingService
 from cisrank.serving.types import EmbedQuery
 
@@ -19,9 +19,8 @@ from cisrank.serving.types import EmbedQuery
 async def embeddings(service: RankingService, body: EmbeddingsRequest) -> EmbeddingsResponse:
     single = isinstance(body.input, str)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    query = EmbedQuery(texts=texts, model=body.model, dimensions=body.dimensions)
     with fields_renamed(renamed_list("texts", "input", single)):
-        result = await service.embed(query)
+        result = await service.embed(query_of(EmbedQuery, body, texts=texts))
     if body.encoding_format == "base64":
         data = [
             EmbeddingOut(index=i, embedding=base64.b64encode(row.astype("<f4").tobytes()).decode())

@@ -1,4 +1,5 @@
-"""The fields a service error blames, as a wire shape names them.
+"""A shape's body as the engine's query, and the fields a service error blames as the shape
+names them.
 
 The engine names fields by its queries' attributes (`cisrank.serving.types`): TEI calls the
 documents `texts`, OpenAI calls its texts `input` (a single text is `input` itself), and Cohere
@@ -10,10 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from cisrank.serving.errors import InvalidField
+from cisrank.serving.types import Query
 
 Rename = Callable[[str], str]
+
+Q = TypeVar("Q", bound=Query)
+
+
+def query_of(query: type[Q], body: BaseModel, **renamed: Any) -> Q:
+    """The engine's `query` from a shape's `body`: the fields the shape names or shapes its own
+    way given as `renamed`, every other field of the query taken from the body's field of its
+    name (its default where the shape has none). Its limits were checked on the body: the same
+    types (`cisrank.serving.types.TopN`...) declare them on both."""
+    shared = {
+        name: getattr(body, name)
+        for name in query.model_fields
+        if name not in renamed and name in type(body).model_fields
+    }
+    return query(**shared, **renamed)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cisrank.api.schemas import ServedRuntime, TeiInfo, TeiLabels, TeiRank, TeiRerankRequest
-from cisrank.api.shapes.renaming import fields_renamed, renamed_list
+from cisrank.api.shapes.renaming import fields_renamed, query_of, renamed_list
 from cisrank.serving.errors import InvalidField
 from cisrank.serving.ranking import RankingService
 from cisrank.serving.types import RerankerInfo, RerankQuery
@@ -38,13 +38,9 @@ async def rerank(service: RankingService, body: TeiRerankRequest) -> list[TeiRan
         )
     name = service.resolve(body.model)
     cosine = service.embeds(name)
-    query = RerankQuery(
-        query=body.query,
-        documents=list(body.texts),
-        model=body.model,
-        normalize="none" if body.raw_scores or cosine else "sigmoid",
-    )
+    normalize = "none" if body.raw_scores or cosine else "sigmoid"
     with fields_renamed(renamed_list("documents", "texts")):
+        query = query_of(RerankQuery, body, documents=body.texts, normalize=normalize)
         ranking = await service.rerank(query)
     return [
         TeiRank(
