@@ -13,7 +13,7 @@ from cisrank.lm.engine import CausalLMEngine
 from cisrank.runtimes.auto import resolve_lm_backend
 from cisrank.runtimes.table import CAUSAL_LM, runtime
 
-ENGINE_OPTIONS = ("batch_tokens", "batch_size", "max_padding")
+ENGINE_OPTIONS = ("batch_tokens", "batch_size", "max_padding", "fixed_shapes")
 """Options of the engine's batching; the others are the runtime's (torch: head_chunk_rows,
 padding_side, use_prefix_cache)."""
 

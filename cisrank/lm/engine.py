@@ -15,6 +15,13 @@ What it guarantees, whatever the backend (`cisrank.runtimes.lm`):
   budget with a padding bound (`cisrank.runtimes.batching`), and results come back in input
   order, so a score does not depend on batch size, batch order, padding side or the other inputs
   (within float rounding: about 1e-5 per token in float32);
+- in bf16 or float16 on a CPU that rounding is not small: on DL21 a pair's reverse-CIS score
+  moved by up to 0.73 nats with its batch company and 0.18 with the thread count
+  (`bench/bf16_invariance.py`), where the ranking tolerates 0.053 (the 5th percentile of the
+  gaps between top-10 neighbours), since the CPU's reduced-precision kernels block and split a
+  matmul by its shape and threads. There the engine runs fixed shapes (`fixed_shapes`): one row
+  a model call, no context shared between rows, one torch thread, so a pair's score is a function
+  of the pair alone, bit for bit, whatever the request and the process around it;
 - a prompt longer than the model's context is a one-line error before any work;
 - `fingerprint()` names everything that changes a log-probability (model, weights sample, compute
   type, runtime other than torch, tokenizer, BOS): the key of every stored prior.
@@ -28,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +76,17 @@ def _default_max_padding(device: str) -> float:
     return 0.05 if _on_cpu(device) else 0.25
 
 
+def _reduced_on_cpu(backend: LMBackend) -> bool:
+    # Where the engine's batching would change a score by more than rounding noise: torch's
+    # bf16/float16 CPU kernels (oneDNN, AMX) pick their blocking by the matmul's shape. The other
+    # runtimes' reduced types (int8) are checked per runtime; GPUs are not covered by this rule.
+    return (
+        isinstance(backend, TorchBackend)
+        and _on_cpu(backend.device)
+        and backend.compute_type in ("bfloat16", "float16")
+    )
+
+
 class CausalLMEngine:
     """Summed log-probabilities of continuations given a shared prefix, for any HF causal LM.
 
@@ -86,6 +105,10 @@ class CausalLMEngine:
         padding_side: "right" or "left" (torch); scores do not depend on it.
         use_prefix_cache: reuse the prefix's key/value cache (auto: on, falling back to full
             forwards if the model rejects a cache).
+        fixed_shapes: score one row a model call on one torch thread and share no context
+            between rows, so that a score depends on its pair alone, bit for bit (auto: on for
+            torch bf16/float16 on a CPU; on one thread 0.75x the pairs/s of batched bf16 and
+            1.64x float32's, `bench/bf16_invariance.py`).
     """
 
     def __init__(
@@ -101,6 +124,7 @@ class CausalLMEngine:
         head_chunk_rows: int = 1024,
         padding_side: str = "right",
         use_prefix_cache: bool | None = None,
+        fixed_shapes: bool | None = None,
     ) -> None:
         torch_options: dict[str, Any] = {
             "head_chunk_rows": head_chunk_rows,
@@ -131,6 +155,8 @@ class CausalLMEngine:
             backend = TorchBackend(model, name=self.model_name, **torch_options)
         self.backend = backend
         self.tokenizer = tokenizer
+        self.fixed_shapes = _reduced_on_cpu(backend) if fixed_shapes is None else fixed_shapes
+        """One row a call, no shared contexts, one thread: a score is its pair's alone, bit for bit."""
         self.batch_tokens = batch_tokens or _default_batch_tokens(backend.device)
         self.batch_size = batch_size
         self.max_padding = (
@@ -210,12 +236,21 @@ class CausalLMEngine:
         else:
             h.update(repr(sorted(self.tokenizer.get_vocab().items())).encode())
         h.update(f"bos={self.bos_id}".encode())
+        if self.fixed_shapes and self.compute_type != "float32":
+            # Reduced precision scores differently unbatched: priors of each way are kept apart.
+            h.update(b"fixed-shapes")
         self._fingerprint = h.hexdigest()
         return self._fingerprint
 
     # ------------------------------------------------------------------ scoring
+    def _shape_pinned(self) -> AbstractContextManager[None]:
+        """One torch thread for a fixed-shape call (its thread count changed bf16 scores too)."""
+        return lm_torch.one_thread() if self.fixed_shapes else nullcontext()
+
     def batcher(self) -> LengthBatcher:
         """This engine's batching policy (read at each call: the attributes may be changed)."""
+        if self.fixed_shapes:
+            return LengthBatcher(batch_size=1)
         return LengthBatcher(self.batch_size, self.batch_tokens, self.max_padding)
 
     def score_continuations(
@@ -242,7 +277,9 @@ class CausalLMEngine:
                 f"context of '{self.model_name}' ({self.max_positions} tokens): lower "
                 "--max-doc-tokens or shorten the query/template"
             )
-        return _summed(scatter(self._score_unique(prefix, unique), slots), conts, return_tokens)
+        with self._shape_pinned():
+            scored = self._score_unique(prefix, unique)
+        return _summed(scatter(scored, slots), conts, return_tokens)
 
     def score_spans(
         self,
@@ -276,7 +313,7 @@ class CausalLMEngine:
             )
         empty = np.zeros(0, dtype=np.float32)
         shared: dict[tuple[int, ...], list[int]] = {}
-        if self.backend.supports_prefix_cache:
+        if self.backend.supports_prefix_cache and not self.fixed_shapes:
             for i, (c, g) in enumerate(unique):
                 if g:
                     shared.setdefault(c, []).append(i)
@@ -293,11 +330,12 @@ class CausalLMEngine:
             )
             return _split(lp, [len(g) for _, g in chosen])
 
-        results = self.batcher().run(lengths, score, empty)
-        for context, ix in groups.items():
-            targets = [unique[i][1] for i in ix]
-            for i, row in zip(ix, self._score_unique(list(context), targets), strict=True):
-                results[i] = row
+        with self._shape_pinned():
+            results = self.batcher().run(lengths, score, empty)
+            for context, ix in groups.items():
+                targets = [unique[i][1] for i in ix]
+                for i, row in zip(ix, self._score_unique(list(context), targets), strict=True):
+                    results[i] = row
         return _summed(scatter(results, slots), [g for _, g in pairs], return_tokens)
 
     def _score_unique(self, prefix: list[int], unique: list[tuple[int, ...]]) -> list[np.ndarray]:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,22 @@ log = logging.getLogger(__name__)
 
 PADDING_SIDES = ("right", "left")
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch's intra-op threads at 1 for the calling thread, then as they were: how a reduced-
+    precision CPU forward is made independent of the process's thread count. The count is the
+    calling thread's own (OpenMP's per-thread setting, checked in tests/lm), so a server's other
+    model threads keep theirs."""
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 def _text_config(config: Any) -> Any:
