@@ -396,8 +396,8 @@ class RerankerSpec(ComponentConfig):
         """This spec with its kind's record, looked up once; a `_Problem` for a kind the
         registry does not know, options its config does not take or accept. A fusing kind's
         options are its own and its parts', which it routes itself when built; a factory's
-        are its own."""
-        if self.factory:
+        are its own. A spec made already (one handed to a server config) is kept as it is."""
+        if self.factory or self._record is not None:
             return self
         try:
             record = kind_of(self.kind)
