@@ -113,8 +113,8 @@ def server_config(
     options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
     """The config `cisrank serve` runs: from --config, from the quick-start options, or the
-    default (each reranker spec, and that it can be served, checked as the config is made),
-    then everything it names (`cisrank.serving.preflight`)."""
+    default (each reranker spec checked as the config is made), then everything it names,
+    every reranker's kind servable first (`cisrank.serving.preflight`)."""
     from cisrank.serving.config import ServerConfig
 
     quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
