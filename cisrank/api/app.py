@@ -79,14 +79,12 @@ def create_app(
     preflight: bool = True,
     hold_until_loaded: Callable[[], bool] | None = None,
 ) -> FastAPI:
-    """The app over `serving`, an engine built outside it, or over one it builds from `config`
-    (default: the default config), `rerankers`, `retrievers`, `on_loaded` and `preflight`, which
-    are the engine's (`Serving`) and so refused beside one handed in. Either way the app's
-    startup and shutdown open, start loading and close the engine. Without `rerankers`, the
-    configured ones load in the background at startup, after the pre-start checks (`preflight`:
-    unless they have run already); `on_loaded` is called once that has ended
-    (`Serving.on_loaded`). An app whose checks or loading fail answers 503 `load_failed` on
-    every route until it is stopped.
+    """The app over `serving`, an engine built outside it, or over the one it builds from the
+    engine's own arguments (`config`, `rerankers`, `retrievers`, `on_loaded`, `preflight`: refused
+    beside one handed in); its startup and shutdown open, load and close the engine. Without
+    `rerankers`, the configured ones load in the background at startup, after the pre-start
+    checks (`preflight`: unless they have run already), then `on_loaded` is called. An app whose
+    checks or loading fail answers 503 `load_failed` on every route until it is stopped.
 
     `hold_until_loaded`, asked once at startup: when it says True, the app's startup waits for
     the loading to end, so the server takes no connection before its models are in (a worker
