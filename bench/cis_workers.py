@@ -2,7 +2,7 @@
 
 Issue 29's second bar: the default (`--workers` = cores, one torch thread each) against
 `--workers 1 --threads-per-worker 2` (the behaviour before workers), with identical scores. Both
-rerankers are loaded once, as `cisrank eval` loads them (`load_on_workers`), and score the same
+rerankers are loaded once, as `cisrank eval` loads them (`RerankerSpec.build`), and score the same
 DL19 queries' BM25 top `--depth`, alternating which goes first query by query so that load from
 other processes hits both alike. The torch thread count of this process is set before each call
 (the pooled reranker's own copy runs one thread, the single one two).
@@ -20,7 +20,7 @@ from common import interleaved, machine, report
 
 from cisrank.data.datasets import load_named
 from cisrank.jobs.pool import WorkerOptions, cores, set_threads
-from cisrank.rerank.pooled import load_on_workers
+from cisrank.rerank.registry import RerankerSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     rerankers = {}
     for name, (workers, threads) in setups.items():
         set_threads(threads)
-        rerankers[name] = (load_on_workers("cis", args.model, workers, **options), threads)
+        spec = RerankerSpec(kind="cis", model=args.model, options=options)
+        rerankers[name] = (spec.build(workers), threads)
 
     ds = load_named(args.dataset)
     qids = ds.qids[: args.queries]

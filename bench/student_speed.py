@@ -2,8 +2,8 @@
 
 Issue 30's speed bar: the student's throughput is at least 20x the torch CIS engine's on this
 CPU (on a CPU with native bf16, where CIS computes in bf16 by default, against that default
-too). Every reranker is loaded as `cisrank eval` loads it with its defaults (`load_on_workers`: a
-worker per core, one torch thread each), CIS as the reverse estimator on torch float32, the
+too). Every reranker is loaded as `cisrank eval` loads it with its defaults (`RerankerSpec.build`:
+a worker per core, one torch thread each), CIS as the reverse estimator on torch float32, the
 student on PyTorch float32 and through ONNX Runtime float32 and int8; all score the same DL19
 queries' BM25 top `--depth`, 8 queries to a call as `cisrank eval` sends them, the order rotated
 call by call, so that a ratio holds whatever else the machine runs. Scores are compared too: each ONNX path against the PyTorch student.
@@ -31,8 +31,8 @@ from common import add_tag_option, interleaved, machine, report, result_name
 from cisrank.data.datasets import load_named
 from cisrank.devices import cpu_has_native_bf16
 from cisrank.eval.pipeline import QUERIES_PER_CALL
-from cisrank.jobs.pool import WorkerOptions
-from cisrank.rerank.pooled import load_on_workers
+from cisrank.jobs.pool import WorkerOptions, cores
+from cisrank.rerank.registry import RerankerSpec
 
 CIS = "CIS reverse, torch float32"
 CIS_BF16 = "CIS reverse, torch bf16 (the default on this CPU)"
@@ -73,7 +73,9 @@ def untrained_cross_encoder(model: str, out: Path) -> str:
 
 
 def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
-    workers = WorkerOptions()
+    workers = WorkerOptions(
+        cores()
+    )  # a worker per core, started at once: timed from the first call
     cis = {"estimator": "reverse", "backend": "torch"}
     setups = {
         # float32 asked for by name: on a CPU with native bf16 matmuls both defaults are bf16
@@ -95,7 +97,10 @@ def measure(args: argparse.Namespace, bases: dict[str, str]) -> int:
         setups[f"{name}, {F32}"] = ("cross-encoder", folder, {"dtype": "float32"})
         setups[f"{name}, {INT8}"] = ("cross-encoder", folder, {"backend": "onnx", "dtype": "int8"})
     rerankers = {
-        name: (load_on_workers(kind, model, workers, **options), workers.threads_per_worker)
+        name: (
+            RerankerSpec(kind=kind, model=model, options=options).build(workers),
+            workers.threads_per_worker,
+        )
         for name, (kind, model, options) in setups.items()
     }
     ds = load_named(args.dataset)

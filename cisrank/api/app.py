@@ -1,8 +1,10 @@
 """The FastAPI app factory: the services behind the routes, middleware and error handlers.
 
-`create_app(config)` loads the configured rerankers (and indexes) in a background thread once the
-server has started, so `/healthz` answers at once and `/readyz` turns ready when the models are
-in. Tests and embedders can pass ready-made `rerankers=` and `retrievers=` instead.
+`create_app(config)` builds the serving engine (`cisrank.serving.Serving`) of a config; it loads
+the configured rerankers (and indexes) in a background thread once the server has started, so
+`/healthz` answers at once and `/readyz` turns ready when the models are in. Tests and embedders
+can pass ready-made `rerankers=` and `retrievers=` instead, or an engine built outside the app
+(`create_app(serving=...)`: one program's engine behind its own HTTP app).
 
 An app runs the pre-start checks (`cisrank.serving.preflight`: every index, prior store and
 recorded model in full) before it loads what its config names, in the same background thread: an
@@ -55,12 +57,12 @@ from cisrank.api.middleware import (
 )
 from cisrank.api.routes import router
 from cisrank.api.schemas import ErrorBody
+from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker
 from cisrank.retrieval.base import Retriever
 from cisrank.serving.assembly import ContextService
 from cisrank.serving.config import ServerConfig
 from cisrank.serving.engine import Serving
-from cisrank.serving.metrics import Metrics
 from cisrank.serving.ranking import RankingService
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ log = logging.getLogger(__name__)
 def create_app(
     config: ServerConfig | None = None,
     *,
+    serving: Serving | None = None,
     rerankers: Mapping[str, Reranker] | None = None,
     retrievers: Mapping[str, Retriever] | None = None,
     api_keys: Sequence[str] | None = None,
@@ -76,31 +79,32 @@ def create_app(
     preflight: bool = True,
     hold_until_loaded: Callable[[], bool] | None = None,
 ) -> FastAPI:
-    """The app. Without `rerankers`, the configured ones load in the background at startup,
-    after the pre-start checks (`preflight`: unless they have run already); `on_loaded` is
-    called once that has ended (`Serving.on_loaded`). An app whose checks or loading fail
-    answers 503 `load_failed` on every route until it is stopped.
+    """The app over `serving`, an engine built outside it, or over the one it builds from the
+    engine's own arguments (`config`, `rerankers`, `retrievers`, `on_loaded`, `preflight`: refused
+    beside one handed in); its startup and shutdown open, load and close the engine. Without
+    `rerankers`, the configured ones load in the background at startup, after the pre-start
+    checks (`preflight`: unless they have run already), then `on_loaded` is called. An app whose
+    checks or loading fail answers 503 `load_failed` on every route until it is stopped.
 
     `hold_until_loaded`, asked once at startup: when it says True, the app's startup waits for
     the loading to end, so the server takes no connection before its models are in (a worker
     restarted beside ready ones, which would answer 503 `not_ready` to the requests it takes
     from their shared socket)."""
-    config = config or ServerConfig()
-    serving: Serving | None = None
-    metrics = Metrics(lambda: serving.rerankers if serving is not None else {})
-    serving = Serving(config, metrics, rerankers, retrievers, on_loaded, preflight)
+    engine = _engine(serving, config, rerankers, retrievers, on_loaded, preflight)
+    config = engine.config
+    metrics = engine.metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        serving.open()
-        serving.start_loading()
+        engine.open()
+        engine.start_loading()
         if hold_until_loaded is not None and hold_until_loaded():
             log.info("waiting for the models to load before taking connections")
             loop = asyncio.get_running_loop()
-            while not await loop.run_in_executor(None, serving.wait_loaded, 1.0):
+            while not await loop.run_in_executor(None, engine.wait_loaded, 1.0):
                 pass
         yield
-        await serving.aclose()
+        await engine.aclose()
 
     app = FastAPI(
         title="cisrank",
@@ -115,9 +119,9 @@ def create_app(
             400: {"model": ErrorBody, "description": "Malformed body."},
         },
     )
-    app.state.serving = serving
-    app.state.ranking = RankingService(serving)
-    app.state.context = ContextService(serving)
+    app.state.serving = engine
+    app.state.ranking = RankingService(engine)
+    app.state.context = ContextService(engine)
     app.state.metrics = metrics
     app.state.keys = KeyChecker(tuple(api_keys) if api_keys is not None else keys_from_env())
     # Added last = outermost. Metrics see every final status (the 503 of a stopped request and
@@ -143,6 +147,29 @@ def create_app(
     app.include_router(router)
     install_docs(app)
     return app
+
+
+def _engine(
+    serving: Serving | None,
+    config: ServerConfig | None,
+    rerankers: Mapping[str, Reranker] | None,
+    retrievers: Mapping[str, Retriever] | None,
+    on_loaded: Callable[[str | None], None] | None,
+    preflight: bool,
+) -> Serving:
+    """`serving`, or the engine of the other arguments where none is handed in: given beside
+    one, they would be a second say in what it serves."""
+    if serving is None:
+        return Serving(config or ServerConfig(), None, rerankers, retrievers, on_loaded, preflight)
+    engine_args = {"config": config, "rerankers": rerankers, "retrievers": retrievers}
+    given = [k for k, v in engine_args.items() if v is not None]
+    given += [k for k, v in (("on_loaded", on_loaded), ("preflight", not preflight)) if v]
+    if given:
+        raise CisrankError(
+            f"create_app: {', '.join(given)} are the engine's own: give them to the Serving "
+            "handed in as serving=, not beside it"
+        )
+    return serving
 
 
 def _version() -> str:

@@ -90,10 +90,11 @@ def _evaluate(
     from cisrank.eval.coverage import check_missing, describe, judged_to_evaluate
     from cisrank.eval.pipeline import RERANKED, run_eval
     from cisrank.eval.report import metrics_table
-    from cisrank.rerank.pooled import load_on_workers
-    from cisrank.rerank.registry import check_name
+    from cisrank.rerank.registry import RerankerSpec
 
-    check_name(run.reranker)
+    spec = RerankerSpec.of(
+        run.reranker, run.model, batch_size=run.batch_size, device=run.device, **options
+    )
     check_missing(run.missing)
     if files is not None:
         dataset = datasets.load_local(name, **files)
@@ -110,16 +111,7 @@ def _evaluate(
         for qid in dataset.qids
         for h in dataset.candidates[qid][: run.depth]
     )
-    model_obj = load_on_workers(
-        run.reranker,
-        run.model,
-        pool,
-        when_it_pays=True,
-        expected_chars=expected,
-        batch_size=run.batch_size,
-        device=run.device,
-        **options,
-    )
+    model_obj = spec.build(pool, expected_chars=expected)
     output = run.output or Path("out") / f"eval-{name}-{run.reranker}"
     try:
         result = run_eval(

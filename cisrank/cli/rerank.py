@@ -59,25 +59,16 @@ def rerank(
     **options: Any,
 ) -> None:
     """Rank passages for one query, most relevant first."""
-    from cisrank.rerank.pooled import load_on_workers
-    from cisrank.rerank.registry import kind_of
+    from cisrank.rerank.registry import RerankerSpec
 
-    if kind_of(reranker).keeps_order:
+    spec = RerankerSpec.of(reranker, model, batch_size=batch_size, device=device, **options)
+    if spec.keeps_order:
         raise CisrankError(f"`rerank` needs a reranker: --reranker {RERANKER_KINDS}")
     if not query.strip():
         raise CisrankError("--query is empty")
     texts, ids = _read_passages(passages)
     # workers only once they pay for their start: three passages are scored here
-    model_obj = load_on_workers(
-        reranker,
-        model,
-        pool,
-        when_it_pays=True,
-        expected_chars=sum(len(query) + len(t) for t in texts),
-        batch_size=batch_size,
-        device=device,
-        **options,
-    )
+    model_obj = spec.build(pool, expected_chars=sum(len(query) + len(t) for t in texts))
     try:
         ranked = model_obj.rank(query, texts, top_n=top_n)
     finally:

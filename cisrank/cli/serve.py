@@ -113,8 +113,8 @@ def server_config(
     options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
     """The config `cisrank serve` runs: from --config, from the quick-start options, or the
-    default (each reranker spec checked as the config is made); every reranker servable, then
-    everything it names (`cisrank.serving.preflight`)."""
+    default (each reranker spec checked as the config is made), then everything it names,
+    every reranker's kind servable first (`cisrank.serving.preflight`)."""
     from cisrank.serving.config import ServerConfig
 
     quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
@@ -131,9 +131,6 @@ def server_config(
         cfg = quick_config(reranker, model, indexes, options)
     else:
         cfg = ServerConfig()
-    for name, spec in cfg.rerankers.items():
-        if spec.record is not None and not spec.record.servable:
-            raise CisrankError(f"reranker '{name}': kind '{spec.kind}' cannot be served")
     from cisrank.serving import preflight
 
     preflight(cfg)

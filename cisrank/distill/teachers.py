@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cisrank.errors import DataError, UnknownRerankerError
 from cisrank.rerank.base import Reranker
@@ -108,7 +108,7 @@ class CISTeacher(RerankerTeacher):
     tied to the exact model by the engine's fingerprint."""
 
     def __post_init__(self) -> None:
-        self.cis: CISReranker = CIS.build(self.model, self.options)
+        self.cis = cast("CISReranker", load_reranker(CIS.name, self.model, **self.options))
         self.reranker = self.cis
 
     def describe(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Rerankers: one interface (`Reranker`), built by name through `load_reranker`."""
+"""Rerankers: one interface (`Reranker`), built from a `RerankerSpec` (`load_reranker` by name)."""
 
 from cisrank.data.types import RankedPassage, rank_order
 from cisrank.rerank.base import BaseReranker, CombiningReranker, IdentityReranker, Reranker

@@ -1,9 +1,10 @@
 """A reranker on every core: one copy in this process and one in each of N - 1 worker processes.
 
 Why: a 135M causal LM on a CPU runs near one core's matmul peak with one thread; a second torch
-thread adds about 40%, a second process about 100% (bench/RESULTS.md). `PooledReranker` takes
-the same kind, model and options as `load_reranker` and scores each `score_batch` call's pairs on
-all copies at once: this process's copy (which also answers what callers ask of the reranker:
+thread adds about 40%, a second process about 100% (bench/RESULTS.md). `PooledReranker` builds
+one copy of a reranker spec (`cisrank.rerank.registry.RerankerSpec.build`, which makes one where
+more than one process is asked) per process and scores each `score_batch` call's pairs on all
+copies at once: this process's copy (which also answers what callers ask of the reranker:
 its name, model, tokenizer, LM) takes one share, each worker another.
 
 Pairs are dealt by passage, all pairs of one passage to one copy (the reverse CIS estimator runs
@@ -13,7 +14,7 @@ itself, the same in any grouping), the parts come back in input order, and each 
 combined here, once (`Reranker.combine`: the hybrid's per-query fusion needs every passage of
 its query, which no single copy holds).
 
-Workers only where they pay (`when_it_pays`, what `cisrank rerank` and `eval` ask when no
+Workers only where they pay (`when_it_pays`, what `cisrank rerank` and `eval` get when no
 `--workers` is given). A worker costs its start: a spawned process imports torch and loads the
 model before it scores anything (`cisrank rerank` of three passages took 23.8 s on two workers
 against 12.0 s on one). It pays when the time the pool saves on the work left exceeds that
@@ -33,10 +34,10 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
-from cisrank.jobs.pool import WorkerOptions, WorkerPool, balanced_split, for_device, set_threads
+from cisrank.jobs.pool import WorkerOptions, WorkerPool, balanced_split, set_threads
 from cisrank.rerank.base import CombiningReranker, Part, Request, Reranker
 
 log = logging.getLogger(__name__)
@@ -69,43 +70,44 @@ class PoolCost:
         return workers > 1 and work_s * (1.0 - 1.0 / self.speedup(workers)) > self.start_s
 
 
+class Buildable(Protocol):
+    """What a pool builds each copy from (a `RerankerSpec`, which pickles to every worker):
+    `build()` is one copy in the calling process."""
+
+    def build(self) -> Reranker: ...
+
+
 @dataclass(frozen=True)
 class RerankerJob:
-    """What a worker process loads (`load_reranker(kind, model, **options)`) and runs."""
+    """What a worker process loads (one copy of `spec`) and runs."""
 
-    kind: str
-    model: str | None
-    options: dict[str, Any] = field(default_factory=dict)
+    spec: Buildable
 
     def load(self) -> Reranker:
-        from cisrank.rerank.registry import load_reranker
-
-        return load_reranker(self.kind, self.model, **self.options)
+        return self.spec.build()
 
     def score(self, reranker: Reranker, requests: list[Request]) -> list[list[Part]]:
         return reranker.score_parts(requests)
 
 
 class PooledReranker(CombiningReranker):
-    """`load_reranker(kind, model, **options)` on `workers.count` processes of
-    `workers.threads_per_worker` torch threads each (this one included): parts scored on every
-    copy, requests combined by this process's copy. With `when_it_pays`, the workers start only
+    """One copy of `spec` on each of `workers.count` processes of `workers.threads_per_worker`
+    torch threads (this one included): parts scored on every copy, requests combined by this
+    process's copy. With `when_it_pays`, the workers start only
     once they pay for their start (module docstring); `expected_chars` is the work the caller
     will ask for in all, as characters of (query, passage) pairs."""
 
     def __init__(
         self,
-        kind: str,
-        model: str | None = None,
+        spec: Buildable,
         workers: WorkerOptions | None = None,
         *,
         when_it_pays: bool = False,
         expected_chars: float | None = None,
-        **options: Any,
     ) -> None:
         self.workers = workers or WorkerOptions()
         set_threads(self.workers.threads_per_worker)
-        self.job = RerankerJob(kind, model, dict(options))
+        self.job = RerankerJob(spec)
         started = time.perf_counter()
         self.local = self.job.load()
         self.cost = PoolCost(time.perf_counter() - started + SPAWN_S)
@@ -264,34 +266,3 @@ def _subrequests(
     where = [(r, sorted(js)) for r, js in sorted(by_request.items())]
     subrequests = [(requests[r][0], [requests[r][1][j] for j in js]) for r, js in where]
     return subrequests, where
-
-
-def load_on_workers(
-    kind: str,
-    model: str | None = None,
-    workers: WorkerOptions | None = None,
-    *,
-    when_it_pays: bool = False,
-    expected_chars: float | None = None,
-    **options: Any,
-) -> Reranker:
-    """`load_reranker(kind, model, **options)` spread over `workers` (a `PooledReranker`), or
-    one copy in this process when one worker is asked or the work runs on a GPU (where one
-    process already fills the device). The reranker `none` has no model: always one copy.
-
-    `when_it_pays` (a job whose size decides, as `cisrank rerank` and `eval`): where the worker
-    count is the default, the workers start only once they pay for their start on the work
-    left, `expected_chars` of (query, passage) pairs in all where the caller knows it; an
-    explicit count is obeyed. A server leaves it off: its workers load before it is ready."""
-    from cisrank.rerank.registry import kind_of, load_reranker
-
-    workers = for_device(workers or WorkerOptions(), options.get("device"))
-    if kind_of(kind).keeps_order:
-        return load_reranker(kind, model, **options)
-    if workers.count <= 1:
-        set_threads(workers.threads_per_worker)
-        return load_reranker(kind, model, **options)
-    lazy = when_it_pays and workers.workers is None
-    return PooledReranker(
-        kind, model, workers, when_it_pays=lazy, expected_chars=expected_chars, **options
-    )

@@ -1,5 +1,8 @@
-"""Rerankers by name, one `RerankerKind` record each, so the CLI, the API config and eval build
-them the same way.
+"""Rerankers by name, one `RerankerKind` record each, and the one way to build one, a
+`RerankerSpec` (`{kind, model, options}`), so the CLI, the API config, eval and the Python API
+build them the same way: a spec looks its kind up once, when it is made, and keeps the record;
+`spec.build` makes the reranker (one copy here, on worker processes, or for a server), and
+`load_reranker(kind, model, **options)` is `RerankerSpec.of(kind, model, **options).build()`.
 
 A record's config class is imported with the registry (configs hold no model code), so options are
 checked, and the CLI's flags built, before a model library loads; its reranker class is imported
@@ -9,10 +12,21 @@ optional backend fails with the extra to install, not at import time.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from cisrank.config import ComponentConfig, flag_fields, flag_name
 from cisrank.errors import CisrankError, UnknownRerankerError
@@ -28,6 +42,7 @@ from cisrank.rerank.configs import (
 )
 
 if TYPE_CHECKING:
+    from cisrank.jobs.pool import WorkerOptions
     from cisrank.rerank.cis import CISReranker
     from cisrank.rerank.cross_encoder import CrossEncoderReranker, StudentReranker
     from cisrank.rerank.dense import DenseReranker
@@ -100,13 +115,36 @@ class RerankerKind(Generic[ConfigT, RerankerT]):
     def fields(self) -> frozenset[str]:
         return frozenset(self.config.model_fields)
 
-    def build(self, model: str | None, options: Mapping[str, Any]) -> RerankerT:
-        if self.keeps_order:
-            return self.load_class()(model)
-        if self.fuses:
-            return self.load_class()(model, parts=_PARTS, **options)
-        _check_options(self, options)
-        return self.load_class()(model, **options)
+    @property
+    def default_model(self) -> str | None:
+        """The model it loads when none is named (its config's default), or None for a kind
+        without one of its own (`none`, a fusion of other kinds)."""
+        field = self.config.model_fields.get("model")
+        default = field.default if field is not None else None
+        return default if isinstance(default, str) else None
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Options for this kind, checked as building it would check them but without loading
+        a model (or torch): unknown ones named with their owner, values against its config; a
+        fusing kind's options against its own config and the kinds it may fuse. None values
+        mean "the default" and are skipped."""
+        given = {k: v for k, v in options.items() if v is not None}
+        if self.keeps_order or not given:
+            return
+        if not self.fuses:
+            _check_options(self, given)
+            self.config().replace(**given)
+            return
+        own = {k: v for k, v in given.items() if k in self.fields}
+        self.config().replace(**own)
+        others = set(given) - set(own)
+        fusable = frozenset().union(*(k.fields for k in KINDS.values() if not k.fuses))
+        stray = sorted(others - fusable)
+        if stray:
+            raise CisrankError(
+                f"{', '.join(map(flag_name, stray))}: not options of {self.name} or of a kind "
+                "it fuses"
+            )
 
     def passage_major_with(self, options: Mapping[str, Any]) -> bool:
         """`passage_major` of the reranker these options build, without building it. A fusing
@@ -234,11 +272,6 @@ def factory_path(name: str) -> bool:
     return ":" in name
 
 
-def check_name(name: str) -> str:
-    kind_of(name)
-    return name
-
-
 def kind_list(kinds: Iterable[RerankerKind[Any, Any]]) -> str:
     """Kinds as the help texts list them: by name, sorted, each with its gloss where it has
     one (`student: the cross-encoder shipped with cisrank`)."""
@@ -258,35 +291,8 @@ def config_fields(name: str) -> frozenset[str]:
 
 
 def default_model(name: str) -> str | None:
-    """The model kind `name` loads when none is named (its config's default), or None for a
-    kind without one of its own (`none`, a fusion of other kinds)."""
-    field = kind_of(name).config.model_fields.get("model")
-    default = field.default if field is not None else None
-    return default if isinstance(default, str) else None
-
-
-def check_options(name: str, options: Mapping[str, Any]) -> None:
-    """Options for kind `name`, checked as building it would check them but without loading
-    a model (or torch): unknown ones named with their owner, values against the kind's config;
-    a fusing kind's options against its own config and the kinds it may fuse. None values
-    mean "the default" and are skipped. For checks before a server starts."""
-    given = {k: v for k, v in options.items() if v is not None}
-    record = kind_of(name)
-    if record.keeps_order or not given:
-        return
-    if not record.fuses:
-        _check_options(record, given)
-        record.config().replace(**given)
-        return
-    own = {k: v for k, v in given.items() if k in record.fields}
-    record.config().replace(**own)
-    others = set(given) - set(own)
-    fusable = frozenset().union(*(k.fields for k in KINDS.values() if not k.fuses))
-    stray = sorted(others - fusable)
-    if stray:
-        raise CisrankError(
-            f"{', '.join(map(flag_name, stray))}: not options of {name} or of a kind it fuses"
-        )
+    """The model kind `name` loads when none is named (`RerankerKind.default_model`)."""
+    return kind_of(name).default_model
 
 
 def _check_options(kind: RerankerKind[Any, Any], options: Mapping[str, Any]) -> None:
@@ -306,11 +312,205 @@ def _check_options(kind: RerankerKind[Any, Any], options: Mapping[str, Any]) -> 
     raise CisrankError(f"{flags}: {whose}; drop them ({takes})")
 
 
+# ------------------------------------------------------------------ the one way to build one
+
+_FROM_FLAGS = "flags"
+"""Validation context of `RerankerSpec.of`: the arguments are the CLI's flags."""
+
+
+class _Problem(Exception):
+    """A spec's field at fault (`kind`, `model`, `options`) and the error that says why."""
+
+    def __init__(self, field: str, error: CisrankError) -> None:
+        super().__init__(str(error))
+        self.field = field
+        self.error = error
+
+
+class RerankerSpec(ComponentConfig):
+    """One reranker: a registry kind (or `module:factory`), its model and options; `build`
+    makes it. The entries of a server config's `rerankers`, of `cisrank eval rag --rerankers
+    FILE`, the CLI's flags (`of`) and `load_reranker`'s arguments are all specs."""
+
+    # Checked once, when it is made (read from a file, from the CLI's flags or in code): the
+    # kind against the registry, whose record it keeps, and the options against its config,
+    # without loading a model or torch. A bad spec is a `ValidationError` naming the field
+    # (`kind`, `model` or `options`); one made by `of` raises the registry's own error.
+
+    kind: str = Field(
+        description=f"A reranker kind ({kind_list(servable())}), or an import path "
+        "'package.module:factory' for a custom reranker factory called as "
+        "factory(model, **options)."
+    )
+    model: str | None = Field(
+        default=None,
+        description="Hugging Face id, local folder or pulled model's name (`cisrank models "
+        "list`); the kind's default model when unset.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword options passed to the reranker factory."
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Processes this reranker's model work runs on, each with its own copy of "
+        "the model (`cisrank.jobs.pool`): one request's passages are shared among them. Default: "
+        "one per CPU core for the causal-LM kinds "
+        f"({kind_list(k for k in servable() if k.causal_lm)}), whose 100-passage requests "
+        "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
+        "(N HTTP processes, each with its own rerankers), set it to cores / N.",
+    )
+    threads_per_worker: int | None = Field(
+        default=None, ge=1, description="Torch threads of each of those processes (default 1)."
+    )
+    _record: RerankerKind[Any, Any] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def of(cls, kind: str, model: str | None = None, **options: Any) -> RerankerSpec:
+        """The spec of the CLI's flags and of `load_reranker`'s arguments: options that are None
+        mean "the config's default" and are dropped, as the CLI passes every flag; a kind that
+        keeps the input order (`none`) takes no model and ignores the options passed to
+        whichever kind is chosen. A bad one raises the registry's error (`CisrankError`)."""
+        given = {k: v for k, v in options.items() if v is not None}
+        data = {"kind": kind, "model": model, "options": given}
+        return cls.model_validate(data, context={_FROM_FLAGS: True})
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _checked(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RerankerSpec], info: ValidationInfo
+    ) -> RerankerSpec:
+        spec = handler(data)
+        flags = bool(info.context and info.context.get(_FROM_FLAGS))
+        try:
+            return spec._resolved(flags)
+        except _Problem as problem:
+            if flags:
+                raise problem.error from None
+            error = PydanticCustomError("reranker_spec", "{problem}", {"problem": str(problem)})
+            raise ValidationError.from_exception_data(
+                cls.__name__, [InitErrorDetails(type=error, loc=(problem.field,), input=data)]
+            ) from None
+
+    def _resolved(self, flags: bool) -> RerankerSpec:
+        """This spec with its kind's record, looked up once; a `_Problem` for a kind the
+        registry does not know, options its config does not take or accept. A fusing kind's
+        options are its own and its parts', which it routes itself when built; a factory's
+        are its own. A spec made already (one handed to a server config) is kept as it is."""
+        if self.factory or self._record is not None:
+            return self
+        try:
+            record = kind_of(self.kind)
+        except CisrankError as exc:
+            raise _Problem("kind", exc) from None
+        spec = self
+        if record.keeps_order and flags:
+            spec = self.model_copy(update={"model": None, "options": {}})
+        elif record.keeps_order and (self.model is not None or self.options):
+            why = f"reranker '{record.name}' keeps the input order: no model"
+            raise _Problem("model", CisrankError(why))
+        elif not record.keeps_order:
+            named = self.model is not None and "model" in record.fields
+            model = {"model": self.model} if named else {}
+            try:
+                record.check_options({**model, **self.options})
+            except CisrankError as exc:
+                raise _Problem("options", exc) from None
+        spec._record = record
+        return spec
+
+    @property
+    def factory(self) -> bool:
+        """Whether `kind` is a `module:factory` import path rather than a registry kind."""
+        return factory_path(self.kind)
+
+    @property
+    def record(self) -> RerankerKind[Any, Any] | None:
+        """The registry's record of the kind, kept when the spec was made; None for a
+        `module:factory`, which declares nothing beyond what the reranker it builds declares."""
+        return self._record
+
+    @property
+    def keeps_order(self) -> bool:
+        """Whether it restates the input order (kind `none`): nothing to score."""
+        return self._record is not None and self._record.keeps_order
+
+    def build(
+        self,
+        workers: WorkerOptions | None = None,
+        *,
+        serving: bool = False,
+        expected_chars: float | None = None,
+    ) -> Reranker:
+        """The reranker, from the record the spec keeps (the registry is not asked again).
+
+        `workers`: the processes its model work runs on (a `PooledReranker` beyond one); None:
+        one copy in this process, on its threads as they are, or, `serving`, the spec's own
+        `workers` and `threads_per_worker`; a default count is `pool`'s. `serving` (a server's
+        reranker): its workers start at once (they load before the server is ready), and one
+        that scores nothing is refused. Otherwise, where the count is the default, the workers
+        start only once they pay for their start on the work left (`cisrank.rerank.pooled`),
+        `expected_chars` of (query, passage) pairs in all where the caller knows it. A
+        `module:factory` is built in this process."""
+        record = self._record
+        if record is None:
+            reranker = self._from_factory()
+        else:
+            asked = workers is not None or serving
+            pool = self.pool(workers, serving) if asked and not record.keeps_order else None
+            if pool is not None and pool.count > 1:
+                from cisrank.rerank.pooled import PooledReranker
+
+                lazy = not serving and pool.workers is None
+                return PooledReranker(self, pool, when_it_pays=lazy, expected_chars=expected_chars)
+            if pool is not None:
+                from cisrank.jobs.pool import set_threads
+
+                set_threads(pool.threads_per_worker)
+            options = {k: v for k, v in self.options.items() if v is not None}
+            if record.fuses:  # it builds the kinds it fuses through the registry
+                options["parts"] = _PARTS
+            reranker = record.load_class()(self.model, **options)
+        if serving and reranker.keeps_order:
+            raise CisrankError(
+                f"reranker kind '{self.kind}' keeps the input order: it cannot be served"
+            )
+        return reranker
+
+    def pool(self, workers: WorkerOptions | None, serving: bool) -> WorkerOptions:
+        """The processes its model work runs on, decided here only: `workers`, else the spec's
+        own; of a default count, one on a GPU (one process fills it) and one for a served
+        encoder (it scores a request in milliseconds: a worker's round trip would cost more
+        than it saves), a worker per core otherwise."""
+        from cisrank.jobs.pool import WorkerOptions, for_device
+
+        given = workers or WorkerOptions(self.workers, self.threads_per_worker or 1)
+        record = self._record
+        if given.workers is None and serving and (record is None or not record.causal_lm):
+            given = WorkerOptions(1, given.threads_per_worker)
+        return for_device(given, self.options.get("device"))
+
+    def _from_factory(self) -> Reranker:
+        """What a `module:factory` builds, as `factory(model, **options)`, in this process."""
+        module_name, _, attr = self.kind.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise CisrankError(f"reranker kind '{self.kind}' cannot be imported: {exc}") from exc
+        built = factory(self.model, **self.options)
+        if not isinstance(built, Reranker):  # callers read the contract's capabilities
+            raise CisrankError(
+                f"reranker kind '{self.kind}' built a {type(built).__name__}, which is not a "
+                "Reranker: subclass cisrank.rerank.base.BaseReranker"
+            )
+        return built
+
+
 def load_reranker(name: str, model: str | None = None, **options: Any) -> Reranker:
-    """Build the named reranker; `none` gives the `IdentityReranker` (keep the input order),
-    which takes no model and ignores the options the CLI passes to every reranker (its record
-    `keeps_order`). Options that
-    are None mean "the config's default" and are dropped, as the CLI passes every flag."""
+    """The named reranker, one copy in this process: `RerankerSpec.of(name, model,
+    **options).build()`. `none` gives the `IdentityReranker` (keep the input order), which
+    takes no model and ignores the options the CLI passes to every reranker. Options that are
+    None mean "the config's default" and are dropped, as the CLI passes every flag."""
     if not isinstance(name, str):  # a list or None would be a TypeError deep in a dict lookup
         raise UnknownRerankerError(
             f"load_reranker: the kind is one name, a string ({', '.join(available())}), "
@@ -323,7 +523,7 @@ def load_reranker(name: str, model: str | None = None, **options: Any) -> Rerank
                 f"{type(model).__name__} {model!r:.60}"
             )
         model = os.fspath(model)
-    return kind_of(name).build(model, {k: v for k, v in options.items() if v is not None})
+    return RerankerSpec.of(name, model, **options).build()
 
 
 class _Parts:

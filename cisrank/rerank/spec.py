@@ -1,144 +1,25 @@
-"""A reranker named in a file: `{kind, model, options}`, the entries of a server config's
-`rerankers` and of `cisrank eval rag --rerankers FILE`.
+"""Rerankers named in a file: `{name: {kind, model, options}}`, the entries of a server config's
+`rerankers` and of `cisrank eval rag --rerankers FILE`, each a `RerankerSpec`.
 
 Why here and not in `cisrank.api`: a served reranker and an evaluated one are the same thing
 written the same way, so one schema serves both, and it sits on the rerankers' floor where eval
-(below the API) can read it. A spec is checked against the registry's kind configs when it is
-made, before any model loads; `load` builds it (a registry kind, on worker processes where asked, or a
-`module:factory` import path).
+(below the API) can read it. The spec itself lives beside the registry whose records it keeps
+(`cisrank.rerank.registry.RerankerSpec`, which `build`s it); this module reads files of them.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import ValidationError
 
-from cisrank.config import ComponentConfig, read_config_file, validation_problem
+from cisrank.config import read_config_file, validation_problem
 from cisrank.errors import CisrankError
-from cisrank.rerank.base import Reranker
-from cisrank.rerank.registry import (
-    RerankerKind,
-    check_options,
-    factory_path,
-    kind_list,
-    kind_of,
-    servable,
-)
+from cisrank.rerank.registry import RerankerSpec
 
-if TYPE_CHECKING:
-    from cisrank.jobs.pool import WorkerOptions
-
-
-class RerankerSpec(ComponentConfig):
-    """One served reranker: a registry kind (or `module:factory`), its model and options."""
-
-    # Checked once, when it is made (read from a file, from the CLI's flags or in code): the
-    # kind against the registry and the options against its config, without loading a model or
-    # torch. A bad spec is a `ValidationError` naming the field (`kind`, `model` or `options`).
-
-    kind: str = Field(
-        description=f"A reranker kind ({kind_list(servable())}), or an import path "
-        "'package.module:factory' for a custom reranker factory called as "
-        "factory(model, **options)."
-    )
-    model: str | None = Field(
-        default=None,
-        description="Hugging Face id, local folder or pulled model's name (`cisrank models "
-        "list`); the kind's default model when unset.",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword options passed to the reranker factory."
-    )
-    workers: int | None = Field(
-        default=None,
-        ge=1,
-        description="Processes this reranker's model work runs on, each with its own copy of "
-        "the model (`cisrank.jobs.pool`): one request's passages are shared among them. Default: "
-        "one per CPU core for the causal-LM kinds "
-        f"({kind_list(k for k in servable() if k.causal_lm)}), whose 100-passage requests "
-        "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
-        "(N HTTP processes, each with its own rerankers), set it to cores / N.",
-    )
-    threads_per_worker: int | None = Field(
-        default=None, ge=1, description="Torch threads of each of those processes (default 1)."
-    )
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _checked(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> RerankerSpec:
-        spec = handler(data)
-        problem = spec._problem()
-        if problem is None:
-            return spec
-        field, message = problem
-        error = PydanticCustomError("reranker_spec", "{problem}", {"problem": message})
-        raise ValidationError.from_exception_data(
-            cls.__name__, [InitErrorDetails(type=error, loc=(field,), input=data)]
-        )
-
-    @property
-    def factory(self) -> bool:
-        """Whether `kind` is a `module:factory` import path rather than a registry kind."""
-        return factory_path(self.kind)
-
-    @property
-    def record(self) -> RerankerKind[Any, Any] | None:
-        """The registry's record of the kind; None for a `module:factory`, which declares
-        nothing beyond what the reranker it builds declares."""
-        return None if self.factory else kind_of(self.kind)
-
-    @property
-    def keeps_order(self) -> bool:
-        """Whether it restates the input order (kind `none`): nothing to score."""
-        return self.record is not None and self.record.keeps_order
-
-    def _problem(self) -> tuple[str, str] | None:
-        """The field at fault and what is wrong with it: a kind the registry does not know,
-        options its config does not take or accept. A fusing kind's options are its own and
-        its parts', which it routes itself when built; a factory's are its own."""
-        if self.factory:
-            return None
-        try:
-            record = kind_of(self.kind)
-        except CisrankError as exc:
-            return "kind", str(exc)
-        if record.keeps_order:
-            if self.model is not None or self.options:
-                return "model", f"reranker '{record.name}' keeps the input order: no model"
-            return None
-        model = {"model": self.model} if self.model is not None else {}
-        if "model" not in record.fields:
-            model = {}
-        try:
-            check_options(self.kind, {**model, **self.options})
-        except CisrankError as exc:
-            return "options", str(exc)
-        return None
-
-    def load(self, workers: WorkerOptions | None = None) -> Reranker:
-        """The reranker: a registry kind on `workers` (`load_on_workers`), or what a
-        `module:factory` builds (in this process, as `factory(model, **options)`)."""
-        if not self.factory:
-            from cisrank.rerank.pooled import load_on_workers
-
-            return load_on_workers(self.kind, self.model, workers, **self.options)
-        module_name, _, attr = self.kind.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise CisrankError(f"reranker kind '{self.kind}' cannot be imported: {exc}") from exc
-        built = factory(self.model, **self.options)
-        if not isinstance(built, Reranker):  # callers read the contract's capabilities
-            raise CisrankError(
-                f"reranker kind '{self.kind}' built a {type(built).__name__}, which is not a "
-                "Reranker: subclass cisrank.rerank.base.BaseReranker"
-            )
-        return built
+__all__ = ["RerankerSpec", "parse_specs", "read_specs"]
 
 
 def parse_specs(

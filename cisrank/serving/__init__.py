@@ -11,13 +11,15 @@ is served.
 `cisrank.api` reaches this engine over HTTP, one converter per wire shape; an application can
 embed it without a web framework (an import-linter contract keeps FastAPI and Starlette out)::
 
-    from cisrank.serving import Metrics, RankingService, RerankQuery, ServerConfig, Serving
+    from cisrank.serving import RankingService, RerankQuery, ServerConfig, Serving
 
-    serving = Serving(ServerConfig.load("server.yaml"), Metrics())
+    serving = Serving(ServerConfig.load("server.yaml"))
     serving.start_loading()  # the pre-start checks, then every model and index, in a thread
     ...  # serving.wait_ready(timeout)
     ranking = await RankingService(serving).rerank(RerankQuery(query="q", documents=["a", "b"]))
     ranking.results[0].index, ranking.results[0].score
+
+`cisrank.api.app.create_app(serving=serving)` serves such an engine over HTTP.
 """
 
 from __future__ import annotations

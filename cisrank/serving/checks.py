@@ -2,13 +2,16 @@
 starts (`cisrank serve`: one line, exit 2) or never turns ready (an app of `create_app`: 503
 `load_failed`, the reason in its log and its `on_loaded`).
 
-Checked, in config order, indexes first: every index in full (it exists; its manifest and the
-checksum of every file, `cisrank.indexes.integrity.require_intact`: a half-built or damaged index
-would never become ready); every existing prior store row by row (`index verify`'s check:
-SQLite's integrity_check and every row's checksum, `require_intact_priors`); and every pulled or
-shipped model's files against the sha256 its pull recorded (`cisrank.models.resolve
-.recorded_folder`, hashed in full; a catalogue model not pulled yet is pulled first, with one line
-saying so). Other models are checked when they load.
+Checked, in config order: first that every reranker's kind is one a server may serve (not `none`,
+which scores nothing), from the record its spec keeps, before any file is hashed (a factory's
+reranker is known only once built: `RerankerSpec.build(serving=True)` refuses one that scores
+nothing); then every index in full (it exists; its manifest and the checksum of every file,
+`cisrank.indexes.integrity.require_intact`: a half-built or damaged index would never become
+ready); every existing prior store row by row (`index verify`'s check: SQLite's integrity_check and
+every row's checksum, `require_intact_priors`); and every pulled or shipped model's files against
+the sha256 its pull recorded (`cisrank.models.resolve.recorded_folder`, hashed in full; a
+catalogue model not pulled yet is pulled first, with one line saying so). Other models are checked
+when they load.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class PreflightError(CisrankError):
 def preflight(config: ServerConfig) -> None:
     """Every index, prior store and recorded model of `config`, checked in full before anything
     is served; the first fault is a `PreflightError`."""
+    for name, spec in config.rerankers.items():
+        with _blaming(f"reranker '{name}'"):
+            check_servable(spec)
     for name, index in config.indexes.items():
         with _blaming(f"index '{name}'"):
             check_index(index.path)
@@ -63,6 +69,15 @@ def check_index(path: Path) -> None:
     require_intact(path)
 
 
+def check_servable(spec: RerankerSpec) -> None:
+    """The registry's word on the kind, from the record the spec keeps (not looked up again)."""
+    if spec.record is not None and not spec.record.servable:
+        from cisrank.rerank.registry import kind_list, servable
+
+        pick = kind_list(servable())
+        raise CisrankError(f"kind '{spec.kind}' cannot be served: pick {pick}")
+
+
 def check_prior_store(spec: RerankerSpec) -> None:
     """The reranker's prior store (`prior_store` option), in full, where any of its files exists
     (a store that does not exist yet is created on first use)."""
@@ -78,13 +93,13 @@ def check_model(spec: RerankerSpec) -> None:
     """The reranker's model (named, or its kind's default) hashed in full where its files were
     recorded: a damaged file stops the start with one line naming it and the command that
     repairs it."""
-    if spec.factory:  # a `module:factory` of the user's: its model is its own business
+    record = spec.record
+    if record is None:  # a `module:factory` of the user's: its model is its own business
         return
     from cisrank.models.integrity import require_intact_model
     from cisrank.models.resolve import recorded_folder
-    from cisrank.rerank.registry import default_model
 
-    model = spec.model or default_model(spec.kind)
+    model = spec.model or record.default_model
     if model is None:
         return
     folder = recorded_folder(model)

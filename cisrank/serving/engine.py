@@ -23,7 +23,7 @@ from cisrank.rerank.base import Reranker, fast_only
 from cisrank.retrieval.base import Retriever
 from cisrank.serving.batching import BatchScorer, pair_tokens
 from cisrank.serving.checks import PreflightError, preflight
-from cisrank.serving.config import RerankerSpec, ServerConfig
+from cisrank.serving.config import ServerConfig
 from cisrank.serving.errors import InvalidField, LoadFailed, NotReady, TimedOut
 from cisrank.serving.metrics import Metrics
 from cisrank.serving.model_thread import ModelThread
@@ -37,27 +37,6 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- model loading
-
-
-def build_reranker(spec: RerankerSpec) -> Reranker:
-    """A reranker from its spec: a registry kind, or a `module:factory` import path."""
-    from cisrank.jobs.pool import WorkerOptions
-    from cisrank.rerank.registry import kind_list, servable
-
-    record = spec.record
-    if record is not None and not record.servable:
-        pick = kind_list(k for k in servable())
-        raise CisrankError(f"reranker kind '{spec.kind}' cannot be served: pick {pick}")
-    workers = spec.workers
-    if workers is None and (record is None or not record.causal_lm):
-        workers = 1  # an encoder scores a request in milliseconds: no worker round trip
-    pool = WorkerOptions(workers=workers, threads_per_worker=spec.threads_per_worker or 1)
-    reranker = spec.load(pool)
-    if reranker.keeps_order:  # a factory's reranker that scores nothing
-        raise CisrankError(
-            f"reranker kind '{spec.kind}' keeps the input order: it cannot be served"
-        )
-    return reranker
 
 
 def open_retriever(path: os.PathLike[str] | str) -> Retriever:
@@ -129,14 +108,16 @@ class Serving:
     def __init__(
         self,
         config: ServerConfig,
-        metrics: Metrics,
+        metrics: Metrics | None = None,
         rerankers: Mapping[str, Reranker] | None = None,
         retrievers: Mapping[str, Retriever] | None = None,
         on_loaded: Callable[[str | None], None] | None = None,
         preflight: bool = True,
     ) -> None:
         self.config = config
-        self.metrics = metrics
+        self.metrics = metrics if metrics is not None else Metrics(lambda: self.rerankers)
+        """Default: the engine's own, whose prior-store and passage-cache figures are those of
+        its loaded rerankers."""
         self.preflight = preflight
         """Whether loading starts with the pre-start checks (`cisrank.serving.preflight`);
         False where they have run already (`cisrank serve` runs them before it binds its port)."""
@@ -197,7 +178,7 @@ class Serving:
             for name, spec in self.config.rerankers.items():
                 component = f"reranker '{name}'"
                 started = time.perf_counter()
-                reranker = loaded[name] = build_reranker(spec)
+                reranker = loaded[name] = spec.build(serving=True)
                 runs_on = " ".join(filter(None, (reranker.runtime, reranker.compute_type)))
                 log.info(
                     "loaded reranker %s (%s, %s on %s) in %.1f s",

@@ -11,7 +11,6 @@ from cisrank import testing
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import IdentityReranker, Reranker
 from cisrank.serving.config import BatchingConfig, Limits, RerankerSpec
-from cisrank.serving.engine import build_reranker
 
 QUESTION = "when was the author of hamlet born ?"
 
@@ -65,7 +64,8 @@ def test_a_pooled_reranker_answers_with_its_local_copy(tiny_gpt2_dir):
     from cisrank.jobs.pool import WorkerOptions
     from cisrank.rerank.pooled import PooledReranker
 
-    pooled = PooledReranker("cis", str(tiny_gpt2_dir), WorkerOptions(workers=1), template="qa")
+    spec = RerankerSpec(kind="cis", model=str(tiny_gpt2_dir), options={"template": "qa"})
+    pooled = PooledReranker(spec, WorkerOptions(workers=1))
     local = pooled.local
     assert pooled.pool is None
     assert _capabilities(pooled) == _capabilities(local)
@@ -123,6 +123,6 @@ def test_noise_from_an_index_without_a_document_store_is_422_naming_noise_index(
 
 def test_a_factory_that_builds_no_reranker_is_refused_by_name():
     with pytest.raises(CisrankError, match="'builtins:list' built a list, which is not a Reranker"):
-        build_reranker(RerankerSpec(kind="builtins:list", model="ab"))
-    built = build_reranker(RerankerSpec(kind="api_fakes:slow_reranker", options={"delay": 0}))
+        RerankerSpec(kind="builtins:list", model="ab").build(serving=True)
+    built = RerankerSpec(kind="api_fakes:slow_reranker", options={"delay": 0}).build(serving=True)
     assert isinstance(built, Reranker) and built.causal_lm is None

@@ -2,9 +2,9 @@
 `load_reranker(kind, model, **options).rank` answers on the same input.
 
 Each kind of the registry (`KINDS`) is served on `/v1/rerank`, `/v2/rerank` and `/rerank` (in
-Cohere's shape and in TEI's), as the server builds it (`build_reranker`): in this process with
-requests sliced by the batcher (`max_batch_passages` 1 and 2), and on 2 worker processes (each
-slice of 2 dealt to both copies). In several document orders and `top_n`
+Cohere's shape and in TEI's), as the server builds it (`RerankerSpec.build(serving=True)`): in
+this process with requests sliced by the batcher (`max_batch_passages` 1 and 2), and on 2 worker
+processes (each slice of 2 dealt to both copies). In several document orders and `top_n`
 values, the order must be the library's and the scores the library's (to 1e-5: a causal LM's
 log-likelihoods round differently in another batch shape). The hybrid fuses per query (min-max
 over the request's candidates, the first stage by position): before its fusion was combined over
@@ -30,7 +30,7 @@ from cisrank.rerank.base import Reranker
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.rerank.registry import KINDS, load_reranker
 from cisrank.serving.config import BatchingConfig, RerankerSpec, ServerConfig
-from cisrank.serving.engine import build_reranker, text_embedder
+from cisrank.serving.engine import text_embedder
 from cisrank.testing import SAMPLE_SENTENCES
 
 QUERY = "When was the author of Hamlet born?"
@@ -158,9 +158,9 @@ def test_every_kind_is_served_as_the_library_ranks(kind, tiny):
         )
     for variant in VARIANTS[kind](tiny):
         library = load_reranker(variant.kind, variant.model, **variant.options)
-        local = build_reranker(RerankerSpec.model_validate({**variant.spec, "workers": 1}))
+        local = RerankerSpec.model_validate({**variant.spec, "workers": 1}).build(serving=True)
         assert not isinstance(local, PooledReranker)
-        pooled = build_reranker(RerankerSpec.model_validate({**variant.spec, "workers": 2}))
+        pooled = RerankerSpec.model_validate({**variant.spec, "workers": 2}).build(serving=True)
         try:
             assert isinstance(pooled, PooledReranker) and pooled.pool is not None
             # the pooled one last: a server's shutdown closes its workers

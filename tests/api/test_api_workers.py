@@ -8,13 +8,12 @@ from cisrank.jobs.pool import cores
 from cisrank.rerank.cis import CISReranker
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.serving.config import RerankerSpec
-from cisrank.serving.engine import build_reranker
 from cisrank.testing import SAMPLE_SENTENCES
 
 
 def test_cis_is_served_on_a_worker_per_core_and_scores_as_one_copy(tiny_gpt2_dir):
     options = {"estimator": "reverse"}
-    served = build_reranker(RerankerSpec(kind="cis", model=str(tiny_gpt2_dir), options=options))
+    served = RerankerSpec(kind="cis", model=str(tiny_gpt2_dir), options=options).build(serving=True)
     try:
         if cores() > 1:
             assert isinstance(served, PooledReranker) and served.workers.count == cores()
@@ -32,9 +31,9 @@ def test_cis_is_served_on_a_worker_per_core_and_scores_as_one_copy(tiny_gpt2_dir
         )
     finally:
         served.close()
-    single = build_reranker(
-        RerankerSpec(kind="cis", model=str(tiny_gpt2_dir), options=options, workers=1)
+    single = RerankerSpec(kind="cis", model=str(tiny_gpt2_dir), options=options, workers=1).build(
+        serving=True
     )
     assert isinstance(single, CISReranker)
-    dense = build_reranker(RerankerSpec(kind="dense"))
+    dense = RerankerSpec(kind="dense").build(serving=True)
     assert not isinstance(dense, PooledReranker)

@@ -1,5 +1,6 @@
 """Reranker flags are generated from the configs' `Flag()` fields: the same names as ever on every
-verb, help from the field, and the values reach `load_reranker` as the config holds them."""
+verb, help from the field, and the values reach the reranker's spec (`RerankerSpec.of`) as the
+config holds them."""
 
 from pathlib import Path
 from typing import Any
@@ -79,14 +80,14 @@ def test_generated_flags_are_exactly_the_marked_fields():
     assert marked == {f.name for f in flags_of()} == RERANKER_FLAGS
 
 
-def test_flag_values_reach_load_reranker_as_the_config_holds_them(monkeypatch, tmp_path):
+def test_flag_values_reach_the_spec_as_the_config_holds_them(monkeypatch, tmp_path):
     seen: dict[str, Any] = {}
 
-    def load(name, model=None, **options):
+    def of(cls, name, model=None, **options):
         seen.update(options, name=name, model=model)
         raise SystemExit(0)
 
-    monkeypatch.setattr("cisrank.rerank.registry.load_reranker", load)
+    monkeypatch.setattr("cisrank.rerank.registry.RerankerSpec.of", classmethod(of))
     passages = tmp_path / "p.txt"
     passages.write_text("one\ntwo\n")
     args = ["rerank", "--query", "q", "--passages", str(passages), "-r", "cis", "-m", "m"]

@@ -298,10 +298,12 @@ def test_none_is_a_record_that_keeps_order_and_is_not_served(tmp_path):
     assert [k.servable for k in KINDS.values()] == [True] * len(KINDS)
     assert load_reranker("none", "ignored", estimator="reverse").keeps_order
     from cisrank.cli.serve import server_config
-    from cisrank.serving.engine import build_reranker
+    from cisrank.serving import ServerConfig, preflight
 
-    with pytest.raises(CisrankError, match="kind 'none' cannot be served: pick cis, "):
-        build_reranker(RerankerSpec(kind="none"))
+    with pytest.raises(CisrankError, match="kind 'none' keeps the input order: it cannot be se"):
+        RerankerSpec(kind="none").build(serving=True)
+    with pytest.raises(CisrankError, match="reranker 'x': kind 'none' cannot be served: pick cis"):
+        preflight(ServerConfig(rerankers={"x": RerankerSpec(kind="none")}))
     config = tmp_path / "server.json"
     config.write_text('{"rerankers": {"base": {"kind": "none"}}}', encoding="utf-8")
     with pytest.raises(CisrankError, match="reranker 'base': kind 'none' cannot be served"):

@@ -9,7 +9,7 @@ from builders import InProcessPool
 from cisrank.errors import CisrankError
 from cisrank.jobs.pool import WorkerOptions, balanced_split
 from cisrank.rerank.pooled import PooledReranker
-from cisrank.rerank.registry import load_reranker
+from cisrank.rerank.registry import RerankerSpec, load_reranker
 from cisrank.testing import SAMPLE_SENTENCES
 
 QUERIES = ["When was the author of Hamlet born?", "What is the capital of France?", "fleas"]
@@ -31,7 +31,8 @@ def test_cis_on_three_processes_scores_as_one_copy(tiny_gpt2_dir, estimator):
     options = {"estimator": estimator, "template": "qa"}
     reference = load_reranker("cis", str(tiny_gpt2_dir), **options)
     expected = [reference.score(q, ps) if ps else [] for q, ps in _requests()]
-    pooled = PooledReranker("cis", str(tiny_gpt2_dir), WorkerOptions(workers=3), **options)
+    spec = RerankerSpec(kind="cis", model=str(tiny_gpt2_dir), options=options)
+    pooled = PooledReranker(spec, WorkerOptions(workers=3))
     try:
         assert pooled.pool is not None and pooled.pool.processes == 2
         got = pooled.score_batch(_requests())
@@ -45,7 +46,7 @@ def test_cis_on_three_processes_scores_as_one_copy(tiny_gpt2_dir, estimator):
 
 
 def test_one_worker_is_the_reranker_itself(tiny_gpt2_dir):
-    pooled = PooledReranker("dense", None, WorkerOptions(workers=1))
+    pooled = PooledReranker(RerankerSpec(kind="dense"), WorkerOptions(workers=1))
     assert pooled.pool is None
     assert pooled.score_batch([("q", ["a b", "c"])]) == pooled.local.score_batch(
         [("q", ["a b", "c"])]
@@ -55,7 +56,7 @@ def test_one_worker_is_the_reranker_itself(tiny_gpt2_dir):
 def test_a_worker_that_cannot_load_says_why(tmp_path):
     missing = tmp_path / "no-model"
     with pytest.raises(CisrankError, match="no-model"):
-        PooledReranker("cis", str(missing), WorkerOptions(workers=2))
+        PooledReranker(RerankerSpec(kind="cis", model=str(missing)), WorkerOptions(workers=2))
 
 
 def test_shares_are_balanced_and_deterministic():
@@ -90,15 +91,14 @@ def test_small_work_stays_here_and_large_work_starts_the_workers(tiny_bert_dir, 
     requests = _requests()
     expected = reference.score_batch(requests)
 
-    small = PooledReranker("dense", str(tiny_bert_dir), WorkerOptions(2), when_it_pays=True)
+    dense = RerankerSpec(kind="dense", model=str(tiny_bert_dir))
+    small = PooledReranker(dense, WorkerOptions(2), when_it_pays=True)
     assert small.pool is None and small.deciding
     assert np.allclose(small.score_batch(requests[:1])[0], expected[0], atol=1e-6, rtol=0)
     assert small.pool is None and in_process_pool == []  # three passages: no worker started
 
     chars = 1e12  # the work a whole evaluation announces: it pays at the first batch
-    large = PooledReranker(
-        "dense", str(tiny_bert_dir), WorkerOptions(2), when_it_pays=True, expected_chars=chars
-    )
+    large = PooledReranker(dense, WorkerOptions(2), when_it_pays=True, expected_chars=chars)
     got = large.score_batch(requests)
     assert large.pool is not None and not large.deciding and len(in_process_pool) == 1
     assert in_process_pool[0].items == 1  # the rest of the batch went to the worker
@@ -111,12 +111,26 @@ def test_small_work_stays_here_and_large_work_starts_the_workers(tiny_bert_dir, 
 
 
 def test_an_explicit_worker_count_is_obeyed(tiny_bert_dir, in_process_pool):
-    from cisrank.rerank.pooled import load_on_workers
-
-    given = load_on_workers("dense", str(tiny_bert_dir), WorkerOptions(2), when_it_pays=True)
+    spec = RerankerSpec(kind="dense", model=str(tiny_bert_dir))
+    given = spec.build(WorkerOptions(2))
     assert isinstance(given, PooledReranker) and given.pool is not None
     assert len(in_process_pool) == 1
-    chosen = load_on_workers("dense", str(tiny_bert_dir), WorkerOptions(), when_it_pays=True)
+    chosen = spec.build(WorkerOptions())
     assert not isinstance(chosen, PooledReranker) or chosen.deciding  # one core: no pool at all
-    server = load_on_workers("dense", str(tiny_bert_dir), WorkerOptions())  # a server's: eager
-    assert not isinstance(server, PooledReranker) or server.pool is not None
+    assert not isinstance(spec.build(), PooledReranker)  # no workers asked: one copy here
+    served = RerankerSpec(kind="dense", model=str(tiny_bert_dir), workers=2).build(serving=True)
+    assert isinstance(served, PooledReranker) and served.pool is not None  # a server's: eager
+    assert not served.deciding and len(in_process_pool) == 2
+
+
+def test_the_default_worker_count_is_decided_by_the_spec():
+    """One place: a served encoder on one process, a served causal LM on a worker per core (the
+    pool's default), one on a GPU; an explicit count, the call's or the spec's, stands."""
+    cis, dense = RerankerSpec(kind="cis"), RerankerSpec(kind="dense")
+    assert dense.pool(None, serving=True) == WorkerOptions(1)
+    assert cis.pool(None, serving=True) == WorkerOptions()
+    assert dense.pool(None, serving=False) == WorkerOptions()  # a job's: once it pays
+    assert RerankerSpec(kind="cis", options={"device": "cuda"}).pool(None, True) == WorkerOptions(1)
+    assert dense.pool(WorkerOptions(3, 2), serving=True) == WorkerOptions(3, 2)
+    own = RerankerSpec(kind="dense", workers=4, threads_per_worker=2)
+    assert own.pool(None, serving=True) == WorkerOptions(4, 2)

@@ -11,7 +11,7 @@ import cisrank.rerank
 from cisrank.config import ComponentConfig
 from cisrank.errors import CisrankError, UnknownRerankerError
 from cisrank.rerank.hybrid import HybridReranker
-from cisrank.rerank.registry import KINDS, available, check_name, config_fields
+from cisrank.rerank.registry import KINDS, available, config_fields, kind_of
 
 RERANK = Path(cisrank.rerank.__file__).parent
 
@@ -30,7 +30,7 @@ def test_every_kind_has_a_config_and_a_class_of_the_one_shape():
         assert params[-1].kind is inspect.Parameter.VAR_KEYWORD
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:-1])
     with pytest.raises(UnknownRerankerError, match="choose one of none, cis"):
-        check_name("bm99")
+        kind_of("bm99")
 
 
 def _imports(path: Path) -> set[str]:

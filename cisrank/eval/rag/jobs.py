@@ -31,7 +31,7 @@ class RankJob:
     threads: int = 1
 
     def load(self) -> Reranker:
-        return self.spec.load(WorkerOptions(workers=1, threads_per_worker=self.threads))
+        return self.spec.build(WorkerOptions(workers=1, threads_per_worker=self.threads))
 
     def score(self, reranker: Reranker, requests: list[Request]) -> tuple[list[list[float]], float]:
         """The scores of every request and the seconds they took."""
@@ -50,7 +50,7 @@ class PartsJob:
     threads: int = 1
 
     def load(self) -> Reranker:
-        return self.spec.load(WorkerOptions(workers=1, threads_per_worker=self.threads))
+        return self.spec.build(WorkerOptions(workers=1, threads_per_worker=self.threads))
 
     def score(
         self, reranker: Any, requests: list[Request]
