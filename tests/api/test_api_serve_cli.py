@@ -20,9 +20,11 @@ from cisrank.serving.config import IndexSpec, RerankerSpec, ServerConfig
 @pytest.fixture
 def served(monkeypatch):
     """Runs `cisrank serve ARGS` up to uvicorn; returns (the config the workers get, kwargs)."""
-    # These tests are about the config's shape (empty folders stand for indexes); the complete
-    # check of each index at start has its own tests (tests/indexes/test_serve_check.py).
+    # These tests are about the config's shape (empty folders stand for indexes, catalogue names
+    # for models this host may not have pulled); the complete checks of each index and model at
+    # start have their own tests (tests/indexes/test_serve_check.py, tests/models/test_integrity.py).
     monkeypatch.setattr("cisrank.serving.checks.check_index", lambda path: None)
+    monkeypatch.setattr("cisrank.serving.checks.check_model", lambda spec: None)
     calls = []
 
     class Bound:
