@@ -16,7 +16,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
 from pydantic import (
     Field,
@@ -378,8 +378,8 @@ class RerankerSpec(ComponentConfig):
     @model_validator(mode="wrap")
     @classmethod
     def _checked(
-        cls, data: Any, handler: ModelWrapValidatorHandler[RerankerSpec], info: ValidationInfo
-    ) -> RerankerSpec:
+        cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
         spec = handler(data)
         flags = bool(info.context and info.context.get(_FROM_FLAGS))
         try:
@@ -392,7 +392,7 @@ class RerankerSpec(ComponentConfig):
                 cls.__name__, [InitErrorDetails(type=error, loc=(problem.field,), input=data)]
             ) from None
 
-    def _resolved(self, flags: bool) -> RerankerSpec:
+    def _resolved(self, flags: bool) -> Self:
         """This spec with its kind's record, looked up once; a `_Problem` for a kind the
         registry does not know, options its config does not take or accept. A fusing kind's
         options are its own and its parts', which it routes itself when built; a factory's
