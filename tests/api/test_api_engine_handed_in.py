@@ -26,7 +26,7 @@ def test_a_handed_in_engine_answers_rerank_as_its_own_ranking(tiny_bert_dir):
         assert r.status_code == 200, r.text
         # the program asks its engine directly, on the app's event loop (its batcher's)
         own = client.portal.call(
-            RankingService(serving).rerank, RerankQuery(QUERY, DOCUMENTS, top_n=4)
+            RankingService(serving).rerank, RerankQuery(query=QUERY, documents=DOCUMENTS, top_n=4)
         )
     served = [(res["index"], res["relevance_score"]) for res in r.json()["results"]]
     assert served == [(d.index, d.score) for d in own.results]
