@@ -107,8 +107,8 @@ class CausalLMEngine:
             forwards if the model rejects a cache).
         fixed_shapes: score one row a model call on one torch thread and share no context
             between rows, so that a score depends on its pair alone, bit for bit (auto: on for
-            torch bf16/float16 on a CPU; on one thread 0.75x the pairs/s of batched bf16 and
-            1.64x float32's, `bench/bf16_invariance.py`).
+            torch bf16/float16 on a CPU; on one thread 0.79x the pairs/s of batched bf16 and
+            1.74x float32's, `bench/bf16_invariance.py`).
     """
 
     def __init__(

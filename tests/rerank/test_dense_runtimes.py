@@ -222,11 +222,9 @@ def test_auto_picks_by_the_dtype_asked(monkeypatch):
     assert pick("auto", None, "bfloat16") == ("torch", "bfloat16")
     assert pick("torch", None, None) == ("torch", None)
     monkeypatch.setattr(auto, "_onnxruntime_installed", lambda: False)
-    monkeypatch.setattr(auto, "cpu_has_native_bf16", lambda: True)
-    assert pick("auto", None, None) == ("torch", "bfloat16")
-    assert pick("auto", None, "float32") == ("torch", "float32")
-    monkeypatch.setattr(auto, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setenv("CISRANK_CPU_BF16", "1")  # native bf16: still float32, bf16 moved too far
     assert pick("auto", None, None) == ("torch", None)
+    assert pick("auto", None, "float32") == ("torch", "float32")
     monkeypatch.setattr(auto, "_on_gpu", lambda device: True)
     assert pick("auto", "cuda", None) == ("torch", None)
 
