@@ -1,5 +1,5 @@
 """The server's life cycle over the wire, against a real `cisrank serve` process: SIGTERM with
-requests still in flight past `graceful_timeout_s` (issue 15, finding 6).
+requests still in flight past `graceful_timeout_s`.
 
 Every request in flight when the server stops gets an answer a client can act on: its result
 (200) or the JSON error body with 503 and Retry-After, never uvicorn's bare text/plain 500 or a
@@ -8,13 +8,14 @@ reset connection; and the process exits 0 (a requested stop, done).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import threading
 import time
 
 import httpx
-from test_api_server import Server
+from serve_process import ServeProcess
 
 IN_FLIGHT = 12
 
@@ -36,7 +37,9 @@ def test_sigterm_past_the_grace_period_answers_every_in_flight_request_with_json
         "batching": {"max_batch_passages": 2, "max_wait_ms": 0, "retry_after_s": 7},
         "graceful_timeout_s": 1.5,
     }
-    server = Server(tmp_path, config)
+    (tmp_path / "server.json").write_text(json.dumps(config), encoding="utf-8")
+    server = ServeProcess("--config", str(tmp_path / "server.json"), log=tmp_path / "server.log")
+    server.__enter__()  # stopped in the finally below, after the SIGTERM under test
     answers: list[httpx.Response | BaseException | None] = [None] * IN_FLIGHT
 
     def call(i: int) -> None:
