@@ -65,21 +65,33 @@ def _reranker_name(kind: str, model: str | None) -> str:
     return kind.rpartition(":")[2]
 
 
-def quick_config(
-    reranker: str | None,
-    model: str | None,
+def server_config(
+    config: Path | None,
+    reranker: str | None = None,
+    model: str | None = None,
     indexes: Sequence[Path] = (),
     options: Mapping[str, Any] | None = None,
 ) -> ServerConfig:
-    """The ServerConfig of the quick start: one reranker named after its kind, with the
-    reranker flags given (`--estimator`, `--fuse`, `--backend`, ...) as its options, each index
-    named after its folder. Without `--reranker`, the default reranker of a bare `cisrank
-    serve`."""
+    """The config `cisrank serve` runs: from --config; from the quick-start options (one
+    reranker named after its kind, with the reranker flags given, `--estimator`, `--fuse`,
+    `--backend`..., as its options, each index named after its folder); or the default of a bare
+    `cisrank serve`. Each reranker spec is checked as the config is made (its kind looked up in
+    the registry once, there), then everything the config names, every reranker's kind servable
+    first (`cisrank.serving.preflight`)."""
     from pydantic import ValidationError
 
+    from cisrank.serving import preflight
     from cisrank.serving.config import IndexSpec, RerankerSpec, ServerConfig
 
     given = {k: v for k, v in (options or {}).items() if v is not None}
+    quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
+    quick += ["--index"] if indexes else []
+    quick += [flag_name(k) for k in given]
+    if config is not None and quick:
+        raise CisrankError(
+            f"give either --config or {'/'.join(quick)}, not both: the config file names every "
+            "reranker, its options and every index"
+        )
     if (model is not None or given) and reranker is None:
         what = "--model" if model is not None else ", ".join(map(flag_name, given))
         raise CisrankError(f"{what} needs --reranker KIND ({SERVED_KINDS})")
@@ -93,46 +105,19 @@ def quick_config(
             )
         specs[name] = IndexSpec(path=path)
     try:
-        if reranker is None:
-            return ServerConfig(indexes=specs)
-        name = _reranker_name(reranker, model)
-        try:
-            spec = RerankerSpec(kind=reranker, model=model, options=given)
-        except ValidationError as exc:  # the kind, or its options (checked as it is made)
-            raise CisrankError(f"reranker '{name}': {exc.errors()[0]['msg']}") from None
-        return ServerConfig(rerankers={name: spec}, indexes=specs)
+        if config is not None:
+            cfg = ServerConfig.load(config)
+        elif reranker is None:
+            cfg = ServerConfig(indexes=specs)
+        else:
+            name = _reranker_name(reranker, model)
+            try:
+                spec = RerankerSpec(kind=reranker, model=model, options=given)
+            except ValidationError as exc:  # the kind, or its options (checked as it is made)
+                raise CisrankError(f"reranker '{name}': {exc.errors()[0]['msg']}") from None
+            cfg = ServerConfig(rerankers={name: spec}, indexes=specs)
     except ValidationError as exc:
         raise CisrankError(f"cannot serve that: {exc.errors()[0]['msg']}") from None
-
-
-def server_config(
-    config: Path | None,
-    reranker: str | None = None,
-    model: str | None = None,
-    indexes: Sequence[Path] = (),
-    options: Mapping[str, Any] | None = None,
-) -> ServerConfig:
-    """The config `cisrank serve` runs: from --config, from the quick-start options, or the
-    default (each reranker spec checked as the config is made), then everything it names,
-    every reranker's kind servable first (`cisrank.serving.preflight`)."""
-    from cisrank.serving.config import ServerConfig
-
-    quick = [flag for flag, v in (("--reranker", reranker), ("--model", model)) if v is not None]
-    quick += ["--index"] if indexes else []
-    quick += [flag_name(k) for k, v in (options or {}).items() if v is not None]
-    if config is not None and quick:
-        raise CisrankError(
-            f"give either --config or {'/'.join(quick)}, not both: the config file names every "
-            "reranker, its options and every index"
-        )
-    if config is not None:
-        cfg = ServerConfig.load(config)
-    elif quick:
-        cfg = quick_config(reranker, model, indexes, options)
-    else:
-        cfg = ServerConfig()
-    from cisrank.serving import preflight
-
     preflight(cfg)
     return cfg
 
@@ -235,51 +220,6 @@ class LoadWatch(threading.Thread):
                 print(f"ready on {self.url}", file=sys.stderr, flush=True)
 
 
-def run_uvicorn(cfg: ServerConfig, sock: socket.socket, **options: Any) -> str | None:
-    """Serve the apps of `cfg` (`cisrank.api.app.served_app`, one per worker) on `sock` until
-    stopped, with `options` as `uvicorn.run` takes them (host, port, workers, ...); returns why
-    loading failed, if it did (the server was stopped for it), else None."""
-    import uvicorn
-    from uvicorn.supervisors import Multiprocess
-
-    from cisrank.api.app import served_app
-
-    workers = int(options.get("workers", 1))
-    folder = Path(tempfile.mkdtemp(prefix="cisrank-serve-"))
-    # The config and the status folder go to every worker with the factory (pickled into each
-    # process under --workers N), not through the environment.
-    supervisor = os.getpid() if workers > 1 else None
-    factory = functools.partial(served_app, cfg, folder, supervisor)
-    config = uvicorn.Config(factory, factory=True, **options)
-    watch: LoadWatch | None = None
-    try:
-        if workers > 1:
-            processes = Multiprocess(config, sockets=[sock])
-            watch = LoadWatch(
-                folder, workers, _url(config.host, config.port), processes.should_exit.set
-            )
-            watch.processes = processes
-            watch.start()
-            processes.run()
-        else:
-            server = uvicorn.Server(config)
-
-            def stop() -> None:
-                server.should_exit = True
-
-            watch = LoadWatch(folder, 1, _url(config.host, config.port), stop)
-            watch.start()
-            server.run(sockets=[sock])
-            if not server.started and watch.failure is None:
-                raise SystemExit(3)  # uvicorn's startup failure, logged by uvicorn
-        return watch.failure
-    finally:
-        if watch is not None:  # stopped before its folder goes, so it never reads a missing one
-            watch.done.set()
-            watch.join(5)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 @reranker_flags(every_field=True, omit=("model",))
 def serve(
     config: Annotated[
@@ -362,26 +302,59 @@ def serve(
 
 
 def run_server(cfg: ServerConfig, host: str, port: int, workers: int) -> None:
-    """Bind the port, then serve `cfg` under uvicorn until stopped (SIGTERM exits 0); a model
+    """Bind the port, then serve the apps of `cfg` under uvicorn until stopped (SIGTERM exits
+    0): `cisrank.api.app.served_app`, one per worker, with the config and a status folder bound
+    (pickled into each process under --workers N, not passed through the environment). A model
     that cannot load stops the server and is one line, exit 2."""
     require("uvicorn", "serve", "cisrank serve")
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from cisrank.api.app import served_app
     from cisrank.api.http_protocol import uvicorn_options
 
     env.api_keys()  # a key variable that holds no usable key: one line, exit 2, nothing bound
     sock = listen(host, port)
     signal.signal(signal.SIGTERM, _stopped_by_sigterm)
+    folder = Path(tempfile.mkdtemp(prefix="cisrank-serve-"))
+    factory = functools.partial(served_app, cfg, folder, os.getpid() if workers > 1 else None)
+    config = uvicorn.Config(
+        factory,
+        factory=True,
+        host=host,
+        port=sock.getsockname()[1],
+        workers=workers,
+        timeout_graceful_shutdown=cfg.graceful_timeout_s,  # type: ignore[arg-type]  # a float works: uvicorn waits on it with asyncio
+        log_config=None,
+        **uvicorn_options(cfg),
+    )
+    url = _url(config.host, config.port)
+    watch: LoadWatch | None = None
+    failure: str | None = None
     try:
-        failure = run_uvicorn(
-            cfg,
-            sock,
-            host=host,
-            port=sock.getsockname()[1],
-            workers=workers,
-            timeout_graceful_shutdown=cfg.graceful_timeout_s,
-            log_config=None,
-            **uvicorn_options(cfg),
-        )
+        if workers > 1:
+            processes = Multiprocess(config, sockets=[sock])
+            watch = LoadWatch(folder, workers, url, processes.should_exit.set)
+            watch.processes = processes
+            watch.start()
+            processes.run()
+        else:
+            server = uvicorn.Server(config)
+
+            def stop() -> None:
+                server.should_exit = True
+
+            watch = LoadWatch(folder, 1, url, stop)
+            watch.start()
+            server.run(sockets=[sock])
+            if not server.started and watch.failure is None:
+                raise SystemExit(3)  # uvicorn's startup failure, logged by uvicorn
+        failure = watch.failure
     finally:
+        if watch is not None:  # stopped before its folder goes, so it never reads a missing one
+            watch.done.set()
+            watch.join(5)
+        shutil.rmtree(folder, ignore_errors=True)
         sock.close()
     if failure is not None:
         raise CisrankError(f"{failure}; the server stopped")

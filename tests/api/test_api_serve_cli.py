@@ -27,22 +27,10 @@ def served(monkeypatch):
     monkeypatch.setattr("cisrank.serving.checks.check_model", lambda spec: None)
     calls = []
 
-    class Bound:
-        def __init__(self, port: int) -> None:
-            self.port = port
+    def run_server(cfg, host, port, workers):
+        calls.append((cfg, {"host": host, "port": port, "workers": workers}))
 
-        def getsockname(self):
-            return ("127.0.0.1", self.port)
-
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr("cisrank.cli.serve.listen", lambda host, port: Bound(port))
-
-    def run_uvicorn(cfg, sock, **kw):
-        calls.append((cfg, kw))
-
-    monkeypatch.setattr("cisrank.cli.serve.run_uvicorn", run_uvicorn)
+    monkeypatch.setattr("cisrank.cli.serve.run_server", run_server)
 
     def run(*args: str):
         result = CliRunner().invoke(app, ["serve", *args])
@@ -243,7 +231,7 @@ def test_serve_help_lists_every_kinds_options_by_kind():
 
 
 def test_the_workers_get_the_config_bound_to_their_factory(monkeypatch, tmp_path):
-    """`run_uvicorn` hands uvicorn `served_app` with the config and the status folder bound,
+    """`run_server` hands uvicorn `served_app` with the config and the status folder bound,
     and the guarded protocol with the config's limits bound: both survive pickling (what
     uvicorn does to start each worker of --workers N) with their values, and no `CISRANK_`
     variable carries them."""
@@ -252,8 +240,7 @@ def test_the_workers_get_the_config_bound_to_their_factory(monkeypatch, tmp_path
     import uvicorn
 
     from cisrank.api.app import served_app
-    from cisrank.api.http_protocol import uvicorn_options
-    from cisrank.cli.serve import run_uvicorn
+    from cisrank.cli.serve import run_server
     from cisrank.serving.config import Limits
 
     seen = []
@@ -267,12 +254,13 @@ def test_the_workers_get_the_config_bound_to_their_factory(monkeypatch, tmp_path
             pass
 
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    monkeypatch.setattr("signal.signal", lambda *a: None)  # the test process keeps its handler
     before = {k for k in os.environ if k.startswith("CISRANK_")}
     cfg = ServerConfig(
         rerankers={"overlap": RerankerSpec(kind="api_fakes:slow_reranker", model="m")},
         limits=Limits(max_header_bytes=4096, max_headers=7),
     )
-    assert run_uvicorn(cfg, None, host="127.0.0.1", port=1, **uvicorn_options(cfg)) is None
+    assert run_server(cfg, "127.0.0.1", 0, 1) is None
     (config,) = seen
     factory = pickle.loads(pickle.dumps(config.app))
     assert config.factory and factory.func is served_app

@@ -60,7 +60,5 @@ def test_serve_looks_the_kind_up_once_and_builds_it_in_one_call(tiny_bert_dir):
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    assert lookups == [
-        ["server_config", "quick_config", "RerankerSpec._checked", "RerankerSpec._resolved"]
-    ]
+    assert lookups == [["server_config", "RerankerSpec._checked", "RerankerSpec._resolved"]]
     assert built == [["Serving._load", "RerankerSpec.build", "DenseReranker.__init__"]]
