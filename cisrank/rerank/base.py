@@ -39,7 +39,16 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
 - `embedder`: the bi-encoder it scores with, as a `TextEmbedder` (the API's `/v1/embeddings`
   embeds with it; a cross-encoder or a causal LM has none);
 - `processes`: the processes its model work runs on (1, or a worker pool's size: TEI's `/info`
-  reports it as `tokenization_workers`).
+  reports it as `tokenization_workers`);
+- `passage_window`: what its model reads of one passage, as a `PassageWindow` (tokens, the fast
+  tokenizer they are counted in, and whether the query's tokens come off them; None where it
+  reads every passage whole): long documents are cut into windows of that many tokens
+  (`cisrank.rerank.chunking`). A cross-encoder's is its pair limit less the pair's special
+  tokens and the query, a bi-encoder's its sequence length less its special tokens and passage
+  prefix, CIS's `max_doc_tokens` (the templated query is not cut, and a passage never is by the
+  LM's context: the engine refuses a pair over it), the hybrid's its most constrained
+  component's. It is declared, not computed per query, because a caller counts the query's
+  tokens itself (the server, off the model thread, which owns the reranker's tokenizer).
 
 Callers read these; they never probe a reranker for attributes. This module stays light (no torch
 or transformers at import): the types are imported for type checkers only.
@@ -49,6 +58,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cisrank.data.types import RankedPassage, check_top_n, top_order
@@ -58,6 +68,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
     from cisrank.lm.engine import CausalLMEngine
+    from cisrank.rerank.chunking import Chunking
     from cisrank.rerank.passage_cache import EmbeddingCache
     from cisrank.rerank.prior_table import Priors
 
@@ -73,6 +84,21 @@ def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
     """`tokenizer` where it is a Hugging Face fast tokenizer (one that reports character
     offsets), else None: what a reranker declares as its `fast_tokenizer`."""
     return tokenizer if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
+
+
+@dataclass(frozen=True)
+class PassageWindow:
+    """What a model reads of one passage: `tokens` of `tokenizer` (whitespace words where it is
+    None), less the query's own tokens where `less_query` (a cross-encoder reads them in the
+    same sequence)."""
+
+    tokens: int
+    tokenizer: PreTrainedTokenizerFast | None
+    less_query: bool = False
+
+    def for_query(self, query_tokens: int) -> int:
+        """The window for a query of `query_tokens` tokens (at least one token)."""
+        return max(1, self.tokens - query_tokens if self.less_query else self.tokens)
 
 
 class TextEmbedder(Protocol):
@@ -160,6 +186,11 @@ class Reranker(Protocol):
         pieces."""
         ...
 
+    @property
+    def passage_window(self) -> PassageWindow | None:
+        """What the model reads of one passage (None: every passage whole)."""
+        ...
+
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         """One list of floats per (query, passages) request, in input order, one float per
         passage in input order: `combine` of `score_parts` for each request. A passage's score
@@ -183,10 +214,17 @@ class Reranker(Protocol):
         ...
 
     def rank(
-        self, query: str, documents: Sequence[str], top_n: int | None = None
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        *,
+        chunking: Chunking | None = None,
     ) -> list[RankedPassage]:
         """Documents most relevant first, at most `top_n` of them, each with its `index` in
-        `documents`, its `score` and the `document`."""
+        `documents`, its `score` and the `document`. With `chunking`, long documents are cut
+        into windows and pooled (`cisrank.rerank.chunking`): each result carries its
+        `best_chunk`, and the answer (a `RankedList`) the counts in `chunks`."""
         ...
 
     def close(self) -> None:
@@ -210,6 +248,7 @@ class BaseReranker(ABC):
     runtime: str | None = None
     embedder: TextEmbedder | None = None
     processes: int = 1
+    passage_window: PassageWindow | None = None
     passage_major: bool = False
     combines_request: bool = False
 
@@ -227,8 +266,17 @@ class BaseReranker(ABC):
         return self.score_batch([(query, passages)])[0]
 
     def rank(
-        self, query: str, documents: Sequence[str], top_n: int | None = None
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        *,
+        chunking: Chunking | None = None,
     ) -> list[RankedPassage]:
+        if chunking is not None:
+            from cisrank.rerank.chunking import rank_chunked
+
+            return rank_chunked(self, query, documents, top_n, chunking)
         if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
             raise TypeError("documents must be a list of strings, not one string")
         check_top_n(top_n)  # before any model work
