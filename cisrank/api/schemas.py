@@ -10,8 +10,9 @@ query by `cisrank.api.shapes`. Limits that an operator can change (`Limits` in
 
 Unknown request fields are refused (422 naming them: a misspelled `top_k` used to be ignored
 silently, and the default count came back), except the documented fields of the shapes clients
-bring, which are accepted: Cohere's `rank_fields`, `max_chunks_per_doc` and `priority` (accepted,
-not used: the document's `text` is what is ranked, cut at the model's length), and TEI's
+bring, which are accepted: Cohere's `rank_fields` and `priority` (accepted, not used: the
+document's `text` is what is ranked), Cohere's `max_chunks_per_doc` (used: a long document is
+cut into windows, `ServerConfig.chunking`, and at most that many of them are scored), and TEI's
 `raw_scores`, `return_text`, `truncate` and `truncation_direction` on `POST /rerank`. One name per
 idea: the result count is `top_n` everywhere, `top_k` accepted as its alias.
 
@@ -91,10 +92,10 @@ class RerankRequest(_Request):
         default=None,
         description="Cohere: accepted, not used (a document's `text` is what is ranked).",
     )
-    max_chunks_per_doc: int | None = Field(
+    max_chunks_per_doc: Positive | None = Field(
         default=None,
-        description="Cohere v1: accepted, not used (a document is cut at `max_tokens_per_doc` "
-        "or at the model's length, never chunked).",
+        description="Cohere v1: windows scored per long document at most (its first ones; the "
+        "windows dropped are counted in usage). Default: every window.",
     )
     priority: int | None = Field(default=None, description="Cohere: accepted, not used.")
 
@@ -105,11 +106,25 @@ class RerankDocument(BaseModel):
     text: str
 
 
+class BestChunkOut(BaseModel):
+    """A document's best-scoring window: a RAG client puts this span, not the whole document,
+    in its prompt."""
+
+    start: int = Field(description="Its first character in the document's text as sent.")
+    end: int = Field(description="The character after its last (text[start:end]).")
+    score: float = Field(description="Its raw score (the model's, never normalized).")
+    text: str | None = Field(default=None, description="Its text, with return_documents.")
+
+
 class RerankResult(BaseModel):
     index: int = Field(description="Position of the document in the request.")
     relevance_score: float
     id: str | int | None = Field(default=None, description="The document's id, when it had one.")
     document: RerankDocument | None = None
+    best_chunk: BestChunkOut | None = Field(
+        default=None,
+        description="The document's best window (the whole document where it fits the model).",
+    )
 
 
 class ApiVersion(BaseModel):
@@ -132,11 +147,21 @@ class Usage(BaseModel):
     truncated_documents: int = Field(default=0, description="Documents cut by max_tokens_per_doc.")
 
 
+class RerankUsage(Usage):
+    chunked_documents: int = Field(
+        default=0, description="Documents longer than the model's window, cut into windows."
+    )
+    windows_scored: int = Field(default=0, description="Windows scored, every document's.")
+    windows_dropped: int = Field(
+        default=0, description="Windows not scored: past max_chunks_per_doc (or first pooling)."
+    )
+
+
 class RerankResponse(BaseModel):
     id: str
     model: str = Field(description="The reranker that scored the request.")
     results: list[RerankResult] = Field(description="Most relevant first.")
-    usage: Usage
+    usage: RerankUsage
     meta: Meta = Field(default_factory=Meta)
 
 

@@ -39,14 +39,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from cisrank.config import ComponentConfig
 from cisrank.data.types import BestChunk, RankedPassage, check_top_n, top_order
 
 if TYPE_CHECKING:
-    from cisrank.rerank.base import Reranker
+    from cisrank.rerank.base import PassageWindow, Reranker
 
 Pooling = Literal["max", "mean", "first"]
 
@@ -59,12 +60,12 @@ _WORD = re.compile(r"\S+")
 Span = tuple[int, int]
 
 
-class Chunking(BaseModel):
+class Chunking(ComponentConfig):
     """How long documents are cut and pooled (module docstring). `window_tokens` None is the
     model's own window for the query at hand; where it is given it is used as it is, even over
     the model's (the model then truncates each window)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    label: ClassVar[str] = "chunking"
 
     window_tokens: int | None = Field(
         default=None, ge=1, description="Tokens a window holds (None: the model's own window)."
@@ -245,6 +246,23 @@ def pool(
     return out
 
 
+def plan_request(
+    splitter: Splitter,
+    passage: PassageWindow | None,
+    query: str,
+    documents: Sequence[str],
+    chunking: Chunking,
+) -> ChunkPlan:
+    """One request's windows: the window for `query` (the options', else the model's `passage`
+    window less the query's tokens where it reads them too), then every document's. The library
+    and the server plan with this one function (`splitter` over `passage.tokenizer`)."""
+    window = chunking.window_tokens
+    if passage is not None and window is None:
+        window = passage.for_query(len(splitter.offsets(query)))
+    offsets = [splitter.offsets(d) if window is not None else [] for d in documents]
+    return plan_windows(documents, offsets, window, chunking)
+
+
 def rank_chunked(
     reranker: Reranker,
     query: str,
@@ -259,11 +277,7 @@ def rank_chunked(
     docs = list(documents)
     passage = reranker.passage_window
     splitter = Splitter(passage.tokenizer if passage is not None else None)
-    window = chunking.window_tokens
-    if passage is not None and window is None:
-        window = passage.for_query(len(splitter.offsets(query)))
-    offsets = [splitter.offsets(d) for d in docs] if window is not None else [[] for _ in docs]
-    plan = plan_windows(docs, offsets, window, chunking)
+    plan = plan_request(splitter, passage, query, docs, chunking)
     texts = plan.texts(docs)
     scores = reranker.score(query, texts) if texts else []
     best = pool(plan, scores, chunking.pooling)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import uuid
 
 from cisrank.api.schemas import (
+    BestChunkOut,
     DocumentIn,
     RerankDocument,
     RerankRequest,
     RerankResponse,
     RerankResult,
-    Usage,
+    RerankUsage,
 )
 from cisrank.api.shapes.renaming import fields_renamed, item_texts, query_of
 from cisrank.serving.ranking import RankingService
@@ -40,16 +41,31 @@ def response_of(ranking: Ranking, body: RerankRequest) -> RerankResponse:
             if doc_id is not None:
                 fields["id"] = doc_id
             document = RerankDocument(text=text_of(doc), **fields)
+        best = None
+        if (chunk := ranked.best_chunk) is not None:
+            text = text_of(doc)[chunk.start : chunk.end] if body.return_documents else None
+            best = BestChunkOut(start=chunk.start, end=chunk.end, score=chunk.score, text=text)
         results.append(
             RerankResult(
-                index=ranked.index, relevance_score=ranked.score, id=doc_id, document=document
+                index=ranked.index,
+                relevance_score=ranked.score,
+                id=doc_id,
+                document=document,
+                best_chunk=best,
             )
         )
+    chunks = ranking.chunks
     return RerankResponse(
         id=str(uuid.uuid4()),
         model=ranking.reranker,
         results=results,
-        usage=Usage(documents=ranking.documents, truncated_documents=ranking.truncated),
+        usage=RerankUsage(
+            documents=ranking.documents,
+            truncated_documents=ranking.truncated,
+            chunked_documents=chunks.chunked_documents,
+            windows_scored=chunks.windows_scored,
+            windows_dropped=chunks.windows_dropped,
+        ),
     )
 
 
