@@ -1,0 +1,74 @@
+"""Long documents on /v1/rerank: every window costed before work, the cap said in usage, the
+answer at a document's end found by max pooling and missed by first (the truncation it was)."""
+
+from __future__ import annotations
+
+from api_fakes import OverlapReranker, overlap
+
+from cisrank.rerank.base import PassageWindow
+from cisrank.rerank.chunking import Chunking
+from cisrank.serving.config import Limits
+
+
+class WindowedOverlap(OverlapReranker):
+    """`OverlapReranker` whose model reads 4 words of a passage (no tokenizer: costs in bytes)."""
+
+    passage_window = PassageWindow(4, None)
+
+
+LONG = "word " * 40  # 200 bytes whole; 19 windows of 4 words (19 bytes) at overlap 2
+
+
+def test_every_windows_cost_counts_in_the_budget_before_work(make_client):
+    reranker = WindowedOverlap()
+    client = make_client(
+        {"w": reranker},
+        limits=Limits(max_request_cost=300),
+        chunking=Chunking(overlap_tokens=2),
+    )
+    # whole, (q, document) costs 1 + 200 = 201; as windows 19 x (1 + 19) = 380 > 300
+    r = client.post("/v1/rerank", json={"query": "q", "documents": [LONG]})
+    assert r.status_code == 422, r.text
+    problem = r.json()["fields"][0]
+    assert problem["field"] == "documents"
+    assert "380 tokens" in problem["message"] and "(query, window)" in problem["message"]
+    assert reranker.calls == []  # refused before any model work
+    # capped at 5 windows: 5 x 20 = 100, admitted, the 14 others said in usage
+    r = client.post("/v1/rerank", json={"query": "q", "documents": [LONG], "max_chunks_per_doc": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {
+        "documents": 1,
+        "truncated_documents": 0,
+        "chunked_documents": 1,
+        "windows_scored": 5,
+        "windows_dropped": 14,
+    }
+    assert reranker.calls == [("q", ("word word word word",) * 5)]
+
+
+ANSWER_LAST = "filler text about nothing much here and there then hamlet shakespeare wrote"
+ANSWER_FIRST = "hamlet is a tragedy"
+
+
+def test_an_answer_at_the_end_ranks_first_with_max_pooling_not_with_first(make_client):
+    query = "who wrote hamlet shakespeare"
+    documents = [ANSWER_FIRST, ANSWER_LAST]
+    orders, chunks = {}, {}
+    for pooling in ("max", "first"):
+        client = make_client(
+            {"w": WindowedOverlap()}, chunking=Chunking(overlap_tokens=0, pooling=pooling)
+        )
+        body = {"query": query, "documents": documents, "return_documents": True}
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, r.text
+        orders[pooling] = [x["index"] for x in r.json()["results"]]
+        chunks[pooling] = r.json()["results"][0]["best_chunk"]
+    assert orders == {"max": [1, 0], "first": [0, 1]}
+    last = "hamlet shakespeare wrote"  # the last window of 4 words: "then hamlet ..."
+    start = ANSWER_LAST.index("then")
+    assert chunks["max"] == {
+        "start": start,
+        "end": len(ANSWER_LAST),
+        "score": overlap(query, "then " + last),
+        "text": "then " + last,
+    }
