@@ -58,17 +58,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cisrank.data.types import RankedPassage, check_top_n, top_order
+from cisrank.rerank.chunking import Chunking, PassageWindow, rank_chunked
 
 if TYPE_CHECKING:
     import numpy as np
     from transformers import PreTrainedTokenizerFast
 
     from cisrank.lm.engine import CausalLMEngine
-    from cisrank.rerank.chunking import Chunking
     from cisrank.rerank.passage_cache import EmbeddingCache
     from cisrank.rerank.prior_table import Priors
 
@@ -84,21 +83,6 @@ def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
     """`tokenizer` where it is a Hugging Face fast tokenizer (one that reports character
     offsets), else None: what a reranker declares as its `fast_tokenizer`."""
     return tokenizer if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
-
-
-@dataclass(frozen=True)
-class PassageWindow:
-    """What a model reads of one passage: `tokens` of `tokenizer` (whitespace words where it is
-    None), less the query's own tokens where `less_query` (a cross-encoder reads them in the
-    same sequence)."""
-
-    tokens: int
-    tokenizer: PreTrainedTokenizerFast | None
-    less_query: bool = False
-
-    def for_query(self, query_tokens: int) -> int:
-        """The window for a query of `query_tokens` tokens (at least one token)."""
-        return max(1, self.tokens - query_tokens if self.less_query else self.tokens)
 
 
 class TextEmbedder(Protocol):
@@ -274,8 +258,6 @@ class BaseReranker(ABC):
         chunking: Chunking | None = None,
     ) -> list[RankedPassage]:
         if chunking is not None:
-            from cisrank.rerank.chunking import rank_chunked
-
             return rank_chunked(self, query, documents, top_n, chunking)
         if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
             raise TypeError("documents must be a list of strings, not one string")

@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, model_validator
 
@@ -47,7 +47,7 @@ from cisrank.config import ComponentConfig
 from cisrank.data.types import BestChunk, RankedPassage, check_top_n, top_order
 
 if TYPE_CHECKING:
-    from cisrank.rerank.base import PassageWindow, Reranker
+    from transformers import PreTrainedTokenizerFast
 
 Pooling = Literal["max", "mean", "first"]
 
@@ -58,6 +58,31 @@ next window's start for typical MS MARCO sentence lengths."""
 _WORD = re.compile(r"\S+")
 
 Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PassageWindow:
+    """What a model reads of one passage: `tokens` of `tokenizer` (whitespace words where it is
+    None), less the query's own tokens where `less_query` (a cross-encoder reads them in the
+    same sequence)."""
+
+    tokens: int
+    tokenizer: PreTrainedTokenizerFast | None
+    less_query: bool = False
+
+    def for_query(self, query_tokens: int) -> int:
+        """The window for a query of `query_tokens` tokens (at least one token)."""
+        return max(1, self.tokens - query_tokens if self.less_query else self.tokens)
+
+
+class WindowedScorer(Protocol):
+    """What chunking needs of a reranker (`cisrank.rerank.base.Reranker` has it): its window
+    and its scores of passages."""
+
+    @property
+    def passage_window(self) -> PassageWindow | None: ...
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]: ...
 
 
 class Chunking(ComponentConfig):
@@ -264,7 +289,7 @@ def plan_request(
 
 
 def rank_chunked(
-    reranker: Reranker,
+    reranker: WindowedScorer,
     query: str,
     documents: Sequence[str],
     top_n: int | None,
