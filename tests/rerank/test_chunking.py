@@ -231,3 +231,35 @@ def test_cross_encoder_windows_scored_as_passages(ce_dir):
     assert got[0].score == pytest.approx(max(scores), abs=1e-6)
     assert got[1].score == pytest.approx(r.score(query, [docs[1]])[0], abs=1e-6)
     assert ranked.chunks.windows_scored == len(spans) + 1  # type: ignore[attr-defined]
+
+
+def test_cis_windows_have_their_own_priors_keyed_by_content(tiny_gpt2_dir, tmp_path):
+    from cisrank.rerank.cis import CISReranker
+    from cisrank.rerank.prior_store import PriorStore, passage_key
+
+    store = PriorStore(tmp_path / "priors.sqlite")
+    r = CISReranker(str(tiny_gpt2_dir), prior_store=store, estimator="forward", max_doc_tokens=64)
+    assert r.passage_window == PassageWindow(64, r.fast_tokenizer)
+    query = "who wrote hamlet"
+    doc = " ".join(testing.SAMPLE_SENTENCES[:4]).lower()
+    ranked = r.rank(query, [doc], chunking=Chunking(window_tokens=5, overlap_tokens=1))
+    spans, _ = brute_windows(r.fast_tokenizer, doc, 5, 1)
+    windows = [doc[a:b] for a, b in spans]
+    assert ranked[0].score == pytest.approx(max(r.score(query, windows)), abs=1e-4)
+    keys = {passage_key(ids) for ids in r.passage_ids(windows)}
+    assert len(keys) == len(windows) > 1
+    assert set(store.get_many(r.store_fingerprint, sorted(keys))) == keys
+    assert store.count(r.store_fingerprint) == len(keys)  # one prior a window, none for the doc
+
+
+def test_dense_window_is_its_length_less_its_special_tokens(tiny_bert_dir):
+    from cisrank.rerank.dense import DenseReranker
+
+    r = DenseReranker(model=str(tiny_bert_dir), max_seq_length=12)
+    assert r.passage_window == PassageWindow(12 - 2, r.fast_tokenizer)
+    doc = " ".join(testing.SAMPLE_SENTENCES[:3])
+    ranked = r.rank("hamlet", [doc], chunking=Chunking(overlap_tokens=3))
+    spans, _ = brute_windows(r.fast_tokenizer, doc, 10, 3)
+    windows = [doc[a:b] for a, b in spans]
+    assert ranked[0].score == pytest.approx(max(r.score("hamlet", windows)), abs=1e-6)
+    assert ranked.chunks.windows_scored == len(windows) > 1  # type: ignore[attr-defined]
