@@ -57,11 +57,12 @@ or transformers at import): the types are imported for type checkers only.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cisrank.data.types import RankedPassage, check_top_n, top_order
 from cisrank.rerank.chunking import Chunking, PassageWindow, rank_chunked
+from cisrank.rerank.fields import render_all
 
 if TYPE_CHECKING:
     import numpy as np
@@ -83,6 +84,18 @@ def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
     """`tokenizer` where it is a Hugging Face fast tokenizer (one that reports character
     offsets), else None: what a reranker declares as its `fast_tokenizer`."""
     return tokenizer if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
+
+
+def ranked_texts(
+    documents: Sequence[str] | Sequence[str | Mapping[str, Any]], rank_fields: Sequence[str] | None
+) -> list[str]:
+    """The texts `rank` ranks: the documents, or with `rank_fields` their fields' lines."""
+    if rank_fields is not None:
+        return render_all(documents, rank_fields)
+    for i, d in enumerate(documents):
+        if not isinstance(d, str):
+            raise TypeError(f"documents[{i}] is a {type(d).__name__}: records need rank_fields")
+    return [d for d in documents if isinstance(d, str)]
 
 
 class TextEmbedder(Protocol):
@@ -200,15 +213,19 @@ class Reranker(Protocol):
     def rank(
         self,
         query: str,
-        documents: Sequence[str],
+        documents: Sequence[str] | Sequence[str | Mapping[str, Any]],
         top_n: int | None = None,
         *,
         chunking: Chunking | None = None,
+        rank_fields: Sequence[str] | None = None,
     ) -> list[RankedPassage]:
         """Documents most relevant first, at most `top_n` of them, each with its `index` in
         `documents`, its `score` and the `document`. With `chunking`, long documents are cut
         into windows and pooled (`cisrank.rerank.chunking`): each result carries its
-        `best_chunk`, and the answer (a `RankedList`) the counts in `chunks`."""
+        `best_chunk`, and the answer (a `RankedList`) the counts in `chunks`. With
+        `rank_fields`, documents may be records (mappings, or strings holding JSON or YAML)
+        and are ranked by those fields as `field: value` lines (`cisrank.rerank.fields`): the
+        text ranked, and that `best_chunk` spans, is that rendering."""
         ...
 
     def close(self) -> None:
@@ -252,18 +269,20 @@ class BaseReranker(ABC):
     def rank(
         self,
         query: str,
-        documents: Sequence[str],
+        documents: Sequence[str] | Sequence[str | Mapping[str, Any]],
         top_n: int | None = None,
         *,
         chunking: Chunking | None = None,
+        rank_fields: Sequence[str] | None = None,
     ) -> list[RankedPassage]:
-        if chunking is not None:
-            return rank_chunked(self, query, documents, top_n, chunking)
         if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
             raise TypeError("documents must be a list of strings, not one string")
+        texts = ranked_texts(documents, rank_fields)
+        if chunking is not None:
+            return rank_chunked(self, query, texts, top_n, chunking)
         check_top_n(top_n)  # before any model work
-        scores = self.score(query, documents) if documents else []
-        return [RankedPassage(i, float(scores[i]), documents[i]) for i in top_order(scores, top_n)]
+        scores = self.score(query, texts) if texts else []
+        return [RankedPassage(i, float(scores[i]), texts[i]) for i in top_order(scores, top_n)]
 
     def close(self) -> None:  # noqa: B027 - a hook, deliberately empty by default
         """Release what the reranker holds beyond its memory (worker processes); a no-op for

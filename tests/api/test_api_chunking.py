@@ -1,5 +1,6 @@
-"""Long documents on /v1/rerank: every window costed before work, the cap said in usage, the
-answer at a document's end found by max pooling and missed by first (the truncation it was)."""
+"""Long and structured documents on /v1/rerank: every window costed before work, the cap said
+in usage, the answer at a document's end found by max pooling and missed by first (the
+truncation it was); records ranked by their `rank_fields`, a missing field named."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from api_fakes import OverlapReranker, overlap
 
 from cisrank.rerank.base import PassageWindow
 from cisrank.rerank.chunking import Chunking
+from cisrank.rerank.fields import render_all
 from cisrank.serving.config import Limits
+
+QUERY = "who wrote hamlet"
 
 
 class WindowedOverlap(OverlapReranker):
@@ -72,3 +76,40 @@ def test_an_answer_at_the_end_ranks_first_with_max_pooling_not_with_first(make_c
         "score": overlap(query, "then " + last),
         "text": "then " + last,
     }
+
+
+def test_rank_fields_rank_objects_and_json_strings_by_their_lines(make_client):
+    reranker = OverlapReranker()
+    client = make_client({"ov": reranker})
+    documents = [
+        {"id": "a", "title": "macbeth", "body": "who wrote hamlet", "year": 1606},
+        '{"title": "hamlet", "body": "a play"}',
+        {"title": "hamlet wrote who", "body": "x"},
+    ]
+    body = {"query": QUERY, "documents": documents, "rank_fields": ["title", "body"]}
+    r = client.post("/v1/rerank", json={**body, "return_documents": True})
+    assert r.status_code == 200, r.text
+    lines = render_all(documents, ["title", "body"])
+    assert lines[0] == "title: macbeth\nbody: who wrote hamlet"
+    want = sorted(range(3), key=lambda i: (-overlap(QUERY, lines[i]), i))
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == want
+    assert [x["relevance_score"] for x in results] == [overlap(QUERY, lines[i]) for i in want]
+    first = next(x for x in results if x["index"] == 0)
+    assert first["id"] == "a" and first["document"] == {**documents[0], "id": "a"}
+    assert reranker.calls[-1] == (QUERY, tuple(lines))
+
+
+def test_rank_fields_a_missing_field_is_a_422_naming_the_document_and_field(make_client):
+    client = make_client({"ov": OverlapReranker()})
+    documents = [{"title": "a", "body": "b"}, {"title": "c"}]
+    r = client.post(
+        "/v1/rerank",
+        json={"query": QUERY, "documents": documents, "rank_fields": ["title", "body"]},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["fields"][0]["field"] == "documents.1.body"
+    # an object without text is ranked only by fields
+    r = client.post("/v1/rerank", json={"query": QUERY, "documents": [{"title": "a"}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["fields"][0]["field"] == "documents.0.text"

@@ -210,6 +210,7 @@ def test_long_documents_are_served_as_the_library_chunks_them(kind, tiny):
             "score": pytest.approx(w.best_chunk.score, abs=1e-5, rel=1e-5),
             "text": LONG[w.index][w.best_chunk.start : w.best_chunk.end],
         }
+        assert w.best_chunk.end - w.best_chunk.start < len(LONG[w.index])  # a part, cut
     chunks = want.chunks  # type: ignore[attr-defined]
     assert answer["usage"] == {
         "documents": 4,
