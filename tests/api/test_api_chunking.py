@@ -4,6 +4,7 @@ truncation it was); records ranked by their `rank_fields`, a missing field named
 
 from __future__ import annotations
 
+import pytest
 from api_fakes import OverlapReranker, overlap
 
 from cisrank.rerank.base import PassageWindow
@@ -113,3 +114,44 @@ def test_rank_fields_a_missing_field_is_a_422_naming_the_document_and_field(make
     r = client.post("/v1/rerank", json={"query": QUERY, "documents": [{"title": "a"}]})
     assert r.status_code == 422, r.text
     assert r.json()["fields"][0]["field"] == "documents.0.text"
+
+
+def test_max_tokens_per_doc_cuts_before_the_windows(make_client):
+    reranker = WindowedOverlap()
+    client = make_client({"w": reranker}, chunking=Chunking(overlap_tokens=0))
+    doc = "one two three four five six seven eight nine ten eleven twelve"
+    body = {"query": "q", "documents": [doc], "max_tokens_per_doc": 6}
+    r = client.post("/v1/rerank", json=body)
+    assert r.status_code == 200, r.text
+    assert reranker.calls == [("q", ("one two three four", "five six"))]
+    assert r.json()["usage"] == {
+        "documents": 1,
+        "truncated_documents": 1,
+        "chunked_documents": 1,
+        "windows_scored": 2,
+        "windows_dropped": 0,
+    }
+
+
+def test_the_models_own_window_served_as_the_library_cuts_it(make_client, ce_dir):
+    from cisrank.rerank.cross_encoder import CrossEncoderReranker
+
+    reranker = CrossEncoderReranker(model=str(ce_dir), dtype="float32", max_length=16)
+    client = make_client({"ce": reranker})  # the server's default chunking: the model's window
+    documents = [
+        "fleas can live up to a year depending on conditions. " * 3 + "shakespeare wrote hamlet.",
+        "paris is the capital of france.",
+    ]
+    want = reranker.rank(QUERY, documents, chunking=Chunking())
+    assert want.chunks.chunked_documents == 1  # type: ignore[attr-defined]
+    r = client.post("/v1/rerank", json={"query": QUERY, "documents": documents})
+    assert r.status_code == 200, r.text
+    got = r.json()["results"]
+    assert [x["index"] for x in got] == [p.index for p in want]
+    for g, w in zip(got, want, strict=True):
+        assert g["relevance_score"] == pytest.approx(w.score, abs=1e-5)
+        assert (g["best_chunk"]["start"], g["best_chunk"]["end"]) == (
+            w.best_chunk.start,  # type: ignore[union-attr]
+            w.best_chunk.end,  # type: ignore[union-attr]
+        )
+    assert r.json()["usage"]["windows_scored"] == want.chunks.windows_scored  # type: ignore[attr-defined]
