@@ -61,7 +61,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cisrank.data.types import RankedPassage, check_top_n, top_order
-from cisrank.rerank.chunking import Chunking, PassageWindow, rank_chunked
+from cisrank.rerank.chunking import Chunking, PassageWindow, RankedList, rank_chunked
 from cisrank.rerank.fields import render_all
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class Reranker(Protocol):
         *,
         chunking: Chunking | None = None,
         rank_fields: Sequence[str] | None = None,
-    ) -> list[RankedPassage]:
+    ) -> RankedList:
         """Documents most relevant first, at most `top_n` of them, each with its `index` in
         `documents`, its `score` and the `document`. With `chunking`, long documents are cut
         into windows and pooled (`cisrank.rerank.chunking`): each result carries its
@@ -274,7 +274,7 @@ class BaseReranker(ABC):
         *,
         chunking: Chunking | None = None,
         rank_fields: Sequence[str] | None = None,
-    ) -> list[RankedPassage]:
+    ) -> RankedList:
         if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
             raise TypeError("documents must be a list of strings, not one string")
         texts = ranked_texts(documents, rank_fields)
@@ -282,7 +282,9 @@ class BaseReranker(ABC):
             return rank_chunked(self, query, texts, top_n, chunking)
         check_top_n(top_n)  # before any model work
         scores = self.score(query, texts) if texts else []
-        return [RankedPassage(i, float(scores[i]), texts[i]) for i in top_order(scores, top_n)]
+        return RankedList(
+            RankedPassage(i, float(scores[i]), texts[i]) for i in top_order(scores, top_n)
+        )
 
     def close(self) -> None:  # noqa: B027 - a hook, deliberately empty by default
         """Release what the reranker holds beyond its memory (worker processes); a no-op for

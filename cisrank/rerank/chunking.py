@@ -37,7 +37,7 @@ This module stays light: no torch at import.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -271,21 +271,49 @@ def pool(
     return out
 
 
+class WindowsOverBudget(Exception):
+    """The windows planned so far already cost `cost`, over `budget`: the request is refused
+    without tokenizing the rest of its documents."""
+
+    def __init__(self, cost: int, budget: int) -> None:
+        super().__init__(f"windows cost at least {cost}, over {budget}")
+        self.cost = cost
+        self.budget = budget
+
+
 def plan_request(
     splitter: Splitter,
     passage: PassageWindow | None,
     query: str,
     documents: Sequence[str],
     chunking: Chunking,
+    cost: Callable[[int], int] | None = None,
+    budget: int | None = None,
 ) -> ChunkPlan:
     """One request's windows: the window for `query` (the options', else the model's `passage`
-    window less the query's tokens where it reads them too), then every document's. The library
-    and the server plan with this one function (`splitter` over `passage.tokenizer`)."""
+    window less the query's tokens where it reads them too), then every document's, one document
+    at a time. The library and the server plan with this one function (`splitter` over
+    `passage.tokenizer`). With `budget`, the running sum of `cost(tokens)` over the windows
+    planned stops the planning as soon as it passes `budget` (`WindowsOverBudget`): refusing a
+    request costs the tokenizing of one budget's worth of documents, not of all of them."""
     window = chunking.window_tokens
     if passage is not None and window is None:
         window = passage.for_query(len(splitter.offsets(query)))
-    offsets = [splitter.offsets(d) if window is not None else [] for d in documents]
-    return plan_windows(documents, offsets, window, chunking)
+    plan = ChunkPlan([], [])
+    spent = 0
+    for doc in documents:
+        offsets = [splitter.offsets(doc) if window is not None else []]
+        one = plan_windows([doc], offsets, window, chunking)
+        plan.spans += one.spans
+        plan.tokens += one.tokens
+        plan.usage.chunked_documents += one.usage.chunked_documents
+        plan.usage.windows_scored += one.usage.windows_scored
+        plan.usage.windows_dropped += one.usage.windows_dropped
+        if budget is not None and cost is not None:
+            spent += sum(cost(n) for n in one.tokens[0])
+            if spent > budget:
+                raise WindowsOverBudget(spent, budget)
+    return plan
 
 
 def rank_chunked(

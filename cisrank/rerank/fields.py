@@ -38,20 +38,31 @@ class MissingField(CisrankError):
 
 
 def _parsed(text: str) -> Any:
-    """`text` as JSON, else as YAML (where PyYAML is installed), else None."""
+    """`text` as JSON, else as YAML without aliases (where PyYAML is installed), else None.
+
+    Aliases are refused: a few hundred bytes of nested aliases parse to references that render
+    as exponentially many values (a "billion laughs" document), and a record of user text needs
+    none. Nesting too deep for the parser (RecursionError) is prose too, never a server error."""
     stripped = text.strip()
     if stripped.startswith("{"):
         try:
             return json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     try:
         import yaml
     except ImportError:
         return None
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases are not read in a record")
+            return super().compose_node(parent, index)
+
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return yaml.load(text, Loader=NoAliases)  # a SafeLoader that reads no alias
+    except (yaml.YAMLError, RecursionError):
         return None
 
 

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker, fast_only
-from cisrank.rerank.chunking import Chunking, ChunkPlan, Splitter, plan_request
+from cisrank.rerank.chunking import (
+    Chunking,
+    ChunkPlan,
+    Splitter,
+    WindowsOverBudget,
+    plan_request,
+)
 from cisrank.retrieval.base import Retriever
 from cisrank.serving.batching import BatchScorer, pair_tokens
 from cisrank.serving.checks import PreflightError, preflight
@@ -316,14 +322,35 @@ class Serving:
         """The windows of `texts` for `query` (`cisrank.rerank.chunking.plan_request`, as the
         library plans them, on the counting thread) and each (query, window) pair's tokens,
         counted as `pair_costs` counts documents: refused (422 naming `field`) when the pairs
-        of every window pass `limits.max_request_cost`, before any model work."""
+        of every window pass `limits.max_request_cost`, before any model work. The planning
+        itself stops once the windows planned pass the budget, counted low (a window's own
+        tokens less 2, the most its re-tokenized text can gain at its two cuts), so a request
+        that the exact count admits is never refused by it."""
         counter = self.counter(name)
         timeout = self.config.batching.request_timeout_s
+        budget = self.config.limits.max_request_cost
+        cap = self.scorer(name).token_cap
         passage = self.rerankers[name].passage_window
         splitter = self.splitter(name)
         try:
             async with asyncio.timeout(timeout):
-                plan = await counter.run(plan_request, splitter, passage, query, texts, chunking)
+                query_tokens = (await counter.measure([query])).counts[0]
+
+                def low(n: int) -> int:
+                    pair = query_tokens + max(0, n - 2)
+                    return min(pair, cap) if cap is not None else pair
+
+                plan = await counter.run(
+                    plan_request, splitter, passage, query, texts, chunking, low, budget
+                )
+        except WindowsOverBudget as exc:
+            raise InvalidField(
+                field,
+                f"cost at least {exc.cost} {counter.unit} (those of (query, window) summed over "
+                f"the windows, each pair capped at the model's length) is over the limit of "
+                f"{budget}: send fewer or shorter documents, or set max_tokens_per_doc or "
+                "max_chunks_per_doc",
+            ) from None
         except TimeoutError:
             raise TimedOut(
                 f"not counted within {timeout:g} s: the server is overloaded, retry later"

@@ -143,7 +143,7 @@ def test_the_models_own_window_served_as_the_library_cuts_it(make_client, ce_dir
         "paris is the capital of france.",
     ]
     want = reranker.rank(QUERY, documents, chunking=Chunking())
-    assert want.chunks.chunked_documents == 1  # type: ignore[attr-defined]
+    assert want.chunks.chunked_documents == 1
     r = client.post("/v1/rerank", json={"query": QUERY, "documents": documents})
     assert r.status_code == 200, r.text
     got = r.json()["results"]
@@ -154,4 +154,4 @@ def test_the_models_own_window_served_as_the_library_cuts_it(make_client, ce_dir
             w.best_chunk.start,  # type: ignore[union-attr]
             w.best_chunk.end,  # type: ignore[union-attr]
         )
-    assert r.json()["usage"]["windows_scored"] == want.chunks.windows_scored  # type: ignore[attr-defined]
+    assert r.json()["usage"]["windows_scored"] == want.chunks.windows_scored

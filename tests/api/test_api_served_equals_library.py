@@ -193,7 +193,7 @@ def test_long_documents_are_served_as_the_library_chunks_them(kind, tiny):
     served = RerankerSpec.model_validate({**variant.spec, "workers": 1}).build(serving=True)
     asked = CHUNKING.replace(max_chunks_per_doc=4)
     want = library.rank(QUERY, LONG, chunking=asked)
-    assert want.chunks is not None and want.chunks.windows_dropped > 0  # type: ignore[attr-defined]
+    assert want.chunks is not None and want.chunks.windows_dropped > 0
     with _served(served, variant, 2, CHUNKING) as client:
         body = {"query": QUERY, "documents": LONG, "max_chunks_per_doc": 4}
         response = client.post("/v1/rerank", json={**body, "return_documents": True})
@@ -211,7 +211,7 @@ def test_long_documents_are_served_as_the_library_chunks_them(kind, tiny):
             "text": LONG[w.index][w.best_chunk.start : w.best_chunk.end],
         }
         assert w.best_chunk.end - w.best_chunk.start < len(LONG[w.index])  # a part, cut
-    chunks = want.chunks  # type: ignore[attr-defined]
+    chunks = want.chunks
     assert answer["usage"] == {
         "documents": 4,
         "truncated_documents": 0,

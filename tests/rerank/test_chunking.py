@@ -136,8 +136,8 @@ def test_pooling_equals_brute_force_per_window_scores(pooling):
         assert p.best_chunk.score == best_score
     assert [p.index for p in ranked] == sorted(range(3), key=lambda i: (-per_doc[i][0], i))
     windows = 1 + 1 + 1 if pooling == "first" else len(brute_windows_of_words(LONG, 4, 1)) + 2
-    assert ranked.chunks.windows_scored == windows  # type: ignore[attr-defined]
-    assert ranked.chunks.chunked_documents == 1  # type: ignore[attr-defined]
+    assert ranked.chunks.windows_scored == windows
+    assert ranked.chunks.chunked_documents == 1
 
 
 def test_the_answer_at_a_long_documents_end_wins_with_max_not_first():
@@ -159,8 +159,8 @@ def test_the_cap_keeps_the_first_windows_and_counts_the_rest():
         SHORT,
         "nothing at all",
     ]
-    assert ranked.chunks.windows_dropped == 2  # type: ignore[attr-defined]
-    assert ranked.chunks.windows_scored == 4  # type: ignore[attr-defined]
+    assert ranked.chunks.windows_dropped == 2
+    assert ranked.chunks.windows_scored == 4
     assert ranked[0].index == 1  # the answer was in the windows dropped
 
 
@@ -230,7 +230,7 @@ def test_cross_encoder_windows_scored_as_passages(ce_dir):
     got = {p.index: p for p in ranked}
     assert got[0].score == pytest.approx(max(scores), abs=1e-6)
     assert got[1].score == pytest.approx(r.score(query, [docs[1]])[0], abs=1e-6)
-    assert ranked.chunks.windows_scored == len(spans) + 1  # type: ignore[attr-defined]
+    assert ranked.chunks.windows_scored == len(spans) + 1
 
 
 def test_cis_windows_have_their_own_priors_keyed_by_content(tiny_gpt2_dir, tmp_path):
@@ -262,4 +262,26 @@ def test_dense_window_is_its_length_less_its_special_tokens(tiny_bert_dir):
     spans, _ = brute_windows(r.fast_tokenizer, doc, 10, 3)
     windows = [doc[a:b] for a, b in spans]
     assert ranked[0].score == pytest.approx(max(r.score("hamlet", windows)), abs=1e-6)
-    assert ranked.chunks.windows_scored == len(windows) > 1  # type: ignore[attr-defined]
+    assert ranked.chunks.windows_scored == len(windows) > 1
+
+
+def test_planning_stops_once_the_windows_pass_the_budget():
+    from cisrank.rerank.chunking import WindowsOverBudget, plan_request
+
+    class Counting(Splitter):
+        calls = 0
+
+        def offsets(self, text):
+            Counting.calls += 1
+            return super().offsets(text)
+
+    docs = ["w " * 50] * 100  # 100 documents of 50 words: 5 windows of 10 words each
+    chunking = Chunking(window_tokens=10, overlap_tokens=0)
+    full = plan_request(Counting(None), None, "q", docs, chunking)
+    assert full.usage.windows_scored == 500 and Counting.calls == 100
+    Counting.calls = 0
+    with pytest.raises(WindowsOverBudget) as err:
+        plan_request(Counting(None), None, "q", docs, chunking, cost=lambda n: n + 1, budget=120)
+    # each document costs 5 windows x 11: the third passes 120, and no fourth is tokenized
+    assert (err.value.cost, err.value.budget, Counting.calls) == (165, 120, 3)
+    assert plan_request(Counting(None), None, "q", docs, chunking, lambda n: n + 1, 5500)

@@ -55,3 +55,14 @@ def test_rank_by_fields_equals_ranking_the_rendered_lines():
     assert [(p.index, p.score) for p in both] == [(0, 2.0), (1, 1.0)]
     with pytest.raises(TypeError, match="records need rank_fields"):
         Counting().rank("q", docs)
+
+
+def test_aliases_and_deep_nesting_are_prose_never_an_expansion_or_a_crash():
+    # Nine levels of ten aliases each would render 10**9 values; aliases are not read.
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    laughs = "\n".join(levels)
+    with pytest.raises(MissingField):  # read as prose: {"text": ...}, which has no l8
+        render(laughs, ["l8"], 0)
+    for deep in ("{" * 100_000 + '"text"', "text: " + "[" * 100_000):
+        assert render(deep, ["text"], 0).startswith("text: ")
