@@ -12,6 +12,9 @@ The Python API, every reranker kind behind one call:
 `hybrid` and `none`, a model name or folder (the kind's default when None) and the kind's options
 as keywords (`cisrank.rerank.configs`); `rank(query, documents, top_n=None)` returns the documents
 best first, each a `RankedPassage` with its `index` in `documents`, its `score` and the `document`.
+`rank(..., chunking=cisrank.Chunking(max_chunks_per_doc=8))` cuts long documents into windows of
+the model's length, scores each and ranks a document by its best: each result then carries its
+`best_chunk` (a character span and its score), as `/v1/rerank` answers.
 
 `import cisrank` stays light (no torch): these names load on first use.
 """
@@ -24,17 +27,20 @@ from typing import TYPE_CHECKING, Any
 from cisrank.version import __version__
 
 if TYPE_CHECKING:
-    from cisrank.data.types import RankedPassage
+    from cisrank.data.types import BestChunk, RankedPassage
     from cisrank.rerank.base import Reranker
+    from cisrank.rerank.chunking import Chunking
     from cisrank.rerank.registry import load_reranker
 
 _HOME = {
     "load_reranker": "cisrank.rerank.registry",
     "Reranker": "cisrank.rerank.base",
     "RankedPassage": "cisrank.data.types",
+    "BestChunk": "cisrank.data.types",
+    "Chunking": "cisrank.rerank.chunking",
 }
 
-__all__ = ["RankedPassage", "Reranker", "__version__", "load_reranker"]
+__all__ = ["BestChunk", "Chunking", "RankedPassage", "Reranker", "__version__", "load_reranker"]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,8 +10,10 @@ query by `cisrank.api.shapes`. Limits that an operator can change (`Limits` in
 
 Unknown request fields are refused (422 naming them: a misspelled `top_k` used to be ignored
 silently, and the default count came back), except the documented fields of the shapes clients
-bring, which are accepted: Cohere's `rank_fields`, `max_chunks_per_doc` and `priority` (accepted,
-not used: the document's `text` is what is ranked, cut at the model's length), and TEI's
+bring, which are accepted: Cohere's `priority` (accepted, not used), Cohere's `rank_fields`
+(used: documents ranked by those fields, `cisrank.rerank.fields`), Cohere's `max_chunks_per_doc`
+(used: a long document is cut into windows, `ServerConfig.chunking`, and at most that many of
+them are scored), and TEI's
 `raw_scores`, `return_text`, `truncate` and `truncation_direction` on `POST /rerank`. One name per
 idea: the result count is `top_n` everywhere, `top_k` accepted as its alias.
 
@@ -55,11 +57,15 @@ TOP_N_ALIASES = AliasChoices("top_n", "top_k")
 
 
 class DocumentIn(BaseModel):
-    """A document as an object: `text` is scored; `id` and any other fields are echoed back."""
+    """A document as an object: `text` is scored (with `rank_fields`, the fields named are);
+    `id` and any other fields are echoed back."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    text: str = Field(description="The passage text that is scored.")
+    text: str | None = Field(
+        default=None,
+        description="The passage text that is scored (required unless rank_fields are given).",
+    )
     id: str | int | None = Field(default=None, description="Your id, echoed in the result.")
 
 
@@ -89,12 +95,16 @@ class RerankRequest(_Request):
     # clients built on them work unchanged; not used.
     rank_fields: list[str] | None = Field(
         default=None,
-        description="Cohere: accepted, not used (a document's `text` is what is ranked).",
+        min_length=1,
+        description="Cohere: rank each document by these fields, in this order, as "
+        "`field: value` lines (an object's fields, or those of a string holding a JSON object "
+        "or YAML mapping; a plain string is its `text`). A document without one is a 422 "
+        "naming it and the field; best_chunk then spans that rendering.",
     )
-    max_chunks_per_doc: int | None = Field(
+    max_chunks_per_doc: Positive | None = Field(
         default=None,
-        description="Cohere v1: accepted, not used (a document is cut at `max_tokens_per_doc` "
-        "or at the model's length, never chunked).",
+        description="Cohere v1: windows scored per long document at most (its first ones; the "
+        "windows dropped are counted in usage). Default: every window.",
     )
     priority: int | None = Field(default=None, description="Cohere: accepted, not used.")
 
@@ -102,7 +112,21 @@ class RerankRequest(_Request):
 class RerankDocument(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    text: str
+    text: str | None = None
+
+
+class BestChunkOut(BaseModel):
+    """A document's best-scoring window: a RAG client puts this span, not the whole document,
+    in its prompt."""
+
+    start: int = Field(description="Its first character in the document's text as sent.")
+    end: int = Field(description="The character after its last (text[start:end]).")
+    score: float = Field(description="Its raw score (the model's, never normalized).")
+    text: str | None = Field(
+        default=None,
+        description="Its text, with return_documents, where it is a part of the document (a "
+        "document read whole is in `document`).",
+    )
 
 
 class RerankResult(BaseModel):
@@ -110,6 +134,10 @@ class RerankResult(BaseModel):
     relevance_score: float
     id: str | int | None = Field(default=None, description="The document's id, when it had one.")
     document: RerankDocument | None = None
+    best_chunk: BestChunkOut | None = Field(
+        default=None,
+        description="The document's best window (the whole document where it fits the model).",
+    )
 
 
 class ApiVersion(BaseModel):
@@ -132,11 +160,21 @@ class Usage(BaseModel):
     truncated_documents: int = Field(default=0, description="Documents cut by max_tokens_per_doc.")
 
 
+class RerankUsage(Usage):
+    chunked_documents: int = Field(
+        default=0, description="Documents longer than the model's window, cut into windows."
+    )
+    windows_scored: int = Field(default=0, description="Windows scored, every document's.")
+    windows_dropped: int = Field(
+        default=0, description="Windows not scored: past max_chunks_per_doc (or first pooling)."
+    )
+
+
 class RerankResponse(BaseModel):
     id: str
     model: str = Field(description="The reranker that scored the request.")
     results: list[RerankResult] = Field(description="Most relevant first.")
-    usage: Usage
+    usage: RerankUsage
     meta: Meta = Field(default_factory=Meta)
 
 

@@ -44,6 +44,7 @@ from cisrank.cli.options import ModelOpt
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
 from cisrank.errors import CisrankError, require
+from cisrank.rerank.chunking import Chunking
 from cisrank.rerank.registry import factory_path, servable
 
 if TYPE_CHECKING:
@@ -120,6 +121,21 @@ def server_config(
         raise CisrankError(f"cannot serve that: {exc.errors()[0]['msg']}") from None
     preflight(cfg)
     return cfg
+
+
+def _chunk_help(field: str) -> str:
+    """A chunking flag's help, from its field: declared once, in `Chunking`."""
+    info = Chunking.model_fields[field]
+    return f"{info.description} Default: {info.default}; over the config file's chunking."
+
+
+def with_chunking(
+    cfg: ServerConfig, window: int | None, overlap: int | None, pooling: str | None
+) -> ServerConfig:
+    """`cfg` with the chunking flags given (None: keep the config's), checked as one
+    `Chunking` (an overlap over the window is one line, exit 2)."""
+    chunking = cfg.chunking.replace(window_tokens=window, overlap_tokens=overlap, pooling=pooling)
+    return cfg.model_copy(update={"chunking": chunking})
 
 
 def _stopped_by_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -265,6 +281,17 @@ def serve(
             help="Worker processes; each loads its own copy of every model.",
         ),
     ] = 1,
+    chunk_window_tokens: Annotated[
+        int | None,
+        typer.Option("--chunk-window-tokens", min=1, help=_chunk_help("window_tokens")),
+    ] = None,
+    chunk_overlap_tokens: Annotated[
+        int | None,
+        typer.Option("--chunk-overlap-tokens", min=0, help=_chunk_help("overlap_tokens")),
+    ] = None,
+    chunk_pooling: Annotated[
+        str | None, typer.Option("--chunk-pooling", help=_chunk_help("pooling"))
+    ] = None,
     **options: Any,
 ) -> None:
     """Serve the REST API: /v1/rerank (Cohere and Jina shape; also /v2/rerank, and /rerank,
@@ -292,12 +319,18 @@ def serve(
     API keys: set CISRANK_API_KEYS=key1,key2 to require 'Authorization: Bearer <key>' (each key
     at least 16 characters; a variable set but holding no usable key refuses to start).
 
+    Long documents: a document longer than its model's window is cut into overlapping windows,
+    each scored, the document scored by its best (--chunk-pooling max; mean and first, the
+    truncation, for comparison); a request's max_chunks_per_doc caps the windows, and usage says
+    what was cut.
+
     Stopping: SIGTERM (or Ctrl-C) stops taking connections and waits up to graceful_timeout_s
     (config, default 60) for the requests in flight; any still running then are answered 503 with
     Retry-After. Exit code 0 after a SIGTERM.
     """
     env.api_keys()  # before the checks of the config, which can take minutes
     cfg = server_config(config, reranker, model, index or (), options)
+    cfg = with_chunking(cfg, chunk_window_tokens, chunk_overlap_tokens, chunk_pooling)
     run_server(cfg, host, port, workers)
 
 

@@ -58,13 +58,25 @@ class SearchHit:
 
 
 @dataclass(frozen=True, slots=True)
+class BestChunk:
+    """The best-scoring window of a chunked document: its character span in the document as it
+    was sent (`text[start:end]`) and its score, so a RAG client can put that span, not the whole
+    document, in its prompt."""
+
+    start: int
+    end: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class RankedPassage:
     """One reranked passage: its position in the input, its score and its text (`document`
-    too, the name `Reranker.rank` gives it)."""
+    too, the name `Reranker.rank` gives it); `best_chunk` where it was ranked with chunking."""
 
     index: int
     score: float
     text: str
+    best_chunk: BestChunk | None = None
 
     @property
     def document(self) -> str:

@@ -39,7 +39,16 @@ where it has none (`BaseReranker` gives those empty defaults, each reranker sets
 - `embedder`: the bi-encoder it scores with, as a `TextEmbedder` (the API's `/v1/embeddings`
   embeds with it; a cross-encoder or a causal LM has none);
 - `processes`: the processes its model work runs on (1, or a worker pool's size: TEI's `/info`
-  reports it as `tokenization_workers`).
+  reports it as `tokenization_workers`);
+- `passage_window`: what its model reads of one passage, as a `PassageWindow` (tokens, the fast
+  tokenizer they are counted in, and whether the query's tokens come off them; None where it
+  reads every passage whole): long documents are cut into windows of that many tokens
+  (`cisrank.rerank.chunking`). A cross-encoder's is its pair limit less the pair's special
+  tokens and the query, a bi-encoder's its sequence length less its special tokens and passage
+  prefix, CIS's `max_doc_tokens` (the templated query is not cut, and a passage never is by the
+  LM's context: the engine refuses a pair over it), the hybrid's its most constrained
+  component's. It is declared, not computed per query, because a caller counts the query's
+  tokens itself (the server, off the model thread, which owns the reranker's tokenizer).
 
 Callers read these; they never probe a reranker for attributes. This module stays light (no torch
 or transformers at import): the types are imported for type checkers only.
@@ -48,10 +57,12 @@ or transformers at import): the types are imported for type checkers only.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cisrank.data.types import RankedPassage, check_top_n, top_order
+from cisrank.rerank.chunking import Chunking, PassageWindow, RankedList, rank_chunked
+from cisrank.rerank.fields import render_all
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,6 +84,18 @@ def fast_only(tokenizer: Any) -> PreTrainedTokenizerFast | None:
     """`tokenizer` where it is a Hugging Face fast tokenizer (one that reports character
     offsets), else None: what a reranker declares as its `fast_tokenizer`."""
     return tokenizer if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
+
+
+def ranked_texts(
+    documents: Sequence[str] | Sequence[str | Mapping[str, Any]], rank_fields: Sequence[str] | None
+) -> list[str]:
+    """The texts `rank` ranks: the documents, or with `rank_fields` their fields' lines."""
+    if rank_fields is not None:
+        return render_all(documents, rank_fields)
+    for i, d in enumerate(documents):
+        if not isinstance(d, str):
+            raise TypeError(f"documents[{i}] is a {type(d).__name__}: records need rank_fields")
+    return [d for d in documents if isinstance(d, str)]
 
 
 class TextEmbedder(Protocol):
@@ -160,6 +183,11 @@ class Reranker(Protocol):
         pieces."""
         ...
 
+    @property
+    def passage_window(self) -> PassageWindow | None:
+        """What the model reads of one passage (None: every passage whole)."""
+        ...
+
     def score_batch(self, requests: Sequence[Request]) -> list[list[float]]:
         """One list of floats per (query, passages) request, in input order, one float per
         passage in input order: `combine` of `score_parts` for each request. A passage's score
@@ -183,10 +211,21 @@ class Reranker(Protocol):
         ...
 
     def rank(
-        self, query: str, documents: Sequence[str], top_n: int | None = None
-    ) -> list[RankedPassage]:
+        self,
+        query: str,
+        documents: Sequence[str] | Sequence[str | Mapping[str, Any]],
+        top_n: int | None = None,
+        *,
+        chunking: Chunking | None = None,
+        rank_fields: Sequence[str] | None = None,
+    ) -> RankedList:
         """Documents most relevant first, at most `top_n` of them, each with its `index` in
-        `documents`, its `score` and the `document`."""
+        `documents`, its `score` and the `document`. With `chunking`, long documents are cut
+        into windows and pooled (`cisrank.rerank.chunking`): each result carries its
+        `best_chunk`, and the answer (a `RankedList`) the counts in `chunks`. With
+        `rank_fields`, documents may be records (mappings, or strings holding JSON or YAML)
+        and are ranked by those fields as `field: value` lines (`cisrank.rerank.fields`): the
+        text ranked, and that `best_chunk` spans, is that rendering."""
         ...
 
     def close(self) -> None:
@@ -210,6 +249,7 @@ class BaseReranker(ABC):
     runtime: str | None = None
     embedder: TextEmbedder | None = None
     processes: int = 1
+    passage_window: PassageWindow | None = None
     passage_major: bool = False
     combines_request: bool = False
 
@@ -227,13 +267,24 @@ class BaseReranker(ABC):
         return self.score_batch([(query, passages)])[0]
 
     def rank(
-        self, query: str, documents: Sequence[str], top_n: int | None = None
-    ) -> list[RankedPassage]:
+        self,
+        query: str,
+        documents: Sequence[str] | Sequence[str | Mapping[str, Any]],
+        top_n: int | None = None,
+        *,
+        chunking: Chunking | None = None,
+        rank_fields: Sequence[str] | None = None,
+    ) -> RankedList:
         if isinstance(documents, str):  # a str is a Sequence[str]: each character a document
             raise TypeError("documents must be a list of strings, not one string")
+        texts = ranked_texts(documents, rank_fields)
+        if chunking is not None:
+            return rank_chunked(self, query, texts, top_n, chunking)
         check_top_n(top_n)  # before any model work
-        scores = self.score(query, documents) if documents else []
-        return [RankedPassage(i, float(scores[i]), documents[i]) for i in top_order(scores, top_n)]
+        scores = self.score(query, texts) if texts else []
+        return RankedList(
+            RankedPassage(i, float(scores[i]), texts[i]) for i in top_order(scores, top_n)
+        )
 
     def close(self) -> None:  # noqa: B027 - a hook, deliberately empty by default
         """Release what the reranker holds beyond its memory (worker processes); a no-op for

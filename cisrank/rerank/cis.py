@@ -41,7 +41,7 @@ from cisrank.lm.prompts import (
     resolve_forward,
     resolve_reverse,
 )
-from cisrank.rerank.base import BaseReranker, fast_only
+from cisrank.rerank.base import BaseReranker, PassageWindow, fast_only
 from cisrank.rerank.configs import CISRerankerConfig, reverse_only
 from cisrank.rerank.prior_store import PriorStore, passage_key, store_fingerprint
 from cisrank.rerank.prior_table import Priors, open_prior_store
@@ -104,6 +104,7 @@ class CISReranker(BaseReranker):
         self.passage_major = reverse_only(self.config)
         self.causal_lm = self.engine
         self.fast_tokenizer = fast_only(self.engine.tokenizer)
+        self.passage_window = PassageWindow(self.config.max_doc_tokens, self.fast_tokenizer)
         self.compute_type = self.engine.compute_type
         self.runtime = self.engine.backend.name
         if store_obj is not None:

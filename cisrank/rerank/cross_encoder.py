@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from cisrank.errors import CisrankError
-from cisrank.rerank.base import BaseReranker, fast_only
+from cisrank.rerank.base import BaseReranker, PassageWindow, fast_only
 from cisrank.rerank.configs import (
     CPU_BATCH_SIZE,
     GPU_BATCH_SIZE,
@@ -97,6 +97,11 @@ class CrossEncoderReranker(BaseReranker):
         # Capabilities: the tokenizer the pairs are read with, and their truncation length.
         self.fast_tokenizer = fast_only(self.tokenizer)
         self.pair_token_limit = self.max_length
+        if self.max_length:
+            specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+            self.passage_window = PassageWindow(
+                max(1, self.max_length - specials), self.fast_tokenizer, less_query=True
+            )
 
     # ------------------------------------------------------------------ pieces
     def tokenize(self, pairs: Sequence[tuple[str, str]]) -> dict[str, list[list[int]]]:

@@ -30,7 +30,7 @@ import torch
 
 from cisrank.models.fingerprint import model_fingerprint
 from cisrank.models.resolve import resolve_model
-from cisrank.rerank.base import BaseReranker, fast_only
+from cisrank.rerank.base import BaseReranker, PassageWindow, fast_only
 from cisrank.rerank.configs import DenseRerankerConfig
 from cisrank.rerank.passage_cache import EmbeddingCache, cache_space
 from cisrank.runtimes.auto import resolve_embedder_backend
@@ -96,6 +96,14 @@ class DenseReranker(BaseReranker):
         # Capabilities: the encoder's tokenizer, and its sequence length as the pair limit.
         self.fast_tokenizer = fast_only(self.runner.tokenizer)
         self.pair_token_limit = self.runner.max_length
+        if self.pair_token_limit:
+            tok = self.runner.tokenizer
+            reserved = tok.num_special_tokens_to_add(pair=False)
+            if c.passage_prefix:
+                reserved += len(tok(c.passage_prefix, add_special_tokens=False)["input_ids"])
+            self.passage_window = PassageWindow(
+                max(1, self.pair_token_limit - reserved), self.fast_tokenizer
+            )
         self.embedder = self  # its bi-encoder embeds texts (`/v1/embeddings`)
         # The passage cache, where a passage's embedding is its own (`company_moves`).
         self.passage_cache_off = company_moves(self.compute_type, self.batch_size)

@@ -126,6 +126,10 @@ class HybridReranker(CombiningReranker):
         # compute type is its components', named by kind where they differ.
         self.compute_type = _joined({k: r.compute_type for k, r in self.components.items()})
         self.runtime = _joined({k: r.runtime for k, r in self.components.items()})
+        # Its window: its most constrained component's (tokens in that one's tokenizer), so
+        # that no component reads less of a window than it is sent.
+        windows = [r.passage_window for r in self.components.values() if r.passage_window]
+        self.passage_window = min(windows, key=lambda w: w.tokens) if windows else None
         # The passage cache of its bi-encoder, where one has one (at most one kind fuses once).
         caches = [r.passage_cache for r in self.components.values() if r.passage_cache is not None]
         self.passage_cache = caches[0] if caches else None

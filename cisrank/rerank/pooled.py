@@ -120,6 +120,7 @@ class PooledReranker(CombiningReranker):
         # store counts the lookups of this process's share only).
         self.fast_tokenizer = self.local.fast_tokenizer
         self.pair_token_limit = self.local.pair_token_limit
+        self.passage_window = self.local.passage_window
         self.causal_lm = self.local.causal_lm
         self.prior_store = self.local.prior_store
         self.passage_cache = self.local.passage_cache  # this process's share, as the store's

@@ -40,6 +40,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from cisrank.config import ComponentConfig, read_config_file, validation_problem
 from cisrank.errors import CisrankError
+from cisrank.rerank.chunking import Chunking
 from cisrank.rerank.spec import RerankerSpec
 
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
@@ -246,6 +247,12 @@ class ServerConfig(ComponentConfig):
         description="Default score normalization; raw scores unless a request or this asks.",
     )
     limits: Limits = Field(default_factory=Limits)
+    chunking: Chunking = Field(
+        default_factory=Chunking,
+        description="How /v1/rerank cuts a document longer than its model's window: windows of "
+        "window_tokens (null: the model's own) overlapping by overlap_tokens, scored each and "
+        "pooled (max, mean or first); a request's max_chunks_per_doc caps them.",
+    )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     graceful_timeout_s: float | None = Field(
         default=60.0,

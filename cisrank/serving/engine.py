@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING
 
 from cisrank.errors import CisrankError
 from cisrank.rerank.base import Reranker, fast_only
+from cisrank.rerank.chunking import (
+    Chunking,
+    ChunkPlan,
+    Splitter,
+    WindowsOverBudget,
+    plan_request,
+)
 from cisrank.retrieval.base import Retriever
 from cisrank.serving.batching import BatchScorer, pair_tokens
 from cisrank.serving.checks import PreflightError, preflight
@@ -129,6 +136,7 @@ class Serving:
         self.scorers: dict[str, BatchScorer] = {}
         self.counters: dict[str, TokenCounter] = {}
         """Each reranker's token counter: its requests' costs in its own tokens."""
+        self._splitters: dict[str, Splitter] = {}
         self.lm_counters: dict[str, TokenCounter] = {}
         """The same for the prompts of its causal LM (context, generation)."""
         self.retrievers: dict[str, Retriever] = dict(retrievers or {})
@@ -250,7 +258,13 @@ class Serving:
         return (self.lm_counters if lm else self.counters)[name]
 
     async def pair_costs(
-        self, name: str, query: str, texts: list[str], field: str, per_doc: int | None = None
+        self,
+        name: str,
+        query: str,
+        texts: list[str],
+        field: str,
+        per_doc: int | None = None,
+        what: str = "document",
     ) -> tuple[list[str], list[int], int]:
         """What ranking `texts` for `query` with reranker `name` costs, before any model work:
         (the texts to score, cut to `per_doc` tokens where asked; each (query, text) pair's
@@ -258,7 +272,7 @@ class Serving:
         reranker's own tokenizer off the event loop and the model thread
         (`cisrank.serving.token_count`). Refused as soon as the pairs pass
         `limits.max_request_cost` (422 naming `field`), or not counted within the request
-        timeout (503)."""
+        timeout (503). `what` is what a text is, for the message (a document, a window)."""
         budget = self.config.limits.max_request_cost
         cap = self.scorer(name).token_cap
         counter = self.counter(name)
@@ -281,15 +295,68 @@ class Serving:
             raise InvalidField(
                 field,
                 f"cost {'at least ' if exc.at_least else ''}{exc.cost} {counter.unit} (those "
-                "of (query, document) summed over the documents, each pair capped at the "
+                f"of (query, {what}) summed over the {what}s, each pair capped at the "
                 f"model's length) is over the limit of {budget}: send fewer or shorter "
-                "documents, or set max_tokens_per_doc",
+                "documents, or set max_tokens_per_doc"
+                + (" or max_chunks_per_doc" if what == "window" else ""),
             ) from None
         except TimeoutError:
             raise TimedOut(
                 f"not counted within {timeout:g} s: the server is overloaded, retry later"
             ) from None
         return measured.texts, pair_tokens(query_tokens, measured.counts, cap), measured.cut
+
+    def splitter(self, name: str) -> Splitter:
+        """Reranker `name`'s window splitter: a private copy of the tokenizer its
+        `passage_window` counts in (made once; never the model thread's own tokenizer)."""
+        made = self._splitters.get(name)
+        if made is None:
+            window = self.rerankers[name].passage_window
+            made = Splitter(window.tokenizer if window is not None else None)
+            self._splitters[name] = made
+        return made
+
+    async def window_costs(
+        self, name: str, query: str, texts: list[str], field: str, chunking: Chunking
+    ) -> tuple[ChunkPlan, list[int]]:
+        """The windows of `texts` for `query` (`cisrank.rerank.chunking.plan_request`, as the
+        library plans them, on the counting thread) and each (query, window) pair's tokens,
+        counted as `pair_costs` counts documents: refused (422 naming `field`) when the pairs
+        of every window pass `limits.max_request_cost`, before any model work. The planning
+        itself stops once the windows planned pass the budget, counted low (a window's own
+        tokens less 2, the most its re-tokenized text can gain at its two cuts), so a request
+        that the exact count admits is never refused by it."""
+        counter = self.counter(name)
+        timeout = self.config.batching.request_timeout_s
+        budget = self.config.limits.max_request_cost
+        cap = self.scorer(name).token_cap
+        passage = self.rerankers[name].passage_window
+        splitter = self.splitter(name)
+        try:
+            async with asyncio.timeout(timeout):
+                query_tokens = (await counter.measure([query])).counts[0]
+
+                def low(n: int) -> int:
+                    pair = query_tokens + max(0, n - 2)
+                    return min(pair, cap) if cap is not None else pair
+
+                plan = await counter.run(
+                    plan_request, splitter, passage, query, texts, chunking, low, budget
+                )
+        except WindowsOverBudget as exc:
+            raise InvalidField(
+                field,
+                f"cost at least {exc.cost} {counter.unit} (those of (query, window) summed over "
+                f"the windows, each pair capped at the model's length) is over the limit of "
+                f"{budget}: send fewer or shorter documents, or set max_tokens_per_doc or "
+                "max_chunks_per_doc",
+            ) from None
+        except TimeoutError:
+            raise TimedOut(
+                f"not counted within {timeout:g} s: the server is overloaded, retry later"
+            ) from None
+        _, tokens, _ = await self.pair_costs(name, query, plan.texts(texts), field, what="window")
+        return plan, tokens
 
     def model_thread(self, name: str, cancel: threading.Event | None = None) -> ModelThread:
         """Reranker `name`'s model thread, for one request's model work; `cancel`, once set

@@ -25,6 +25,7 @@ import numpy as np
 from cisrank.data.types import top_order
 from cisrank.fusion import minmax, sigmoid
 from cisrank.rerank.base import Reranker
+from cisrank.rerank.chunking import pool
 from cisrank.serving.engine import (
     Serving,
     embedding_dimensions,
@@ -217,16 +218,21 @@ class RankingService:
                 "every document is blank (only whitespace, control or zero-width characters): "
                 "send at least one with visible text",
             )
-        scored, tokens, truncated = await serving.pair_costs(
+        scored, _, truncated = await serving.pair_costs(
             name, q.query, texts, "documents", q.max_tokens_per_doc
         )
-        raw = await self._score(name, q.query, scored, tokens=tokens)
+        chunking = serving.config.chunking.replace(max_chunks_per_doc=q.max_chunks_per_doc)
+        plan, tokens = await serving.window_costs(name, q.query, scored, "documents", chunking)
+        windows = await self._score(name, q.query, plan.texts(scored), tokens=tokens)
+        pooled = pool(plan, windows, chunking.pooling)
+        raw = [score for score, _ in pooled]
         shown = normalize_scores(raw, q.normalize or serving.config.normalize)
         return Ranking(
             reranker=name,
-            results=[RankedDocument(i, shown[i]) for i in top_order(raw, q.top_n)],
+            results=[RankedDocument(i, shown[i], pooled[i][1]) for i in top_order(raw, q.top_n)],
             documents=len(texts),
             truncated=truncated,
+            chunks=plan.usage,
         )
 
     def embedder_name(self, requested: str | None = None) -> str:

@@ -218,6 +218,11 @@ class TokenCounter:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread(), fn, *args)
 
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the counting thread: other tokenizing work of a request (planning a
+        long document's windows), off the event loop and the model thread."""
+        return await self._run(fn, *args)
+
     async def measure(
         self,
         texts: Sequence[str],

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -46,6 +46,8 @@ from cisrank.context.config import (
     DecoderConfig,
     GenerationAssemblerConfig,
 )
+from cisrank.data.types import BestChunk
+from cisrank.rerank.chunking import ChunkUsage
 from cisrank.serving.errors import InvalidField
 
 if TYPE_CHECKING:
@@ -170,6 +172,8 @@ class RerankQuery(Query):
     """A served reranker's name or its model's id; the default reranker when None."""
     top_n: TopN | None = None
     max_tokens_per_doc: TokensPerDoc | None = None
+    max_chunks_per_doc: Positive | None = None
+    """Windows scored per long document at most (its first ones); None: all of them."""
     normalize: Normalization | None = None
     """None: the server's default (`ServerConfig.normalize`)."""
 
@@ -180,6 +184,8 @@ class RankedDocument:
     """The document's position in the query."""
     score: float
     """As asked to be shown (`normalize`), finite."""
+    best_chunk: BestChunk | None = None
+    """Its best window: a character span of the document as sent, and its raw score."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,8 @@ class Ranking:
     """Documents scored."""
     truncated: int
     """Documents cut to `max_tokens_per_doc`."""
+    chunks: ChunkUsage = field(default_factory=ChunkUsage)
+    """Documents cut into windows, windows scored, windows dropped by `max_chunks_per_doc`."""
 
 
 class EmbedQuery(Query):

@@ -26,7 +26,13 @@ def test_scores_equal_in_process_dense_scores(make_client, tiny_dense):
     body = r.json()
     assert set(body) == {"id", "model", "results", "usage", "meta"}
     assert body["model"] == "tiny"
-    assert body["usage"] == {"documents": 6, "truncated_documents": 0}
+    assert body["usage"] == {
+        "documents": 6,
+        "truncated_documents": 0,
+        "chunked_documents": 0,
+        "windows_scored": 6,
+        "windows_dropped": 0,
+    }
     assert body["meta"]["billed_units"] == {"search_units": 1}
     got = {res["index"]: res["relevance_score"] for res in body["results"]}
     assert sorted(got) == list(range(6))
@@ -53,11 +59,14 @@ def test_top_n_return_documents_and_object_documents(make_client):
             "relevance_score": pytest.approx(3.021),
             "id": "d2",
             "document": {"text": "who wrote hamlet then", "id": "d2", "year": 1600},
+            # a document that fits is its own one window, whole (its text is in `document`)
+            "best_chunk": {"start": 0, "end": 21, "score": pytest.approx(3.021)},
         },
         {
             "index": 0,
             "relevance_score": pytest.approx(1.016),
             "document": {"text": "hamlet is a play"},
+            "best_chunk": {"start": 0, "end": 16, "score": pytest.approx(1.016)},
         },
     ]
     # top_n larger than the list returns everything

@@ -85,6 +85,18 @@ def test_no_options_keep_the_default_config(served):
     assert served()[0] == ServerConfig()
 
 
+def test_chunking_flags_set_the_servers_chunking_over_its_config(served, tmp_path):
+    from cisrank.rerank.chunking import Chunking
+
+    cfg = served("--chunk-overlap-tokens", "8", "--chunk-pooling", "mean")[0]
+    assert cfg.chunking == Chunking(overlap_tokens=8, pooling="mean")
+    assert cfg.rerankers == ServerConfig().rerankers
+    path = tmp_path / "server.json"
+    path.write_text('{"chunking": {"window_tokens": 100, "pooling": "first"}}', encoding="utf-8")
+    cfg = served("--config", str(path), "--chunk-window-tokens", "50")[0]
+    assert cfg.chunking == Chunking(window_tokens=50, pooling="first")
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -195,6 +207,11 @@ def test_reranker_options_are_serve_flags(served):
         (["-r", "hybrid", "--fuse", "cis:x"], "weight 'x' is not a number"),
         (["-r", "hybrid", "--models", "dense"], "give KEY=VALUE pairs"),
         (["--config", "server.json", "--estimator", "reverse"], "either --config or --estimator"),
+        (
+            ["--chunk-window-tokens", "4", "--chunk-overlap-tokens", "4"],
+            "overlap_tokens 4 must be under window_tokens 4",
+        ),
+        (["--chunk-pooling", "sum"], "pooling: Input should be 'max', 'mean' or 'first'"),
     ],
 )
 def test_serve_flag_errors_are_one_line_exit_2(tmp_path, args, needle):

@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 
 from cisrank.api.app import create_app
 from cisrank.rerank.base import Reranker
+from cisrank.rerank.chunking import Chunking
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.rerank.registry import KINDS, load_reranker
 from cisrank.serving.config import BatchingConfig, RerankerSpec, ServerConfig
@@ -101,10 +102,14 @@ def tiny(tiny_gpt2_dir, tiny_bert_dir, ce_dir) -> TinyModels:
 
 
 @contextmanager
-def _served(reranker: Reranker, variant: Variant, passages: int | None) -> Iterator[TestClient]:
+def _served(
+    reranker: Reranker, variant: Variant, passages: int | None, chunking: Chunking | None = None
+) -> Iterator[TestClient]:
     batching = BatchingConfig() if passages is None else BatchingConfig(max_batch_passages=passages)
     config = ServerConfig(
-        rerankers={"served": RerankerSpec.model_validate(variant.spec)}, batching=batching
+        rerankers={"served": RerankerSpec.model_validate(variant.spec)},
+        batching=batching,
+        chunking=chunking or Chunking(),
     )
     app = create_app(config, rerankers={"served": reranker}, api_keys=[])
     with TestClient(app, raise_server_exceptions=True) as client:
@@ -170,3 +175,47 @@ def test_every_kind_is_served_as_the_library_ranks(kind, tiny):
                     _check(client, library, where)
         finally:
             pooled.close()
+
+
+# Long documents: several sentences each, the relevant one late in some, cut into windows of 6
+# tokens overlapping by 2 (the server's config), at most 4 windows a document (the request's).
+LONG = [
+    " ".join(SAMPLE_SENTENCES[i] for i in order)
+    for order in ([5, 6, 7, 4], [0, 1], [6, 7, 5, 2, 3], [2])
+]
+CHUNKING = Chunking(window_tokens=6, overlap_tokens=2, pooling="max")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_long_documents_are_served_as_the_library_chunks_them(kind, tiny):
+    variant = VARIANTS[kind](tiny)[0]
+    library = load_reranker(variant.kind, variant.model, **variant.options)
+    served = RerankerSpec.model_validate({**variant.spec, "workers": 1}).build(serving=True)
+    asked = CHUNKING.replace(max_chunks_per_doc=4)
+    want = library.rank(QUERY, LONG, chunking=asked)
+    assert want.chunks is not None and want.chunks.windows_dropped > 0
+    with _served(served, variant, 2, CHUNKING) as client:
+        body = {"query": QUERY, "documents": LONG, "max_chunks_per_doc": 4}
+        response = client.post("/v1/rerank", json={**body, "return_documents": True})
+        assert response.status_code == 200, response.text
+        answer = response.json()
+    got = answer["results"]
+    assert [r["index"] for r in got] == [r.index for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert w.best_chunk is not None
+        assert g["relevance_score"] == pytest.approx(w.score, abs=1e-5, rel=1e-5)
+        assert g["best_chunk"] == {
+            "start": w.best_chunk.start,
+            "end": w.best_chunk.end,
+            "score": pytest.approx(w.best_chunk.score, abs=1e-5, rel=1e-5),
+            "text": LONG[w.index][w.best_chunk.start : w.best_chunk.end],
+        }
+        assert w.best_chunk.end - w.best_chunk.start < len(LONG[w.index])  # a part, cut
+    chunks = want.chunks
+    assert answer["usage"] == {
+        "documents": 4,
+        "truncated_documents": 0,
+        "chunked_documents": chunks.chunked_documents,
+        "windows_scored": chunks.windows_scored,
+        "windows_dropped": chunks.windows_dropped,
+    }
