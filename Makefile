@@ -38,14 +38,18 @@ format: install
 	$(VENV)/bin/ruff format .
 
 SUITE_BUDGET_S ?= 600
+# pytest-xdist workers: one per core, at most 4 (each loads its own models: 1-2 GB a worker).
+# Tests go to workers one by one; the files sharing a Ray cluster or the DL19 embeddings go to one
+# (tests/conftest.py, pytest_xdist_make_scheduler).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: install lint  ## lint, then the test suite: its 25 slowest tests, then its wall time against the 10-minute budget on 2 cores
-	@start=$$(date +%s); $(VENV)/bin/pytest -q --durations=25; rc=$$?; took=$$(( $$(date +%s) - start )); \
+	@start=$$(date +%s); $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=25; rc=$$?; took=$$(( $$(date +%s) - start )); \
 	echo "test suite: $$took s of wall time (budget $(SUITE_BUDGET_S) s on 2 cores)"; \
 	if [ $$took -gt $(SUITE_BUDGET_S) ]; then echo "WARNING: the suite ran over its budget: the slowest tests are listed above"; fi; \
 	exit $$rc
 
 test-fast: install  ## the suite without the tests marked slow (real models over real data)
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadscope -m "not slow"
 
 # The declared floors, tested: .venv-min gets every dependency at the `>=` version pyproject.toml
 # names (tools/min_constraints.py), torch excepted (the 2.13.0 CPU wheel, as in .venv), and the

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,56 @@ def data_sets(tmp_path: Path) -> Path:
     write_set(root, "trec-dl21", ["105", "106"])
     write_set(root, "trec-dl19", ["101", "104", "106"])
     return root
+
+
+SHARED_WORK = {"ray_cluster": "ray", "encode_memo": "dl19-minilm"}
+"""Session fixtures whose work the tests that use them share: one Ray cluster of 2 CPUs; the
+DL19 pool's MiniLM embeddings (tests/encode_memo.py, about 100 s)."""
+
+
+@functools.cache
+def _shared_work_group(path: str) -> str | None:
+    """The group of the test file `path` (relative to the root): the first of `SHARED_WORK`'s
+    fixtures its text names, else None."""
+    try:
+        text = (REPO_ROOT / path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return next((group for name, group in SHARED_WORK.items() if name in text), None)
+
+
+class _GroupsFirst(OrderedDict):
+    """xdist's work queue with `SHARED_WORK`'s groups at its head, in their order: the longest
+    work units start first instead of ending the run on one worker, and a worker runs the Ray
+    tests before any other test can start a JVM in it (Lucene, pyserini): Ray's driver installs
+    its own SIGSEGV handler, which a JVM started before it needs for itself."""
+
+    def __setitem__(self, key: str, value: dict[str, bool]) -> None:
+        super().__setitem__(key, value)
+        if key in SHARED_WORK.values():
+            for group in reversed([g for g in SHARED_WORK.values() if g in self]):
+                self.move_to_end(group, last=False)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on a worker per core (`pytest -n N --dist loadscope`,
+    pytest-xdist). Tests go to workers one by one, as `--dist load` sends them (one run each on
+    this 2-core host: 538 s for the suite, 982 s sending whole files), except that the files
+    using one of `SHARED_WORK`'s fixtures go together, to one worker, first
+    (`_GroupsFirst`), so the work is done once, not once per worker, and two Ray clusters never
+    compete for the same cores. (xdist's own `xdist_group` marks are inert under pytest 9, which
+    keeps a node's id where xdist 3.8 no longer renames it; a file's text decides here.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None  # another --dist asked: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWorkScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            self.workqueue = _GroupsFirst()
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _shared_work_group(path) or nodeid
+
+    return SharedWorkScheduling(config, log)
