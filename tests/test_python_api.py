@@ -27,11 +27,34 @@ QUERY = "Who wrote Hamlet?"
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def _readme_python_api_example() -> str:
-    """The README's Python block that calls `cisrank.load_reranker`, as written there."""
+def _readme_python_api_example(marker: str = "top_n=3") -> str:
+    """The README's Python block that calls `cisrank.load_reranker` and holds `marker`, as
+    written there."""
     blocks = re.findall(r"^```python\n(.*?)^```$", README.read_text(encoding="utf-8"), re.S | re.M)
-    (example,) = [b for b in blocks if "cisrank.load_reranker(" in b]
+    (example,) = [b for b in blocks if "cisrank.load_reranker(" in b and marker in b]
     return example
+
+
+def _shown_after(example: str) -> list[str]:
+    shown = README.read_text(encoding="utf-8").split(example, 1)[1]
+    lines = re.search(r"```text\n(.*?)```", shown, re.S)
+    assert lines is not None, "the README shows no output after its example"
+    return lines.group(1).splitlines()
+
+
+def test_readme_long_document_example(capsys, monkeypatch):
+    """The README's long-document example, run as written with the shipped student on its
+    default runtime (the suite pins the cross-encoder to torch; a user's `auto` is not pinned):
+    it prints what the README shows, and the answer at the page's end is found by its best
+    window, not by the first."""
+    monkeypatch.delenv("CISRANK_ENCODER_BACKEND", raising=False)
+    example = _readme_python_api_example("chunking=")
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert capsys.readouterr().out.splitlines() == _shown_after(example)
+    page, hits = namespace["page"], namespace["hits"]
+    best = hits[0].best_chunk
+    assert hits[0].index == 0 and page[best.start : best.end].endswith("wrote Hamlet around 1600.")
 
 
 def test_readme_example_with_the_default_reranker(capsys):
@@ -42,10 +65,7 @@ def test_readme_example_with_the_default_reranker(capsys):
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)
     lines = capsys.readouterr().out.splitlines()
-    shown = README.read_text(encoding="utf-8").split(example, 1)[1]
-    shown_lines = re.search(r"```text\n(.*?)```", shown, re.S)
-    assert shown_lines is not None, "the README shows no output after its example"
-    assert lines == shown_lines.group(1).splitlines()
+    assert lines == _shown_after(example)
     assert len(lines) == 3 and lines[0].startswith("1 ")
     assert lines[0].endswith("William Shakespeare wrote Hamlet.")
     reranker, documents = namespace["reranker"], namespace["documents"]
