@@ -1,20 +1,20 @@
 """Server memory under many large concurrent bodies, with and without the in-flight bytes cap.
 
-Issue 15 (finding 5a): 64 concurrent 15 MB rerank bodies took a server from 0.69 to 4.23 GB.
-This starts `cisrank serve` on a free 127.0.0.1 port with a stand-in reranker (the word-overlap
-fake of the API tests, slowed to `--delay` s per model call: the bodies, not the model, are what
-is measured, and the fake has no weights to download), fires `--bodies` concurrent rerank requests
-of `--mb` MB each (500 documents of 30,000 characters for 15 MB), and reports the server's
-peak RSS (VmHWM), its RSS before and after, and the status codes (to
-`bench/results/body_admission.json`, or `body_admission_nocap.json`). Run it once per cap:
+Before the cap, 64 concurrent 15 MB rerank bodies took a server from 0.69 to 4.23 GB. This starts
+`cisrank serve` on a free 127.0.0.1 port with a stand-in reranker (the word-overlap fake of the API
+tests, slowed to `--delay` s per model call: the bodies, not the model, are what is measured, and
+the fake has no weights to download), fires `--bodies` concurrent rerank requests of `--mb` MB each
+(500 documents of 30,000 characters for 15 MB), and reports the server's peak RSS (VmHWM), its RSS
+before and after, and the status codes (to `bench/results/body_admission.json`, or
+`body_admission_nocap.json`). Run it once per cap:
 
     .venv/bin/python bench/body_admission.py                # the default cap, 256 MiB
     .venv/bin/python bench/body_admission.py --cap 0        # no cap (2 GiB): the issue's case
     .venv/bin/python bench/body_admission.py --chunked      # the same bodies sent chunked
 
 With `--chunked` every body is sent without a Content-Length, in pieces of 64 KiB `--pace-ms`
-apart, so that the bodies arrive together as over a network (issue 48, finding 5: 64 concurrent
-chunked 15 MB bodies were 0 served, against 17 with Content-Length).
+apart, so that the bodies arrive together as over a network (64 concurrent chunked 15 MB bodies were
+once 0 served, against 17 with Content-Length).
 
 The per-request and in-flight cost budgets are raised for the run so that every admitted body
 is really scored and held (the fake declares no tokenizer, so a 15 MB request costs its 15M

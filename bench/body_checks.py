@@ -1,14 +1,14 @@
 """The cost of refusing a hostile body, as a ratio to `json.loads` reading the same bytes.
 
-Issue 48 found two checks that were not linear: locating the one integer too long for Python
-among thousands of 4,300-digit runs (the regex restarted at every digit: 74 s on 16.6 MB), and
-locating a lone surrogate under 63 levels of nesting (the body was re-encoded once per level:
-3.9 s on 15 MB). Both are one pass at C speed now (`cisrank.api.body`). A wall-clock bound in a
-unit test failed on a loaded CI host (the ratio moves with the CPU and its load), so the speed is
-measured here, interleaved against the parser in one process, and the unit tests check what the
-locators answer and, where it can be counted, the work they hand to json.
+Two checks were not linear: locating the one integer too long for Python among thousands of
+4,300-digit runs (the regex restarted at every digit: 74 s on 16.6 MB), and locating a lone
+surrogate under 63 levels of nesting (the body was re-encoded once per level: 3.9 s on 15 MB). Both
+are one pass at C speed now (`cisrank.api.body`). A wall-clock bound in a unit test failed on a
+loaded CI host (the ratio moves with the CPU and its load), so the speed is measured here,
+interleaved against the parser in one process, and the unit tests check what the locators answer
+and, where it can be counted, the work they hand to json.
 
-    .venv/bin/python bench/body_checks.py            # issue 48's sizes (about 15 MB a body)
+    .venv/bin/python bench/body_checks.py            # full size (about 15 MB a body)
     .venv/bin/python bench/body_checks.py --scale 0.1
 
 Each body is refused `--repeats` times, alternating with `json.loads` of the same body (of its
@@ -30,14 +30,14 @@ from cisrank.api.body import BodyError, read_json_body
 
 
 def long_integers(scale: float) -> tuple[bytes, bytes]:
-    """Issue 48's first body: runs of 4,300 digits (which Python reads), then one of 5,000."""
+    """The long-integer body: runs of 4,300 digits (which Python reads), then one of 5,000."""
     runs = b",".join([b"1" * 4300] * max(1, int(3860 * scale)))
     head = b'{"query": "q", "x": [' + runs + b"]"
     return head + b', "top_n": -' + b"7" * 5000 + b"}", head + b"}"
 
 
 def nested_surrogate(items: int) -> bytes:
-    """Issue 48's fourth body: `items` strings of 40 characters then a lone surrogate, at the
+    """The nested-surrogate body: `items` strings of 40 characters then a lone surrogate, at the
     bottom of 63 levels of arrays and objects, the big member first (also bench/hostile.py's)."""
     value: object = ["x" * 40] * items + ["\ud800"]
     for i in range(62):
@@ -51,7 +51,7 @@ def deep_surrogate(scale: float) -> tuple[bytes, bytes]:
 
 
 def many_members(scale: float) -> tuple[bytes, bytes]:
-    """Issue 15's body: 400,000 tiny arrays, then a lone surrogate."""
+    """A body of many members: 400,000 tiny arrays, then a lone surrogate."""
     n = max(1, int(400_000 * scale))
     raw = b'{"documents": [' + b",".join([b"[]"] * n) + b', "\\ud800"]}'
     return raw, raw
@@ -78,7 +78,7 @@ def median_seconds(calls: dict[str, Callable[[], object]], repeats: int) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scale", type=float, default=1.0, help="body size, 1 = issue 48's")
+    ap.add_argument("--scale", type=float, default=1.0, help="body size, 1 = about 15 MB")
     ap.add_argument("--repeats", type=int, default=5)
     add_tag_option(ap)
     args = ap.parse_args()

@@ -1,5 +1,5 @@
 """Model-thread time per budget token across scripts: English, CJK, emoji and U+10000+ text of the
-same cost (issue 48, finding 3, acceptance 2).
+same cost.
 
 A request's cost is what admission, slicing and the per-request limit count. It was characters /
 4; SmolLM2 reads a character from U+10000 up as 4 tokens, so such text cost 16x its estimate in

@@ -1,10 +1,10 @@
 """The floor under a CIS evaluation: the model FLOPs of every pair, against this CPU's matmul peak.
 
-Issue 29 asks for DL19 at depth 100 (reverse estimator, SmolLM2-135M) in 12 minutes on two
-cores. Whether any float32 engine can get there is arithmetic, not tuning: count the matmul FLOPs
-of exactly the rows the engine runs (BOS, the UPR template around the passage cut to
-`max_doc_tokens`, the query; the LM head at the query's positions only, as `reverse_batch` does),
-divide by the attainable float32 matmul rate, and compare with the wall time of a real run.
+The target is DL19 at depth 100 (reverse estimator, SmolLM2-135M) in 12 minutes on two cores.
+Whether any float32 engine can get there is arithmetic, not tuning: count the matmul FLOPs of
+exactly the rows the engine runs (BOS, the UPR template around the passage cut to `max_doc_tokens`,
+the query; the LM head at the query's positions only, as `reverse_batch` does), divide by the
+attainable float32 matmul rate, and compare with the wall time of a real run.
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/cis_floor.py \
         --model smollm2-135m-instruct --dataset trec-dl19 --depth 100 \

@@ -1,11 +1,11 @@
 """A worker per core against one process with two threads, for the CIS reranker, in one run.
 
-Issue 29's second bar: the default (`--workers` = cores, one torch thread each) against
+The workers' bar: the default (`--workers` = cores, one torch thread each) against
 `--workers 1 --threads-per-worker 2` (the behaviour before workers), with identical scores. Both
 rerankers are loaded once, as `cisrank eval` loads them (`RerankerSpec.build`), and score the same
 DL19 queries' BM25 top `--depth`, alternating which goes first query by query so that load from
-other processes hits both alike. The torch thread count of this process is set before each call
-(the pooled reranker's own copy runs one thread, the single one two).
+other processes hits both alike. The torch thread count of this process is set before each call (the
+pooled reranker's own copy runs one thread, the single one two).
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/cis_workers.py \
         --model smollm2-135m-instruct [--queries 10 --depth 100]

@@ -1,4 +1,4 @@
-"""Speed of RAG context assembly and entropy-based decoding against plain transformers (issue 14).
+"""Speed of RAG context assembly and entropy-based decoding against plain transformers.
 
 Two ratios, each measured in one run on the same model, prompts and machine:
 

@@ -1,12 +1,13 @@
 """The cross-encoder's CPU batch size, per runtime, against sentence-transformers'
 `CrossEncoder.rank` with its defaults on the same weights, interleaved.
 
-Why: cisrank's torch path trailed `CrossEncoder.rank` (0.82x on an AVX2 host, issue 45) although
-both run the same model on the same threads; the one difference that matters is the batch. Pairs
-sorted by length pad little at any batch size, so torch's matrix products gain from large
-batches, while ONNX Runtime's dynamic int8 does best with small ones. This measures pairs/s for
-each runtime at each batch size, rotating the order request by request so that load from
-elsewhere hits every setting alike.
+Why: cisrank's torch path trailed `CrossEncoder.rank` (0.82x on an AVX2 host:
+bench/archive/RESULTS-to-2026-12-02.md, "The cross-encoder's batch on a CPU") although both run the
+same model on the same threads; the one difference that matters is the batch. Pairs sorted by length
+pad little at any batch size, so torch's matrix products gain from large batches, while ONNX
+Runtime's dynamic int8 does best with small ones. This measures pairs/s for each runtime at each
+batch size, rotating the order request by request so that load from elsewhere hits every setting
+alike.
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/cross_encoder_batch.py \
         [--model cisrank-student] [--sizes 8,16,32,64,128] [--queries 8]

@@ -1,4 +1,4 @@
-"""CIS on a GPU (issue 29's GPU path): bf16 and large batches against float32, on DL19.
+"""CIS on a GPU: bf16 and large batches against float32, on DL19.
 
 Model: SmolLM2-135M-Instruct's architecture and tokenizer (its config.json and tokenizer files,
 `--model-config`) with seeded random weights: the arithmetic and the token counts of the real

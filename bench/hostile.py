@@ -1,6 +1,6 @@
-"""A hostile client against a real `cisrank serve` (issue 48, acceptance 8): the cases of the
-issue's probe replayed, then a fuzz of every route, reporting every 5xx, the server's memory and
-the worst latency a well-behaved neighbour saw.
+"""A hostile client against a real `cisrank serve`: the cases of the first hostile probe replayed,
+then a fuzz of every route, reporting every 5xx, the server's memory and the worst latency a
+well-behaved neighbour saw.
 
 The server serves a CIS reranker (`--model`, SmolLM2 by default) and a dense one (`--dense-model`),
 or with `--tiny` a tiny GPT-2 (byte-level BPE) and a tiny BERT built here in a minute, with its
@@ -10,7 +10,7 @@ within the request timeout on a CPU). A neighbour thread sends a small `/v1/rera
 `/healthz` every 0.25 s throughout, except while a case overloads the server on purpose (the
 burst and the flood, whose 503s are the point); a sampler reads the server's RSS every 50 ms.
 
-The cases, each with the answer it must get (the issue's figure before in brackets):
+The cases, each with the answer it must get (the probe's figure before in brackets):
 
 - a 16.6 MB body of 3,850 runs of 4,300 digits and a 5,000-digit `top_n`: 400 after less than
   0.5 s of server CPU, the healthz probe never waiting 0.5 s more than it does idle [400 after
@@ -47,13 +47,13 @@ wall-clock figures many times: here, under a load of 10, a request of 0.2 s of s
 2.5-7 s); wall-clock seconds are reported beside them.
     CISRANK_DATA_DIR=../shared/data HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile.py
 
-`--issue61` runs instead the second probe's holes 1, 2, 4 and 5 (issue 61) against a real
+`--issue61` runs instead the second probe's holes 1, 2, 4 and 5 against a real
 `cisrank serve --workers 2` with API keys on and a weightless reranker (tests/api/api_fakes), in
-about a minute: 17 sockets without a key that each declare a 16 MB body, while 20 clients with
-the key send 1 MB bodies (none may be refused); 32 clients that ask for a 4 MB answer and never
-read it (peak RSS within the documented bound, every held one cut at the send timeout); 400
-pipelined heads in one write (all answered) and a client hanging up mid pipelined answer (no
-ERROR in the log); then `kill -9` of the parent (no worker left, the port free).
+about a minute: 17 sockets without a key that each declare a 16 MB body, while 20 clients with the
+key send 1 MB bodies (none may be refused); 32 clients that ask for a 4 MB answer and never read it
+(peak RSS within the documented bound, every held one cut at the send timeout); 400 pipelined heads
+in one write (all answered) and a client hanging up mid pipelined answer (no ERROR in the log); then
+`kill -9` of the parent (no worker left, the port free).
 
     .venv/bin/python bench/hostile.py --issue61
 """
@@ -314,9 +314,9 @@ def healthz_baseline(url: str, seconds: float = 2.0) -> float:
 
 def run_cases(server: Server, neighbour: Neighbour, sampler: Sampler, args: Any) -> list[dict]:
     """Each case's answer and figures. Where a case bounds time, the bound is on the server's CPU
-    seconds (the work it did before answering: what the issue's fixes bound, and what a loaded
-    host does not inflate); wall-clock seconds are reported beside them. The healthz probe's
-    worst wait is judged against its worst with nothing in flight (`healthz_baseline`)."""
+    seconds (the work it did before answering: what the fixes bound, and what a loaded host does not
+    inflate); wall-clock seconds are reported beside them. The healthz probe's worst wait is judged
+    against its worst with nothing in flight (`healthz_baseline`)."""
     url, port = server.url, server.port
     rng = random.Random(48)
     cases: list[dict] = []
@@ -721,7 +721,7 @@ def run_fuzz(url: str, n: int, concurrency: int, seed: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ main
 
 
-# ------------------------------------------------------------------ the second probe (issue 61)
+# ---------------------------------------------------------------------------- the second probe
 
 KEY = "bench-hostile-key-0123456789"
 FAKES = HERE.parent / "tests" / "api"
@@ -780,7 +780,7 @@ def _status_of(sock: socket.socket) -> int:
 
 
 def run_issue61(args: Any) -> None:
-    """Holes 1, 2, 4 and 5 of issue 61 at the issue's loads (see the module doc)."""
+    """The second probe's holes 1, 2, 4 and 5 at its loads (see the module doc)."""
     budget_mib = args.response_budget_mib
     config = {
         "rerankers": {"fake": {"kind": "api_fakes:slow_reranker", "options": {"delay": 0.0}}},

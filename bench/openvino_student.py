@@ -1,10 +1,10 @@
 """OpenVINO against ONNX Runtime for the distilled student, one core each, on this CPU.
 
-Issue 30 asks the student to be served through ONNX Runtime "or OpenVINO", int8 where the CPU
-rewards it. cisrank serves it through ONNX Runtime (`--backend onnx`); this script measures
-whether OpenVINO would pay instead, so that the choice rests on a figure. The OpenVINO runners
-reuse the reranker's own tokenization, length batching and padding (they stand in for its ONNX
-Runtime session), so every path scores the same batches:
+The student was to be served through ONNX Runtime "or OpenVINO", int8 where the CPU rewards it.
+cisrank serves it through ONNX Runtime (`--backend onnx`); this script measures whether OpenVINO
+would pay instead, so that the choice rests on a figure. The OpenVINO runners reuse the reranker's
+own tokenization, length batching and padding (they stand in for its ONNX Runtime session), so every
+path scores the same batches:
 
 - ONNX Runtime float32 and int8: cisrank's `backend="onnx"` (fused graph; int8 = dynamic,
   per-channel weights);

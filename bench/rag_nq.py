@@ -1,4 +1,4 @@
-"""RAG context assembly on real NQ-Open questions (issue 14): gold position, curvature, accuracy.
+"""RAG context assembly on real NQ-Open questions: gold position, curvature, accuracy.
 
 Data: `nq-open-lim/nq-open-oracle.first2000.jsonl.gz` (the lost-in-the-middle NQ-Open oracle
 file: question, answers, the one gold Wikipedia passage). Its 2,000 gold passages are the pool

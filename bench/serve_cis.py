@@ -1,5 +1,5 @@
 """A 100-passage `/v1/rerank` with the CIS reranker: one process of two torch threads (the
-service before issue 29) against a worker per core (its default now), interleaved.
+service before workers) against a worker per core (its default now), interleaved.
 
 Starts two `cisrank serve` processes on free ports, the same CIS reranker (SmolLM2-135M-Instruct,
 reverse estimator, UPR template) in each, one with `workers: 1, threads_per_worker: 2`, the

@@ -1,17 +1,18 @@
 """The distilled student against the torch CIS engine it replaces, as `cisrank eval` runs both.
 
-Issue 30's speed bar: the student's throughput is at least 20x the torch CIS engine's on this
-CPU (on a CPU with native bf16, where CIS computes in bf16 by default, against that default
-too). Every reranker is loaded as `cisrank eval` loads it with its defaults (`RerankerSpec.build`:
-a worker per core, one torch thread each), CIS as the reverse estimator on torch float32, the
-student on PyTorch float32 and through ONNX Runtime float32 and int8; all score the same DL19
-queries' BM25 top `--depth`, 8 queries to a call as `cisrank eval` sends them, the order rotated
-call by call, so that a ratio holds whatever else the machine runs. Scores are compared too: each ONNX path against the PyTorch student.
+The student's speed bar: its throughput is at least 20x the torch CIS engine's on this CPU (on a CPU
+with native bf16, where CIS computes in bf16 by default, against that default too). Every reranker
+is loaded as `cisrank eval` loads it with its defaults (`RerankerSpec.build`: a worker per core, one
+torch thread each), CIS as the reverse estimator on torch float32, the student on PyTorch float32
+and through ONNX Runtime float32 and int8; all score the same DL19 queries' BM25 top `--depth`, 8
+queries to a call as `cisrank eval` sends them, the order rotated call by call, so that a ratio
+holds whatever else the machine runs. Scores are compared too: each ONNX path against the PyTorch
+student.
 
 `--base NAME=MODEL` (repeatable) adds a cross-encoder of another base beside them, on PyTorch
 float32 and ONNX Runtime int8: the base's encoder with a seeded, untrained one-logit head, which
-costs exactly what a trained student of that base would (issue 30 asks for the bases' speed side
-by side; a student of all-mpnet-base-v2 takes this CPU far longer to train than to time).
+costs exactly what a trained student of that base would (the bases' speeds side by side without
+training them: a student of all-mpnet-base-v2 takes this CPU far longer to train than to time).
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/student_speed.py \
         --student out/student [--cis-model smollm2-135m-instruct --queries 16 --depth 100] \

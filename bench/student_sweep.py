@@ -1,4 +1,4 @@
-"""A grid of student trainings, several seeds each, chosen on DL21 dev only (issue 30).
+"""A grid of student trainings, several seeds each, chosen on DL21 dev only.
 
 One pass of the recipe costs about 85 minutes on this 2-core CPU, so the choices of
 `make student` (loss, steps) were first made one run at a time, and one run's dev figure moves by

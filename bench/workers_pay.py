@@ -1,5 +1,5 @@
-"""Workers only where they pay (issue 45): `cisrank rerank` of three passages with the default
-worker count against `--workers 1`, and a large evaluation that still starts a worker per core.
+"""Workers only where they pay: `cisrank rerank` of three passages with the default worker count
+against `--workers 1`, and a large evaluation that still starts a worker per core.
 
 Each setup runs as the user runs it, `cisrank ...` in a fresh process, timed from start to exit,
 with the peak resident memory of its whole process tree and the most processes it ran at once

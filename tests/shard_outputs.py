@@ -2,9 +2,9 @@
 
 `tests/shard_outputs.json` holds the outputs of the dense build, the prior job and teacher
 scoring on the exact models of `cisrank.testing` (integer-valued embeddings and log-probabilities,
-scores read from a file), built at 588e04d, before the jobs shared one shard runner (issue 47).
-`build(root)` builds the same outputs with the code at hand (on a Ray cluster already started),
-and `summarize` reduces a folder to what must not change:
+scores read from a file), built at 588e04d, before the jobs shared one shard runner. `build(root)`
+builds the same outputs with the code at hand (on a Ray cluster already started), and `summarize`
+reduces a folder to what must not change:
 
 - `.npy` and `.index` files: their sha256 (the bytes) and, for arrays, the values;
 - Parquet files: the schema and every row (a byte comparison would also compare the writing

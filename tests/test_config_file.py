@@ -1,5 +1,5 @@
 """`read_config_file`, the reader of `serve --config` and of rerankers files, holds a file to the
-API's caps (issue 61, hole 8): size, UTF-8 by line, nesting depth, integer length."""
+API's caps: size, UTF-8 by line, nesting depth, integer length."""
 
 import pytest
 

@@ -2,7 +2,7 @@
 
 import-linter (`make lint`) checks the floors between packages, but not circles between modules
 of one package, and Python hides a circle closed by an import inside a function until that
-function runs (issue 28 found `api/assembly.py` <-> `api/service.py` that way). This test reads
+function runs (`api/assembly.py` <-> `api/service.py` was found that way). This test reads
 every module's source with `ast` and takes every import at any depth: inside functions, under
 `if TYPE_CHECKING:`, in `try` blocks. `from a import b` counts as importing module `a.b` where
 `a/b.py` exists, else `a`; relative imports are resolved; and importing `a.b.c` counts as

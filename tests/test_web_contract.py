@@ -1,6 +1,6 @@
 """Only `cisrank/api/` speaks HTTP: no module outside it imports FastAPI or Starlette, at any
-depth of its source (issue 47), and the import-linter contract that says so names every package
-and leaf of `cisrank` but `api` (a new package must be added to it, or it goes unchecked)."""
+depth of its source, and the import-linter contract that says so names every package and leaf of
+`cisrank` but `api` (a new package must be added to it, or it goes unchecked)."""
 
 from __future__ import annotations
 

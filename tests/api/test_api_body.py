@@ -64,8 +64,8 @@ def test_locating_a_lone_surrogate_among_many_members_stays_linear(monkeypatch):
 
 
 def test_an_integer_of_more_than_4300_digits_is_400_naming_its_offset():
-    """Issue 32, finding 1: `json.loads` raises a bare ValueError (no position) for an integer
-    of more digits than Python converts; it was a 500 on every JSON route."""
+    """`json.loads` raises a bare ValueError (no position) for an integer of more digits than Python
+    converts; it was a 500 on every JSON route."""
     raw = b'{"query": "q",\n "top_n": 1' + b"0" * 5000 + b"}"
     error = _error(raw)
     assert (error.status, error.field, error.kind) == (400, "body", "json_invalid")
@@ -107,7 +107,7 @@ def test_a_huge_integer_is_400_on_every_json_route(make_client, path):
     ]
 
 
-# ---- issue 48: every check before the work is linear in the body
+# ---- every check before the work is linear in the body
 
 
 def _located_with_json_work(raw: bytes, monkeypatch) -> tuple[BodyError | None, int]:
@@ -137,11 +137,11 @@ def _located_with_json_work(raw: bytes, monkeypatch) -> tuple[BodyError | None, 
 
 
 def test_locating_a_long_integer_among_many_long_runs_is_linear():
-    """Issue 48, finding 1: a body of 100 runs of 4,300 digits then one of 5,000 (0.44 MB) took
-    1.9 s to locate (the regex restarted at every digit of every run: quadratic; 16.6 MB took
-    74 s), against a few milliseconds for `json.loads` to refuse it. Located in one linear pass
-    now, before the parser converts a single one of them, within a small multiple of the time
-    the parser takes to read the same body (bench/body_checks.py: 0.53 of it on 16.6 MB)."""
+    """A body of 100 runs of 4,300 digits then one of 5,000 (0.44 MB) took 1.9 s to locate (the
+    regex restarted at every digit of every run: quadratic; 16.6 MB took 74 s), against a few
+    milliseconds for `json.loads` to refuse it. Located in one linear pass now, before the parser
+    converts a single one of them, within a small multiple of the time the parser takes to read the
+    same body (bench/body_checks.py: 0.53 of it on 16.6 MB)."""
     runs = b",".join([b"1" * 4300] * 100)
     raw = b'{"query": "q", "x": [' + runs + b'],\n "top_n": -' + b"7" * 5000 + b"}"
     error = _error(raw)
@@ -251,12 +251,12 @@ def test_the_lone_surrogate_named_is_the_brute_force_walks_first():
 
 
 def test_a_lone_surrogate_under_63_levels_is_located_in_one_pass(monkeypatch):
-    """Issue 48, finding 4: a large body nested 63 deep with a lone surrogate at the bottom was
-    re-encoded once per level while locating it (halving each container's members encoded the
-    first one, which holds all the rest, at every level: 15 MB took 3.9 s, the event loop
-    stalled; 0.2 s without the surrogate). One pass over the bytes now, handing json only the
-    31 keys on the path and the string itself (bench/body_checks.py measures it: about 5 times
-    the parser's time on the 15 MB body, against about 60 before)."""
+    """A large body nested 63 deep with a lone surrogate at the bottom was re-encoded once per level
+    while locating it (halving each container's members encoded the first one, which holds all the
+    rest, at every level: 15 MB took 3.9 s, the event loop stalled; 0.2 s without the surrogate).
+    One pass over the bytes now, handing json only the 31 keys on the path and the string itself
+    (bench/body_checks.py measures it: about 5 times the parser's time on the 15 MB body, against
+    about 60 before)."""
     leaf = ["x" * 40] * 100_000 + ["\ud800"]
     value: object = leaf
     for i in range(62):
@@ -270,10 +270,9 @@ def test_a_lone_surrogate_under_63_levels_is_located_in_one_pass(monkeypatch):
 
 
 def test_a_large_body_is_read_off_the_event_loop(make_client, monkeypatch):
-    """Issue 48, finding 1: the body was decoded, parsed and checked on the event loop, which
-    stalled `/healthz` for as long (74 s on the 16.6 MB body of long integers). A body over
-    `OFF_LOOP_BYTES` is read in a worker thread; a small one stays on the loop (a thread hop
-    costs more than reading it)."""
+    """The body was decoded, parsed and checked on the event loop, which stalled `/healthz` for as
+    long (74 s on the 16.6 MB body of long integers). A body over `OFF_LOOP_BYTES` is read in a
+    worker thread; a small one stays on the loop (a thread hop costs more than reading it)."""
     import asyncio
 
     from api_fakes import OverlapReranker

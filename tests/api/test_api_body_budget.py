@@ -1,7 +1,7 @@
-"""Admission control on request-body bytes (issue 15, finding 5a), through a real uvicorn with raw
-sockets: once the bodies in flight would pass `max_inflight_body_bytes`, the next request gets
-503 + Retry-After with the JSON error body, before its body is read: a declared one is refused
-with not a byte of it sent, a chunked one after the chunk that went over, unterminated."""
+"""Admission control on request-body bytes, through a real uvicorn with raw sockets: once the bodies
+in flight would pass `max_inflight_body_bytes`, the next request gets 503 + Retry-After with the
+JSON error body, before its body is read: a declared one is refused with not a byte of it sent, a
+chunked one after the chunk that went over, unterminated."""
 
 from __future__ import annotations
 
@@ -132,9 +132,9 @@ def _post_whole_body(host: str, port: int, body: bytes, chunked: bool) -> tuple[
 
 
 def test_every_client_refused_by_the_budget_reads_its_503(live_server):
-    """Issue 32, finding 5: the early 503 was sent and the connection closed with the body
-    unread, which resets it and discards the answer: 47 of 64 concurrent 15 MB uploads saw no
-    response. The rest of a refused body is now read and dropped (never held) before closing."""
+    """The early 503 was sent and the connection closed with the body unread, which resets it and
+    discards the answer: 47 of 64 concurrent 15 MB uploads saw no response. The rest of a refused
+    body is now read and dropped (never held) before closing."""
     cap = 8 * 1024 * 1024
     cfg = config_for(
         ["ov"],
@@ -214,11 +214,11 @@ def _upload(host: str, port: int, body: bytes, chunked: bool, go: threading.Barr
 
 
 def test_chunked_bodies_are_admitted_as_bodies_with_a_content_length_are(live_server):
-    """Issue 48, finding 5: 24 concurrent chunked 15 MB bodies got 0 answers where 16 of 24
-    with a Content-Length were served (64: 0 of 64): each chunked body held part of the budget
-    and each was refused at its next chunk. Now an older chunked body takes the bytes of
-    younger ones: 8 concurrent 300 KB uploads against a 1 MiB budget serve as many chunked as
-    sized (3), and every other client reads 503 + Retry-After."""
+    """Before, 24 concurrent chunked 15 MB bodies got 0 answers where 16 of 24 with a Content-Length
+    were served (64: 0 of 64): each chunked body held part of the budget and each was refused at its
+    next chunk. Now an older chunked body takes the bytes of younger ones: 8 concurrent 300 KB
+    uploads against a 1 MiB budget serve as many chunked as sized (3), and every other client reads
+    503 + Retry-After."""
     reranker = OverlapReranker(delay=0.5)  # the served hold their bytes while the rest arrive
     cfg = config_for(
         ["ov"],

@@ -1,6 +1,6 @@
-"""The API reads what rerankers and retrievers declare (issue 28): each reranker kind declares its
-own tokenizer, pair-token limit, causal LM and prior store, and the services use exactly those,
-whatever the reranker's class; a retriever declares its document store."""
+"""The API reads what rerankers and retrievers declare: each reranker kind declares its own
+tokenizer, pair-token limit, causal LM and prior store, and the services use exactly those, whatever
+the reranker's class; a retriever declares its document store."""
 
 from __future__ import annotations
 

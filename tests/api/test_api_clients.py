@@ -1,6 +1,6 @@
-"""Clients' habits (issue 45): OpenAI, TEI and infinity clients name a model by its id, probe
-TEI's `GET /health` and `GET /info`, read `/openapi.json` for every route, and open `/docs` on
-hosts without internet."""
+"""Clients' habits: OpenAI, TEI and infinity clients name a model by its id, probe TEI's
+`GET /health` and `GET /info`, read `/openapi.json` for every route, and open `/docs` on hosts
+without internet."""
 
 from __future__ import annotations
 

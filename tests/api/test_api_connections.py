@@ -1,8 +1,7 @@
-"""What a connection may send before its request reaches the app (issue 48, finding 2): a head of
-bounded size and line count (431), a head deadline (408), a connection cap below the descriptor
-limit (503 + Retry-After at once), and no server thread dying of EMFILE. Raw sockets against a
-real `cisrank serve` (the wiring) and an in-process uvicorn with the guarded protocol (the rules,
-with small limits)."""
+"""What a connection may send before its request reaches the app: a head of bounded size and line
+count (431), a head deadline (408), a connection cap below the descriptor limit (503 + Retry-After
+at once), and no server thread dying of EMFILE. Raw sockets against a real `cisrank serve` (the
+wiring) and an in-process uvicorn with the guarded protocol (the rules, with small limits)."""
 
 from __future__ import annotations
 

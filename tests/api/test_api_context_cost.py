@@ -1,6 +1,6 @@
-"""The cost of `/v1/context` and `/v1/generate` is the rendered prompt's (issue 32, findings 2-3):
-reserved template fields, every reference of a field or of a passage's text, ids, capped fields
-and ids, and a character bound that refuses before anything is rendered or tokenized."""
+"""The cost of `/v1/context` and `/v1/generate` is the rendered prompt's: reserved template fields,
+every reference of a field or of a passage's text, ids, capped fields and ids, and a character bound
+that refuses before anything is rendered or tokenized."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Cost bounds and fair scheduling (issue 15, finding 5b/5c): a request costs the tokens of its
-(query, passage) pairs (UTF-8 bytes for these fakes, which declare no tokenizer; the model's own
-tokens are `test_api_tokens.py`'s); one request over `max_request_cost` gets 422 naming `documents`, work over a
-reranker's `max_inflight_cost` gets 503 + Retry-After, and a heavy request is scored in slices
+"""Cost bounds and fair scheduling: a request costs the tokens of its (query, passage) pairs (UTF-8
+bytes for these fakes, which declare no tokenizer; the model's own tokens are
+`test_api_tokens.py`'s); one request over `max_request_cost` gets 422 naming `documents`, work over
+a reranker's `max_inflight_cost` gets 503 + Retry-After, and a heavy request is scored in slices
 bounded by tokens, interleaved with small requests, so a small request behind it waits about one
 slice. Slowness is counted in model calls and tokens, never in wall time."""
 

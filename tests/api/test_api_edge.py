@@ -1,9 +1,9 @@
 """Hostile bodies at the edge, through a real uvicorn server and one keep-alive connection.
 
-Issue 15, findings 1 (edge part), 2 and 11: text holding a lone UTF-16 surrogate (JSON `"\\ud800"`)
-in any string field is a 4xx naming the field, never a 500 and never scored; a body the server
-cannot parse says why (not UTF-8, nested too deep, truncated where, no or the wrong Content-Type);
-and after any error, a 500 included, the same keep-alive connection answers the next request.
+Text holding a lone UTF-16 surrogate (JSON `"\\ud800"`) in any string field is a 4xx naming the
+field, never a 500 and never scored; a body the server cannot parse says why (not UTF-8, nested too
+deep, truncated where, no or the wrong Content-Type); and after any error, a 500 included, the same
+keep-alive connection answers the next request.
 
 The server runs in a thread of this process (uvicorn on a socket bound to 127.0.0.1:0), so the
 test sees the reranker's calls; the client is one `http.client.HTTPConnection`, whose socket the

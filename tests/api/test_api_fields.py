@@ -1,7 +1,7 @@
-"""One name per idea, and no silently ignored field (issue 32, finding 13): the result count is
-`top_n` in every request (`top_k` accepted as its alias) and `--top-n` in every verb (`--top-k`
-and `-k` its aliases); an unknown request field is a 422 naming it, except the documented fields
-of the Cohere and TEI rerank shapes, which are accepted."""
+"""One name per idea, and no silently ignored field: the result count is `top_n` in every request
+(`top_k` accepted as its alias) and `--top-n` in every verb (`--top-k` and `-k` its aliases); an
+unknown request field is a 422 naming it, except the documented fields of the Cohere and TEI rerank
+shapes, which are accepted."""
 
 from __future__ import annotations
 

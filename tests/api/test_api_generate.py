@@ -122,10 +122,10 @@ def test_generation_stops_at_its_deadline(make_client, cis):
 
 
 def test_non_finite_decoding_inputs_are_422_naming_the_field(make_client, cis):
-    """Issue 32, finding 6: NaN or Infinity in `scores` (JSON's non-standard constants, which
-    Python's parser reads), a `tau` so small that softmax(-H / tau) is NaN and a `beta` so large
-    that the contrast is inf - inf answered 200 with tokens [0, 0, ...] and null weights; a
-    `scores` of the wrong length with a non-replug decoding was an IndexError (500)."""
+    """Before, NaN or Infinity in `scores` (JSON's non-standard constants, which Python's parser
+    reads), a `tau` so small that softmax(-H / tau) is NaN and a `beta` so large that the contrast
+    is inf - inf answered 200 with tokens [0, 0, ...] and null weights; a `scores` of the wrong
+    length with a non-replug decoding was an IndexError (500)."""
     client = make_client({"cis": cis})
     base = json.dumps({"query": QUESTION, "documents": _docs(3), "max_new_tokens": 2})[:-1]
     cases = [

@@ -1,6 +1,6 @@
-"""A client that hangs up while its answer is generated (issue 32, finding 4), over a real uvicorn
-with the tiny CIS reranker: the decoding loop stops at its next token, the request is counted as a
-client abort (499), never as a 503 timeout, and the next request is served at once."""
+"""A client that hangs up while its answer is generated, over a real uvicorn with the tiny CIS
+reranker: the decoding loop stops at its next token, the request is counted as a client abort (499),
+never as a 503 timeout, and the next request is served at once."""
 
 from __future__ import annotations
 

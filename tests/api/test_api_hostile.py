@@ -1,4 +1,4 @@
-"""A hostile client against a real uvicorn (issue 61): what it costs others, measured on loopback
+"""A hostile client against a real uvicorn: what it costs others, measured on loopback
 with raw sockets and small loads.
 
 - No key, no budget: a client without a valid key is answered 401 from its request head, and

@@ -1,5 +1,5 @@
 """A request whose text makes the model raise fails alone: the requests that shared its model
-batch are retried without it and get their exact scores (issue 15, finding 1)."""
+batch are retried without it and get their exact scores."""
 
 from __future__ import annotations
 

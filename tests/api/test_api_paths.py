@@ -1,9 +1,9 @@
 """No HTTP answer carries a server path, and a server fault is never blamed on the client.
 
-Issue 15, finding 7: a damaged document store row answered 400 `invalid_request` with the
-absolute file path; `/readyz` (open even when API keys are set) and every 503 carried the load
-error with its paths; `/v1/models` listed absolute index paths. Each test here serves indexes and
-model folders from pytest's temporary folders and scans every answer for that folder.
+Before: a damaged document store row answered 400 `invalid_request` with the absolute file path;
+`/readyz` (open even when API keys are set) and every 503 carried the load error with its paths;
+`/v1/models` listed absolute index paths. Each test here serves indexes and model folders from
+pytest's temporary folders and scans every answer for that folder.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""`cisrank serve` at its start (issue 32, findings 8, 10 and the serve part of 15): a damaged
-prior store refuses the start as `index verify` refuses it (and a store damaged later is a 500
-naming the reranker and the store); a model that cannot load stops the server with one line; a
-port in use is one line and exit 2; "ready on http://HOST:PORT" once loaded; the help lists the
-real kinds and every route."""
+"""`cisrank serve` at its start: a damaged prior store refuses the start as `index verify` refuses
+it (and a store damaged later is a 500 naming the reranker and the store); a model that cannot load
+stops the server with one line; a port in use is one line and exit 2; "ready on http://HOST:PORT"
+once loaded; the help lists the real kinds and every route."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`cisrank serve --workers N`: its workers die with it, and a restarted worker takes no request
-before its models are loaded (issue 61, hole 4). A real `cisrank serve` subprocess."""
+before its models are loaded. A real `cisrank serve` subprocess."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Served equals library (issue 45): every reranker kind, served, answers what
+"""Served equals library: every reranker kind, served, answers what
 `load_reranker(kind, model, **options).rank` answers on the same input.
 
 Each kind of the registry (`KINDS`) is served on `/v1/rerank`, `/v2/rerank` and `/rerank` (in

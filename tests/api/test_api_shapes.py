@@ -1,6 +1,6 @@
-"""The shapes users bring (issue 32, finding 14): Hugging Face TEI's `POST /rerank` with `texts`
-(answered as TEI's list of `{index, score, text?}`), and OpenAI's `POST /v1/embeddings` for a
-served dense reranker, through the official `openai` client against a real uvicorn."""
+"""The shapes users bring: Hugging Face TEI's `POST /rerank` with `texts` (answered as TEI's list of
+`{index, score, text?}`), and OpenAI's `POST /v1/embeddings` for a served dense reranker, through
+the official `openai` client against a real uvicorn."""
 
 from __future__ import annotations
 
@@ -115,9 +115,9 @@ def test_embeddings_as_raw_json_and_their_bounds(served, tiny_dense):
 
 
 def test_tei_scores_of_a_dense_reranker_are_its_cosines_not_their_sigmoid(make_client, tiny_dense):
-    """Issue 48, finding 9: TEI's `raw_scores: false` (its default) is the sigmoid of a
-    classifier's logit; on a dense reranker it put every positive cosine above 0.5. A cosine is
-    not a logit: it is answered as is, with or without `raw_scores`, and equals `/v1/rerank`."""
+    """TEI's `raw_scores: false` (its default) is the sigmoid of a classifier's logit; on a dense
+    reranker it put every positive cosine above 0.5. A cosine is not a logit: it is answered as is,
+    with or without `raw_scores`, and equals `/v1/rerank`."""
     client = make_client({"dense": tiny_dense, "ov": OverlapReranker()})
     cosines = tiny_dense.score(QUERY, TEXTS)
     order = sorted(range(len(TEXTS)), key=lambda i: -cosines[i])

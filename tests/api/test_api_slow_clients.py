@@ -1,4 +1,4 @@
-"""Slow and vanishing clients over raw sockets against a real uvicorn server (issue 15, finding 9).
+"""Slow and vanishing clients over raw sockets against a real uvicorn server.
 
 A client that sends its headers and part of its body, then stalls (or trickles a byte now and
 then), gets 408 with the JSON error body once `limits.body_read_timeout_s` has passed since its

@@ -1,8 +1,8 @@
-"""Strict inputs (issue 61, hole 7): a value of another JSON type than its field's is a 422 naming
-the field, one blank rule holds for every text, a key given twice is refused, and a request whose
-documents are all blank is not scored. Before: `top_n: true` returned 1 result, `top_n: "2"` and
-`return_documents: "yes"` were accepted, `"\\u200b\\ufeff"` and `"\\u0000"` passed as a query,
-`{"top_n": 1, "top_n": 5}` meant 5, and documents that were all `""` were scored."""
+"""Strict inputs: a value of another JSON type than its field's is a 422 naming the field, one blank
+rule holds for every text, a key given twice is refused, and a request whose documents are all blank
+is not scored. Before: `top_n: true` returned 1 result, `top_n: "2"` and `return_documents: "yes"`
+were accepted, `"\\u200b\\ufeff"` and `"\\u0000"` passed as a query, `{"top_n": 1, "top_n": 5}`
+meant 5, and documents that were all `""` were scored."""
 
 from __future__ import annotations
 

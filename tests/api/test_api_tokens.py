@@ -1,9 +1,9 @@
-"""Budgets in the model's own tokens (issue 48, findings 3 and 4): a request costs what its
-reranker's tokenizer makes of it, whatever the script (characters / 4 let text from U+10000 up,
-4 tokens a character, cost 16x its estimate); counting is bounded (a lower bound refuses gross
-requests without counting, counting stops at the budget, a cut document is read in a window of
-its start); embeddings check `dimensions` before embedding; and model work is sliced by time as
-well as tokens. Brute-force references: the tokenizer run on the whole texts."""
+"""Budgets in the model's own tokens: a request costs what its reranker's tokenizer makes of it,
+whatever the script (characters / 4 let text from U+10000 up, 4 tokens a character, cost 16x its
+estimate); counting is bounded (a lower bound refuses gross requests without counting, counting
+stops at the budget, a cut document is read in a window of its start); embeddings check `dimensions`
+before embedding; and model work is sliced by time as well as tokens. Brute-force references: the
+tokenizer run on the whole texts."""
 
 from __future__ import annotations
 

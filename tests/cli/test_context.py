@@ -74,7 +74,7 @@ def test_context_errors_are_one_line_exit_2(
     empty.write_text("\n\n")
     many = tmp_path / "many.txt"
     many.write_text("\n".join(SAMPLE_SENTENCES * 10))
-    latin = tmp_path / "latin.txt"  # was a UnicodeDecodeError traceback (issue 61, hole 8)
+    latin = tmp_path / "latin.txt"  # was a UnicodeDecodeError traceback
     latin.write_bytes(b"a passage\ncaf\xe9 au lait\n")
     cases = [
         (["--passages", str(empty)], "holds no passages"),

@@ -82,10 +82,10 @@ def test_candidates_help_describes_the_file_not_a_path_of_this_machine():
 def test_eval_refuses_unreadable_files_and_a_partial_query_set_in_one_line(
     dl19_dir, tmp_path, monkeypatch, capsys
 ):
-    """Issue 48, findings 7 and 8: binary qrels or topics were a UnicodeDecodeError traceback,
-    a `.gz` that is not gzip a BadGzipFile one; topics cut to 5 of DL19's 43 queries printed
-    "5 queries" and nDCG@10 0.0533 with exit 0. Each is now exit 2 with one line; the cut set is
-    evaluated when the user asks how (`--missing zero`: the probe's 0.0533, said so)."""
+    """Binary qrels or topics were a UnicodeDecodeError traceback, a `.gz` that is not gzip a
+    BadGzipFile one; topics cut to 5 of DL19's 43 queries printed "5 queries" and nDCG@10 0.0533
+    with exit 0. Each is now exit 2 with one line; the cut set is evaluated when the user asks how
+    (`--missing zero`: the same 0.0533, said so)."""
     binary = tmp_path / "binary.txt"
     binary.write_bytes(bytes(range(256)) * 4)
     not_gzip = tmp_path / "topics.tsv.gz"
@@ -158,10 +158,10 @@ def test_eval_trec_dl19_and_dl21_still_reproduce_their_reference_figures(
 def test_hostile_candidates_and_run_files_are_one_line_through_the_cli_and_leave_no_output(
     folder, tmp_path, monkeypatch, capsys
 ):
-    """Issue 61, hole 8, end to end: `eval run --candidates` with a line of 100,000 nested
-    brackets ended in a RecursionError traceback, a 5,000-digit integer in a ValueError one;
-    `eval fuse --run` files had no line size cap (a cap of 64 characters here). Each is exit 2,
-    one line naming the file, and no --output folder."""
+    """End to end: `eval run --candidates` with a line of 100,000 nested brackets ended in a
+    RecursionError traceback, a 5,000-digit integer in a ValueError one; `eval fuse --run` files had
+    no line size cap (a cap of 64 characters here). Each is exit 2, one line naming the file, and no
+    --output folder."""
     topics, qrels = folder / "topics.tsv", folder / "qrels.txt"
     out = tmp_path / "out"
     deep = tmp_path / "deep.json"

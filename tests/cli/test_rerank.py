@@ -82,9 +82,9 @@ def test_another_kinds_flag_is_refused_naming_flags_not_fields(tmp_path):
 
 
 def test_a_hostile_passages_file_is_one_line_naming_its_line(tmp_path):
-    """Issue 61, hole 8: `rerank --passages` read the whole file with `read_text`: a byte that
-    is not UTF-8 was a UnicodeDecodeError traceback, and a line had no size cap. Each is one
-    line naming `file:line` and exit 2, before any model loads."""
+    """`rerank --passages` read the whole file with `read_text`: a byte that is not UTF-8 was a
+    UnicodeDecodeError traceback, and a line had no size cap. Each is one line naming `file:line`
+    and exit 2, before any model loads."""
     passages = tmp_path / "p.jsonl"
     passages.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     p = cli("rerank", "-r", "dense", "--query", "q", "--passages", str(passages))

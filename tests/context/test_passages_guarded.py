@@ -10,9 +10,8 @@ from cisrank.errors import CisrankError
 def test_a_line_over_the_cap_is_refused_naming_it_and_the_other_lines_read_as_before(
     tmp_path, monkeypatch
 ):
-    """Issue 61, hole 8: a passages line had no size cap (the whole file was `read_text`). The
-    cap is the API's body size (16 MiB; 64 bytes here); lines end at \\n, \\r\\n or a lone \\r
-    as before."""
+    """A passages line had no size cap (the whole file was `read_text`). The cap is the API's body
+    size (16 MiB; 64 bytes here); lines end at \\n, \\r\\n or a lone \\r as before."""
     monkeypatch.setattr(datasets, "MAX_JSON_LINE_BYTES", 64)
     ok = tmp_path / "ok.txt"
     ok.write_bytes(b'plain one\r{"text": "two", "score": 2, "id": "t"}\r\nthree\n')

@@ -114,8 +114,8 @@ def test_tsv_line_without_tab_and_unknown_suffix(tmp_path):
 
 
 def test_a_hostile_corpus_line_is_one_error_or_one_skip(tmp_path):
-    """Issue 61, hole 8: a line of 100,000 nested brackets was a RecursionError traceback and a
-    5,000-digit integer a ValueError; each is a bad line now, named or counted."""
+    """A line of 100,000 nested brackets was a RecursionError traceback and a 5,000-digit integer a
+    ValueError; each is a bad line now, named or counted."""
     p = _jsonl(
         tmp_path / "c.jsonl",
         [
@@ -136,10 +136,11 @@ def test_a_hostile_corpus_line_is_one_error_or_one_skip(tmp_path):
 
 
 def test_a_corpus_line_over_the_cap_or_not_utf8_is_one_error_or_one_skip(tmp_path):
-    """Issue 61, hole 8: the corpus reader had no line size cap (a 17 MB line was read, decoded
-    and parsed whole) and a byte that is not UTF-8 was `not UTF-8 text ('utf-8' codec can't
-    decode byte 0xe9 in position 8229 ...)`, a position in the file's read buffer. Each is a
-    bad line now, named by line (and column), or skipped and counted."""
+    """The corpus reader had no line size cap (a 17 MB line was read, decoded and parsed whole) and
+    a byte that is not UTF-8 was
+    `not UTF-8 text ('utf-8' codec can't decode byte 0xe9 in position 8229 ...)`, a position in the
+    file's read buffer. Each is a bad line now, named by line (and column), or skipped and
+    counted."""
     p = tmp_path / "c.jsonl"
     p.write_bytes(
         b'{"id": "a", "text": "fine"}\n'

@@ -153,9 +153,9 @@ def test_triples_group_by_query_with_content_ids(tmp_path):
 
 
 def test_a_hostile_triples_file_is_one_line_naming_its_line(tmp_path, monkeypatch):
-    """Issue 61, hole 8: `--triples` (distill generate's source and distill pool's) was read
-    with no line size cap, and a byte that is not UTF-8 was a UnicodeDecodeError traceback.
-    Both readers refuse either in one line (a cap of 64 characters here)."""
+    """`--triples` (distill generate's source and distill pool's) was read with no line size cap,
+    and a byte that is not UTF-8 was a UnicodeDecodeError traceback. Both readers refuse either in
+    one line (a cap of 64 characters here)."""
     from cisrank.data import datasets
     from cisrank.distill.trainset import read_triples
 
@@ -271,9 +271,9 @@ def test_a_qrels_teacher_scores_each_pair_by_its_grade(source, tmp_path):
 
 
 def test_a_damaged_state_file_cisrank_wrote_is_one_line_not_a_traceback(tmp_path):
-    """Issue 61, hole 8, for files cisrank writes and reads back without a checksum: a
-    `state.json` (distill generate's) or an eval rag cache file of 100,000 nested brackets was a
-    RecursionError traceback. Each is the reader's own one-line error now."""
+    """For files cisrank writes and reads back without a checksum: a `state.json` (distill
+    generate's) or an eval rag cache file of 100,000 nested brackets was a RecursionError traceback.
+    Each is the reader's own one-line error now."""
     from cisrank.eval.rag.cache import _read
 
     state = tmp_path / R.STATE

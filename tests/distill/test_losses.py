@@ -1,5 +1,5 @@
-"""Student losses as records (issue 47, item 5): `TrainConfig.loss` takes the registry's names,
-and each loss holds its example columns, its sentence-transformers loss and its sampler."""
+"""Student losses as records: `TrainConfig.loss` takes the registry's names, and each loss holds its
+example columns, its sentence-transformers loss and its sampler."""
 
 from __future__ import annotations
 

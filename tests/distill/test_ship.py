@@ -127,7 +127,7 @@ def test_damaged_shipped_weights_are_refused_with_the_reinstall_remedy(shipped_d
     (copy / WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(DamagedFileError, match="reinstall cisrank") as raised:
         load_reranker("cross-encoder", str(copy), backend="torch")
-    # a copy is not in any clone: it is copied again from the installed one (issue 61, hole 9)
+    # a copy is not in any clone: it is copied again from the installed one
     assert "git checkout" not in str(raised.value)
     assert (
         f"it is a copy of a model that ships with cisrank: copy it again from the installed one (in {shipped_root()})"

@@ -58,7 +58,7 @@ def test_shot_files_of_every_shape_read_alike(tmp_path, shots):
     bad.write_text("only one field\n")
     with pytest.raises(DataError, match=r"bad.tsv:1: expected query<TAB>passage"):
         read_shots(bad)
-    # a hostile JSON line is one line naming it, not a RecursionError (issue 61, hole 8)
+    # a hostile JSON line is one line naming it, not a RecursionError
     deep = tmp_path / "deep.jsonl"
     nested = '{"query": "q", "passage": "p", "x": ' + "[" * 100 + "]" * 100 + "}"
     deep.write_text(json.dumps({"query": "q", "passage": "p"}) + "\n" + nested + "\n")

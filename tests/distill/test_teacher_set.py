@@ -187,7 +187,7 @@ def _cases(ts, source):
             "its provenance (Parquet metadata 'cisrank') is not JSON: pack it again with "
             "`cisrank distill pack`",
         ),
-        "nested too deep": (  # a RecursionError traceback before (issue 61, hole 8)
+        "nested too deep": (  # a RecursionError traceback before
             dict(metadata=b"[" * 100_000 + b"]" * 100_000),
             "its provenance (Parquet metadata 'cisrank') is not JSON: pack it again with "
             "`cisrank distill pack`",
@@ -241,10 +241,10 @@ CASES = [
 def test_a_broken_or_degenerate_teacher_set_is_refused_in_one_line_before_training(
     label, packed, tiny_bert_dir, tmp_path, monkeypatch, capsys
 ):
-    """Issue 48, finding 8: `distill train --teacher-set` with 0 rows was transformers'
-    `max_steps` ValueError, metadata that is not JSON or a JSON list a traceback, a string score
-    column a ValueError; constant scores, duplicated rows and a single pair trained silently.
-    Each is one line and exit 2 now, before a model loads or anything is written."""
+    """`distill train --teacher-set` with 0 rows was transformers' `max_steps` ValueError, metadata
+    that is not JSON or a JSON list a traceback, a string score column a ValueError; constant
+    scores, duplicated rows and a single pair trained silently. Each is one line and exit 2 now,
+    before a model loads or anything is written."""
     from cli.helpers import main_in_process
 
     source, ts, path = packed

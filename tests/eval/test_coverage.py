@@ -1,7 +1,7 @@
-"""`eval` refuses what it cannot evaluate honestly (issue 48, finding 7): judged queries without
-a topic or candidates are named and refused unless `missing` says to count them 0 or leave them
-out; qrels sharing no query with the topics and candidates are refused whatever it says;
-a passage judged twice with two grades is refused naming both lines. On real DL19 files."""
+"""`eval` refuses what it cannot evaluate honestly: judged queries without a topic or candidates are
+named and refused unless `missing` says to count them 0 or leave them out; qrels sharing no query
+with the topics and candidates are refused whatever it says; a passage judged twice with two grades
+is refused naming both lines. On real DL19 files."""
 
 from __future__ import annotations
 

@@ -562,9 +562,9 @@ def test_the_commands_help_names_its_flags_and_defaults():
 
 
 def test_a_hostile_questions_file_is_one_line_and_leaves_no_output(tmp_path, monkeypatch, capsys):
-    """Issue 61, hole 8: a line of 100,000 nested brackets was a RecursionError traceback, a
-    5,000-digit integer `ValueError: Exceeds the limit (4300 digits)`, a non-UTF-8 file named a
-    byte offset of the file, and a refused run left its empty output folder."""
+    """A line of 100,000 nested brackets was a RecursionError traceback, a 5,000-digit integer
+    `ValueError: Exceeds the limit (4300 digits)`, a non-UTF-8 file named a byte offset of the file,
+    and a refused run left its empty output folder."""
     from cisrank.cli.app import main
     from cisrank.data import datasets
     from cisrank.errors import DataError

@@ -1,5 +1,5 @@
-"""The one shard runner (issue 47, item 4): the dense build, the prior job and teacher scoring
-write, on every engine, the bytes they wrote when each ran its own shard loop.
+"""The one shard runner: the dense build, the prior job and teacher scoring write, on every engine,
+the bytes they wrote when each ran its own shard loop.
 
 The reference (`tests/shard_outputs.json`) was built at 588e04d, before the runner, on the exact
 models of `cisrank.testing` (integer embeddings and log-probabilities, scores read from a file),

@@ -375,7 +375,7 @@ def test_without_a_writable_cache_the_check_still_runs_and_the_folder_is_never_w
 
 
 def _strip_checksums(folder: Path) -> None:
-    """What a pull from before checksums wrote, and what the probe of issue 48 made of a pull:
+    """What a pull from before checksums wrote, and what a hostile probe made of a pull:
     the provenance without `files` and `provenance_sha256`."""
     provenance = json.loads((folder / C.PROVENANCE_FILE).read_text())
     del provenance["files"], provenance["provenance_sha256"]
@@ -385,10 +385,10 @@ def _strip_checksums(folder: Path) -> None:
 def test_a_provenance_without_its_checksums_is_damage_and_pull_repairs_it(
     pulled: Path, wheels: Path, catalogue: list[bytes], tmp_path, monkeypatch, capsys
 ) -> None:
-    """Issue 48, finding 6: with `files` and `provenance_sha256` deleted and the weights then
-    damaged, `models verify` exited 1 ("no checksums recorded"), `rerank` exited 0 with a
-    warning and other scores, and `serve` served them. A record without its checksums cannot be
-    told from one stripped on purpose: it is damage, refused in one line everywhere."""
+    """With `files` and `provenance_sha256` deleted and the weights then damaged, `models verify`
+    exited 1 ("no checksums recorded"), `rerank` exited 0 with a warning and other scores, and
+    `serve` served them. A record without its checksums cannot be told from one stripped on purpose:
+    it is damage, refused in one line everywhere."""
     intact = json.loads(rerank(monkeypatch, capsys, tmp_path).out)
     _strip_checksums(pulled)
     flip_middle(pulled / "model.safetensors")
@@ -475,9 +475,9 @@ def test_three_pulls_started_together_all_exit_0_and_leave_one_model(
 def test_a_causal_lm_folder_with_a_cut_json_file_is_named_in_one_line(
     tiny_gpt2_dir: Path, tmp_path: Path, name: str
 ) -> None:
-    """Issue 61, hole 9 for the causal-LM loader: a folder of one's own whose tokenizer.json was
-    cut in half was reported as a bare JSON error ("Expecting property name ...: line 77") and
-    "pass --model with a folder that holds a causal language model", naming no file."""
+    """In the causal-LM loader, a folder of one's own whose tokenizer.json was cut in half was
+    reported as a bare JSON error ("Expecting property name ...: line 77") and "pass --model with a
+    folder that holds a causal language model", naming no file."""
     import torch
 
     from cisrank.runtimes.lm_loader import load_causal_lm

@@ -496,8 +496,8 @@ def test_the_cpu_default_is_float32_even_with_native_bf16(ce_dir, monkeypatch):
 
 
 def test_a_truncated_tokenizer_without_a_provenance_is_named(ce_dir, tmp_path):
-    """Issue 61, hole 9: a folder of one's own (no provenance to check) whose tokenizer.json was
-    cut in half was reported as transformers' "Unrecognized processing class", naming no file."""
+    """A folder of one's own (no provenance to check) whose tokenizer.json was cut in half was
+    reported as transformers' "Unrecognized processing class", naming no file."""
     import shutil
 
     copy = tmp_path / "ce"

@@ -102,10 +102,10 @@ def test_score_batch_equals_per_query_scores(tiny_bert_dir):
 
 
 def test_a_causal_lm_folder_is_refused_as_a_bi_encoder(tiny_gpt2_dir, tiny_llama_dir, tmp_path):
-    """Issue 48, finding 9: sentence-transformers loads a causal LM's folder with mean pooling,
-    and the dense reranker ranked with it (exit 0, cosines of nothing). A plain GPT-2 or Llama
-    folder is now refused by name; a sentence-transformers folder built on a causal LM (an
-    LLM-based embedder, which says how to pool itself in modules.json) still loads."""
+    """The sentence-transformers library loads a causal LM's folder with mean pooling, and the dense
+    reranker ranked with it (exit 0, cosines of nothing). A plain GPT-2 or Llama folder is now
+    refused by name; a sentence-transformers folder built on a causal LM (an LLM-based embedder,
+    which says how to pool itself in modules.json) still loads."""
     for folder, architecture in ((tiny_gpt2_dir, "GPT2LMHeadModel"), (tiny_llama_dir, "Llama")):
         with pytest.raises(ModelNotFoundError, match=f"a causal language model \\({architecture}"):
             load_reranker("dense", model=str(folder))
@@ -124,10 +124,10 @@ def test_a_causal_lm_folder_is_refused_as_a_bi_encoder(tiny_gpt2_dir, tiny_llama
 def test_a_bi_encoder_folder_with_a_cut_json_file_is_named_in_one_line(
     tiny_bert_dir, tmp_path, name
 ):
-    """Issue 61, hole 9 for the bi-encoder loader: a folder of one's own whose tokenizer.json
-    was cut in half was transformers' "Unrecognized processing class" traceback, a cut
-    modules.json a bare JSONDecodeError, naming no file. A sentence-transformers folder (with
-    modules.json and its pooling module's config) is made from the tiny BERT."""
+    """In the bi-encoder loader, a folder of one's own whose tokenizer.json was cut in half was
+    transformers' "Unrecognized processing class" traceback, a cut modules.json a bare
+    JSONDecodeError, naming no file. A sentence-transformers folder (with modules.json and its
+    pooling module's config) is made from the tiny BERT."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
 

@@ -1,4 +1,4 @@
-"""The registry is the only holder of kind-level facts (issue 47, item 1).
+"""The registry is the only holder of kind-level facts.
 
 Outside `cisrank/rerank/registry.py` no code tests a reranker kind by its name (`== "cis"`,
 `":" in spec.kind`), lists kinds (in code or in a help text) or asks `isinstance` of a reranker

@@ -71,9 +71,9 @@ def test_open_prior_store_forms(table_path, tmp_path):
 def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_nothing_created(
     tmp_path, tiny_gpt2_dir
 ):
-    """Issue 48, finding 9: `load_reranker("cis", prior_store="/missing/x")` created the folder
-    path of the mistyped store. Now one line naming the folder, and nothing is made; a new store
-    in a folder that exists is still created on first use."""
+    """`load_reranker("cis", prior_store="/missing/x")` created the folder path of the mistyped
+    store. Now one line naming the folder, and nothing is made; a new store in a folder that exists
+    is still created on first use."""
     missing = tmp_path / "missing" / "deeper"
     for spec in (missing / "x", f"{missing / 'priors.sqlite'}"):
         with pytest.raises(CisrankError, match=f"its folder {missing} does not exist"):

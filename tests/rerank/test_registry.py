@@ -63,8 +63,8 @@ def test_a_hybrid_without_parts_builds_nothing():
 
 
 def test_load_reranker_refuses_a_kind_that_is_not_a_string_in_one_line(tiny_bert_dir):
-    """Issue 48, finding 9: `load_reranker(["dense"])` was a TypeError (unhashable list) from a
-    dict lookup; now a CisrankError naming the kinds. A path object is a model folder."""
+    """`load_reranker(["dense"])` was a TypeError (unhashable list) from a dict lookup; now a
+    CisrankError naming the kinds. A path object is a model folder."""
     from cisrank.rerank.registry import load_reranker
 
     for kind in (["dense"], None, 3):

@@ -1,7 +1,7 @@
-"""The conversion caches are checked like a pulled model (issue 48, finding 6): every file of an
-ONNX export (and of a CTranslate2 conversion) has its sha256 in the folder's record, checked before
-every load by a `stat` while unchanged; a damaged file makes the folder be converted again with
-one warning, never a silent score or a traceback. Through `cisrank rerank`, as the probe ran it."""
+"""The conversion caches are checked like a pulled model: every file of an ONNX export (and of a
+CTranslate2 conversion) has its sha256 in the folder's record, checked before every load by a `stat`
+while unchanged; a damaged file makes the folder be converted again with one warning, never a silent
+score or a traceback. Through `cisrank rerank`, as the probe ran it."""
 
 from __future__ import annotations
 

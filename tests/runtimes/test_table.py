@@ -1,5 +1,5 @@
 """The runtime table is the one list of runtimes: the configs' `backend` values, the checks and
-the loaders all read it, so a new runtime is one loader and one row (issue 47, item 3)."""
+the loaders all read it, so a new runtime is one loader and one row."""
 
 from __future__ import annotations
 

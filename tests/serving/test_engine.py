@@ -1,6 +1,6 @@
 """The serving engine is usable without the web: plain queries in, plain results out, and neither
-FastAPI nor Starlette imported (issue 47; the import-linter contracts check the imports, this
-checks what a program that embeds the engine actually loads)."""
+FastAPI nor Starlette imported (the import-linter contracts check the imports, this checks what a
+program that embeds the engine actually loads)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`cisrank.serving.preflight`: the pre-start checks run by `cisrank serve` and by every app of
-`create_app` that loads its config (issue 47: an app built with `create_app` never got them)."""
+`create_app` that loads its config (an app built with `create_app` once never got them)."""
 
 from __future__ import annotations
 
