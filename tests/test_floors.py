@@ -2,13 +2,18 @@
 
 `make lint` runs `lint-imports`; this test proves the contract would catch the mistake it exists
 for, by adding one upward import (a data type importing the evaluator) to a copy of the package.
+
+A second floor: no Python file of the project cites a tracker's issue number, which tells a
+reader of the code nothing (the records in bench/RESULTS.md and bench/archive may).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
-pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter not installed")
+needs_lint_imports = pytest.mark.skipif(
+    not LINT_IMPORTS.exists(), reason="import-linter not installed"
+)
+# Built from pieces so that this file, which the scan reads too, does not match itself.
+ISSUE_CITATION = re.compile(r"\b[Ii]ssue" + r"s? #?\d+")
+SCANNED = ("cisrank", "tests", "bench", "tools")
 
 
 def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -38,12 +48,14 @@ def _copy_tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@needs_lint_imports
 def test_the_package_keeps_its_floors(tmp_path: Path) -> None:
     result = _lint(_copy_tree(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "kept, 0 broken" in result.stdout
 
 
+@needs_lint_imports
 @pytest.mark.parametrize(
     ("module", "upward"),
     [
@@ -63,3 +75,48 @@ def test_an_upward_import_breaks_the_contract(tmp_path: Path, module: str, upwar
     assert result.returncode != 0
     assert "BROKEN" in result.stdout or "broken" in result.stdout
     assert upward.split()[-1] in result.stdout
+
+
+def issue_citations(roots: Iterable[Path], base: Path) -> list[str]:
+    """`file:line: text` of every line that cites an issue number, in every `.py` file under
+    `roots`, paths relative to `base`: the list a failure prints, so each hit can be rewritten."""
+    hits = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for number, line in enumerate(lines, start=1):
+                if ISSUE_CITATION.search(line):
+                    hits.append(f"{path.relative_to(base)}:{number}: {line.strip()}")
+    return hits
+
+
+def test_no_python_file_cites_an_issue_number() -> None:
+    roots = [ROOT / name for name in SCANNED]
+    assert all(root.is_dir() for root in roots)
+    assert Path(__file__).resolve() in {p.resolve() for p in (ROOT / "tests").rglob("*.py")}
+    hits = issue_citations(roots, ROOT)
+    assert not hits, "say the fact, not the issue number:\n" + "\n".join(hits)
+
+
+def test_the_issue_scan_names_each_citation_by_file_and_line(tmp_path: Path) -> None:
+    word, plural = "issue", "Issues"
+    nested = tmp_path / "pkg" / "deeper"
+    nested.mkdir(parents=True)
+    (nested / "cites.py").write_text(
+        f'"""Fixed in {word} 48, finding 2."""\n'
+        "x = 1  # no citation here\n"
+        f"# {plural} 15 and 32\n"
+        f"# see {word} #7\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "pkg" / "clean.py").write_text(
+        f"# the {word}'s figure, a {word}61 flag, tissue 5, {word}s in general\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "pkg" / "notes.md").write_text(f"{word} 99\n", encoding="utf-8")
+    hits = issue_citations([tmp_path / "pkg"], tmp_path)
+    assert hits == [
+        f'pkg/deeper/cites.py:1: """Fixed in {word} 48, finding 2."""',
+        f"pkg/deeper/cites.py:3: # {plural} 15 and 32",
+        f"pkg/deeper/cites.py:4: # see {word} #7",
+    ]
