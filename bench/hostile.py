@@ -47,7 +47,7 @@ wall-clock figures many times: here, under a load of 10, a request of 0.2 s of s
 2.5-7 s); wall-clock seconds are reported beside them.
     CISRANK_DATA_DIR=../shared/data HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile.py
 
-`--issue61` runs instead the second probe's holes 1, 2, 4 and 5 against a real
+`--holes` runs instead the second probe's holes 1, 2, 4 and 5 against a real
 `cisrank serve --workers 2` with API keys on and a weightless reranker (tests/api/api_fakes), in
 about a minute: 17 sockets without a key that each declare a 16 MB body, while 20 clients with the
 key send 1 MB bodies (none may be refused); 32 clients that ask for a 4 MB answer and never read it
@@ -55,7 +55,7 @@ key send 1 MB bodies (none may be refused); 32 clients that ask for a 4 MB answe
 in one write (all answered) and a client hanging up mid pipelined answer (no ERROR in the log); then
 `kill -9` of the parent (no worker left, the port free).
 
-    .venv/bin/python bench/hostile.py --issue61
+    .venv/bin/python bench/hostile.py --holes
 """
 
 from __future__ import annotations
@@ -779,7 +779,7 @@ def _status_of(sock: socket.socket) -> int:
     return int(data.split(b" ", 2)[1])
 
 
-def run_issue61(args: Any) -> None:
+def run_holes(args: Any) -> None:
     """The second probe's holes 1, 2, 4 and 5 at its loads (see the module doc)."""
     budget_mib = args.response_budget_mib
     config = {
@@ -961,7 +961,7 @@ def run_issue61(args: Any) -> None:
     )
     result["passed"] = passed
     print(json.dumps(result, indent=2))
-    write_result(result_name("hostile", "issue61", args.tag), result)
+    write_result(result_name("hostile", "holes", args.tag), result)
     if not passed:
         raise SystemExit(1)
 
@@ -987,14 +987,14 @@ def main() -> None:
     ap.add_argument("--max-request-cost", type=int, default=16_384)
     ap.add_argument("--max-slice-s", type=float, default=2.0)
     ap.add_argument("--hangup-chars", type=int, default=2000)
-    ap.add_argument("--issue61", action="store_true", help="the second probe's holes instead")
+    ap.add_argument("--holes", action="store_true", help="the second probe's holes instead")
     ap.add_argument("--response-budget-mib", type=int, default=16)
     ap.add_argument("--body-budget-mib", type=int, default=48)
     ap.add_argument("--send-timeout", type=float, default=5.0)
     add_tag_option(ap)
     args = ap.parse_args()
-    if args.issue61:
-        run_issue61(args)
+    if args.holes:
+        run_holes(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
