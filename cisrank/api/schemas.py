@@ -13,9 +13,10 @@ silently, and the default count came back), except the documented fields of the 
 bring, which are accepted: Cohere's `priority` (accepted, not used), Cohere's `rank_fields`
 (used: documents ranked by those fields, `cisrank.rerank.fields`), Cohere's `max_chunks_per_doc`
 (used: a long document is cut into windows, `ServerConfig.chunking`, and at most that many of
-them are scored), and TEI's
-`raw_scores`, `return_text`, `truncate` and `truncation_direction` on `POST /rerank`. One name per
-idea: the result count is `top_n` everywhere, `top_k` accepted as its alias.
+them are scored), Voyage's `truncation` (false: a document that does not fit the model's window
+whole is refused, naming it; TEI's `truncate: false` is the same), and TEI's `raw_scores`,
+`return_text`, `truncate` and `truncation_direction` on `POST /rerank`. One name per idea: the
+result count is `top_n` everywhere, `top_k` (Jina's and Voyage's name) accepted as its alias.
 
 Types are strict (pydantic's strict mode on every request model): a number is not a string, a
 boolean not a number. `top_n: true` was read as 1 and `top_n: "2"` as 2, `return_documents: "yes"`
@@ -105,6 +106,11 @@ class RerankRequest(_Request):
         default=None,
         description="Cohere v1: windows scored per long document at most (its first ones; the "
         "windows dropped are counted in usage). Default: every window.",
+    )
+    truncation: bool = Field(
+        default=True,
+        description="Voyage: false refuses a document that does not fit the model's window "
+        "whole (a 422 naming it) instead of scoring it by its best window.",
     )
     priority: int | None = Field(default=None, description="Cohere: accepted, not used.")
 
@@ -219,7 +225,8 @@ class TeiRerankRequest(_Request):
     return_text: bool = Field(default=False, description="TEI: echo each text.")
     truncate: bool | None = Field(
         default=None,
-        description="TEI: accepted; cisrank always cuts a pair at the model's length.",
+        description="TEI: false refuses a text that does not fit the model's window whole (a "
+        "422 naming it); unset or true, a long text is scored by its best window.",
     )
     truncation_direction: Literal["right", "Right", "left", "Left"] | None = Field(
         default=None, description="TEI: only right (the default) is served."

@@ -142,6 +142,14 @@ class ChunkPlan:
     spans: list[list[Span]]
     tokens: list[list[int]]
     usage: ChunkUsage = field(default_factory=ChunkUsage)
+    windows: list[int] = field(default_factory=list)
+    """Each document's windows before any cap: 1 where it fits the window whole."""
+    window: int | None = None
+    """The window's tokens (None: documents read whole, a reranker without a window)."""
+
+    def too_long(self) -> int | None:
+        """The first document that does not fit in one window, None where every one does."""
+        return next((i for i, n in enumerate(self.windows) if n > 1), None)
 
     def texts(self, documents: Sequence[str]) -> list[str]:
         """The windows' texts, document after document: the passages to score."""
@@ -223,7 +231,7 @@ def plan_windows(
 ) -> ChunkPlan:
     """Every document's windows, capped (`max_chunks_per_doc`, and one for `first` pooling),
     from its tokens' offsets; with no window (a reranker without one), each document whole."""
-    plan = ChunkPlan([], [])
+    plan = ChunkPlan([], [], window=window)
     usage = plan.usage
     cap = 1 if chunking.pooling == "first" else chunking.max_chunks_per_doc
     if chunking.max_chunks_per_doc is not None:
@@ -233,6 +241,7 @@ def plan_windows(
             spans, tokens = [(0, len(doc))], [len(offs)]
         else:
             spans, tokens = split_spans(doc, offs, window, chunking.overlap_for(window))
+        plan.windows.append(len(spans))
         if len(spans) > 1:
             usage.chunked_documents += 1
         if cap is not None and len(spans) > cap:
@@ -299,13 +308,14 @@ def plan_request(
     window = chunking.window_tokens
     if passage is not None and window is None:
         window = passage.for_query(len(splitter.offsets(query)))
-    plan = ChunkPlan([], [])
+    plan = ChunkPlan([], [], window=window)
     spent = 0
     for doc in documents:
         offsets = [splitter.offsets(doc) if window is not None else []]
         one = plan_windows([doc], offsets, window, chunking)
         plan.spans += one.spans
         plan.tokens += one.tokens
+        plan.windows += one.windows
         plan.usage.chunked_documents += one.usage.chunked_documents
         plan.usage.windows_scored += one.usage.windows_scored
         plan.usage.windows_dropped += one.usage.windows_dropped

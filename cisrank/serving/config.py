@@ -14,7 +14,7 @@ Example (JSON)::
       "default_reranker": "dense",
       "embeddings": "dense",
       "indexes": {"msmarco": {"path": "indexes/msmarco-bm25"}},
-      "limits": {"max_documents": 1000, "max_request_cost": 1048576,
+      "limits": {"max_documents": 10000, "max_request_cost": 1048576,
                  "max_inflight_body_bytes": 268435456},
       "batching": {"max_batch_passages": 256, "max_batch_tokens": 16384, "max_wait_ms": 5,
                    "max_inflight_cost": 4194304}
@@ -61,7 +61,7 @@ class IndexSpec(ComponentConfig):
 class Limits(ComponentConfig):
     """Request limits: anything over them is answered with a 4xx naming the field."""
 
-    max_documents: int = _count(1000, "Documents per rerank request.")
+    max_documents: int = _count(10_000, "Documents per rerank request.")
     max_document_chars: int = _count(32_768, "Characters per document (before token truncation).")
     max_query_chars: int = _count(
         8_192,

@@ -223,6 +223,13 @@ class RankingService:
         )
         chunking = serving.config.chunking.replace(max_chunks_per_doc=q.max_chunks_per_doc)
         plan, tokens = await serving.window_costs(name, q.query, scored, "documents", chunking)
+        if not q.truncation and (i := plan.too_long()) is not None:
+            raise InvalidField(
+                f"documents.{i}",
+                f"does not fit the model's window of {plan.window} tokens with this query (it "
+                f"is {plan.windows[i]} windows long), and truncation is off: shorten it, or allow "
+                "truncation to score it by its best window",
+            )
         windows = await self._score(name, q.query, plan.texts(scored), tokens=tokens)
         pooled = pool(plan, windows, chunking.pooling)
         raw = [score for score, _ in pooled]

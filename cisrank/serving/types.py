@@ -174,6 +174,9 @@ class RerankQuery(Query):
     max_tokens_per_doc: TokensPerDoc | None = None
     max_chunks_per_doc: Positive | None = None
     """Windows scored per long document at most (its first ones); None: all of them."""
+    truncation: bool = True
+    """False: a document that does not fit the model's window whole is refused (naming it)
+    instead of being cut into windows (Voyage's `truncation`, TEI's `truncate`)."""
     normalize: Normalization | None = None
     """None: the server's default (`ServerConfig.normalize`)."""
 

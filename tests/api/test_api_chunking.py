@@ -155,3 +155,87 @@ def test_the_models_own_window_served_as_the_library_cuts_it(make_client, ce_dir
             w.best_chunk.end,  # type: ignore[union-attr]
         )
     assert r.json()["usage"]["windows_scored"] == want.chunks.windows_scored
+
+
+FITS = "two words"  # one window of the 4-word model
+
+
+@pytest.mark.parametrize("pooling", ["max", "first"])
+def test_truncation_false_refuses_the_document_that_does_not_fit_naming_it(make_client, pooling):
+    """Voyage's `truncation: false` (and TEI's `truncate: false`): a document longer than the
+    window is refused, naming it, before any model work; `first` pooling, which scores one
+    window of it, refuses it as well (the rest of it would be cut)."""
+    reranker = WindowedOverlap()
+    client = make_client({"w": reranker}, chunking=Chunking(overlap_tokens=0, pooling=pooling))
+    body = {"query": "q", "documents": [FITS, LONG], "truncation": False}
+    r = client.post("/v1/rerank", json=body)
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["fields"]
+    assert problem["field"] == "documents.1"
+    assert "window of 4 tokens" in problem["message"] and "10 windows long" in problem["message"]
+    r = client.post("/rerank", json={"query": "q", "texts": [LONG, FITS], "truncate": False})
+    assert r.status_code == 422, r.text
+    assert r.json()["fields"][0]["field"] == "texts.0"
+    assert reranker.calls == []
+    # the documents that fit are served; truncation true (the default) chunks the long one
+    r = client.post("/v1/rerank", json={**body, "documents": [FITS, FITS]})
+    assert r.status_code == 200, r.text
+    r = client.post("/v1/rerank", json={**body, "truncation": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["chunked_documents"] == 1
+
+
+def test_a_voyage_body_is_served(make_client):
+    """voyageai's `Client.rerank` body: `top_k`, `return_documents`, `truncation`."""
+    client = make_client({"w": OverlapReranker()})
+    body = {
+        "query": "who wrote hamlet",
+        "documents": ["paris is in france", "shakespeare wrote hamlet"],
+        "model": "w",
+        "top_k": 1,
+        "return_documents": True,
+        "truncation": True,
+    }
+    r = client.post("/v1/rerank", json=body)
+    assert r.status_code == 200, r.text
+    (result,) = r.json()["results"]
+    assert result["index"] == 1 and result["document"] == {"text": "shakespeare wrote hamlet"}
+
+
+def test_ten_thousand_documents_a_request_by_default_one_more_is_refused(make_client):
+    reranker = OverlapReranker()
+    client = make_client({"w": reranker})
+    documents = [f"passage {i} about hamlet" if i % 7 else f"passage {i}" for i in range(10_000)]
+    r = client.post("/v1/rerank", json={"query": "hamlet", "documents": documents, "top_n": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["documents"] == 10_000
+    scores = [overlap("hamlet", d) for d in documents]
+    want = sorted(range(10_000), key=lambda i: (-scores[i], i))[:3]
+    assert [x["index"] for x in r.json()["results"]] == want
+    r = client.post("/v1/rerank", json={"query": "hamlet", "documents": [*documents, "one more"]})
+    assert r.status_code == 422, r.text
+    assert "10001 documents, over the limit of 10000" in r.json()["fields"][0]["message"]
+
+
+SENTENCE = "fleas can live up to a year depending on conditions shakespeare wrote hamlet"
+
+
+def test_one_request_of_n_scores_as_n_requests_of_one(make_client, ce_dir):
+    """A request larger than a model batch is scored in sub-batches (4 pairs here): its scores
+    are those of each document sent alone, so a document's score does not depend on the
+    request that carried it."""
+    from cisrank.rerank.cross_encoder import CrossEncoderReranker
+    from cisrank.serving.config import BatchingConfig
+
+    reranker = CrossEncoderReranker(model=str(ce_dir), dtype="float32")
+    client = make_client({"ce": reranker}, batching=BatchingConfig(max_batch_passages=4))
+    words = SENTENCE.split()
+    documents = [" ".join(words[i % 5 : i % 5 + 2 + i]) for i in range(11)]
+    r = client.post("/v1/rerank", json={"query": QUERY, "documents": documents})
+    assert r.status_code == 200, r.text
+    together = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    for i, doc in enumerate(documents):
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": [doc]})
+        assert r.status_code == 200, r.text
+        assert together[i] == pytest.approx(r.json()["results"][0]["relevance_score"], abs=1e-5)
+    assert len(set(round(s, 4) for s in together.values())) > 5  # the scores are not all equal

@@ -40,7 +40,13 @@ async def rerank(service: RankingService, body: TeiRerankRequest) -> list[TeiRan
     cosine = service.embeds(name)
     normalize = "none" if body.raw_scores or cosine else "sigmoid"
     with fields_renamed(renamed_list("documents", "texts")):
-        query = query_of(RerankQuery, body, documents=body.texts, normalize=normalize)
+        query = query_of(
+            RerankQuery,
+            body,
+            documents=body.texts,
+            normalize=normalize,
+            truncation=body.truncate is not False,
+        )
         ranking = await service.rerank(query)
     return [
         TeiRank(
