@@ -8,6 +8,7 @@ import pytest
 from builders import write_set
 
 from cisrank.data.datasets import load_folder
+from cisrank.rerank.chunking import PassageWindow, Splitter
 
 FILLER = [f"filler passage {i} " + "word " * (3 + i % 4) for i in range(40)]
 
@@ -56,3 +57,39 @@ def test_the_folder_reads_back_judged_padded_and_the_same_for_a_seed(long_docs, 
             parts = h1.text.split("\n\n")
             assert parts.count(h0.text) == 1 and len(h1.text.split()) >= 20
             assert not (set(parts) - {h0.text}) & own  # no filler from the query's own list
+
+
+@pytest.fixture(scope="module")
+def long_eval(bench_script):
+    return bench_script("long_docs_eval")
+
+
+class FourWords:
+    """A reranker that reads 4 words of a passage and scores the count of `hamlet` in them."""
+
+    passage_window = PassageWindow(4, None)
+    model_name = "four-words"
+
+    def score(self, query, passages):
+        return [float(p.split().count("hamlet")) for p in passages]
+
+
+def test_the_three_poolings_are_pooled_from_one_scoring_of_every_window(long_eval):
+    """Windows of 4 words, no overlap: "a b hamlet hamlet | c d e hamlet | f" scores
+    [2, 1, 0]: first 2, max 2, mean 1; "hamlet x y z | hamlet hamlet hamlet w" [1, 3]."""
+    texts = ["a b hamlet hamlet c d e hamlet f", "hamlet x y z hamlet hamlet hamlet w", "q"]
+    scores, spans, _ = long_eval.score_query(FourWords(), Splitter(None), "hamlet", texts, 0)
+    assert scores == [[2.0, 1.0, 0.0], [1.0, 3.0], [0.0]]
+    assert [texts[0][a:b] for a, b in spans[0]] == ["a b hamlet hamlet", "c d e hamlet", "f"]
+    row = {"qid": "1", "docids": ["d0", "d1", "d2"], "scores": scores, "spans": spans}
+    runs = {p: long_eval.pooled_run({"1": row}, p).as_dict()["1"] for p in long_eval.POOLINGS}
+    assert runs["first"] == {"d0": 2.0, "d1": 1.0, "d2": 0.0}
+    assert runs["max"] == {"d0": 2.0, "d1": 3.0, "d2": 0.0}
+    assert runs["mean"] == {"d0": 1.0, "d1": 2.0, "d2": 0.0}
+
+
+def test_a_torn_last_line_is_dropped_and_the_rest_resumes(long_eval, tmp_path):
+    log = tmp_path / "run.jsonl"
+    log.write_text('{"qid": "1", "scores": []}\n{"qid": "2", "sco', encoding="utf-8")
+    assert list(long_eval.done_queries(log)) == ["1"]
+    assert long_eval.done_queries(tmp_path / "missing.jsonl") == {}

@@ -1,0 +1,157 @@
+"""nDCG@10 of truncation against max and mean pooling on long documents, and what each costs.
+
+Why: a reranker that reads a long document up to its model's window ranks it by its start; the
+server now cuts it into windows and scores it by its best (`cisrank.rerank.chunking`). This
+measures on a padded TREC DL set (`bench/long_docs.py`: every candidate padded to 1,000-5,000
+words, the judged text at the start, middle or end) how much that finds and what it costs.
+
+Every window of a query's top `--depth` candidates is scored once, as the server plans them
+(`plan_request`, the model's own window and `--overlap`), then pooled three ways from the same
+scores: `first` (the first window alone: the truncation a reranker did before, less the
+characters past the window's last token), `max` and `mean`. The cost of `first` is also timed
+on its own, in the same process after the windows, so the cost ratio is one run's.
+
+Resumable: each query's window scores are appended to `--out`.jsonl as it finishes (a line is
+written whole or not at all: an interrupted line is dropped on reading) and a rerun scores only
+the queries missing; the summary goes to `--out`.json.
+
+    python bench/long_docs.py trec-dl21 out/long-dl21-end --position end
+    python bench/long_docs_eval.py out/long-dl21-end --reranker student --out out/student-end
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from cisrank.data.datasets import load_folder
+from cisrank.data.runs import Run
+from cisrank.eval.metrics import per_query
+from cisrank.rerank.chunking import Chunking, ChunkPlan, Splitter, plan_request, pool
+from cisrank.rerank.registry import load_reranker
+
+POOLINGS = ("first", "max", "mean")
+MEASURES = ("nDCG@10", "R(rel=2)@100")
+
+
+def done_queries(path: Path) -> dict[str, dict[str, Any]]:
+    """The queries already scored in the log at `path`, by qid (a torn last line is skipped)."""
+    out: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[row["qid"]] = row
+    return out
+
+
+def score_query(reranker: Any, splitter: Splitter, query: str, texts: list[str], overlap: int):
+    """Per document, its window scores, in the order `pool` reads them, and the seconds."""
+    chunking = Chunking(overlap_tokens=overlap)
+    plan = plan_request(splitter, reranker.passage_window, query, texts, chunking)
+    started = time.perf_counter()
+    scores = reranker.score(query, plan.texts(texts))
+    seconds = time.perf_counter() - started
+    per_doc, at = [], 0
+    for spans in plan.spans:
+        per_doc.append([float(s) for s in scores[at : at + len(spans)]])
+        at += len(spans)
+    return per_doc, [[list(s) for s in spans] for spans in plan.spans], seconds
+
+
+def pooled_run(rows: dict[str, dict[str, Any]], pooling: str) -> Run:
+    scores = {}
+    for qid, row in rows.items():
+        plan = ChunkPlan([[tuple(s) for s in spans] for spans in row["spans"]], [])
+        flat = [s for doc in row["scores"] for s in doc]
+        values = [score for score, _ in pool(plan, flat, pooling)]  # type: ignore[arg-type]
+        scores[qid] = list(zip(row["docids"], values, strict=True))
+    return Run.from_scores(pooling, scores)
+
+
+def first_only_seconds(reranker: Any, ds: Any, depth: int, splitter: Splitter) -> float:
+    """Seconds to score every query's candidates by their first window alone."""
+    chunking = Chunking(pooling="first")
+    total = 0.0
+    for qid in ds.qids:
+        texts = [h.text for h in ds.candidates[qid][:depth]]
+        plan = plan_request(splitter, reranker.passage_window, ds.topics[qid], texts, chunking)
+        started = time.perf_counter()
+        reranker.score(ds.topics[qid], plan.texts(texts))
+        total += time.perf_counter() - started
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data", type=Path, help="a padded dataset folder (bench/long_docs.py)")
+    ap.add_argument("--reranker", default="student")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--depth", type=int, default=100)
+    ap.add_argument("--overlap", type=int, default=32, help="tokens consecutive windows share")
+    ap.add_argument("--out", type=Path, required=True, help="path stem of the .jsonl and .json")
+    ap.add_argument("--no-first-timing", action="store_true")
+    args = ap.parse_args()
+    ds = load_folder(args.data)
+    reranker = load_reranker(args.reranker, args.model)
+    window = reranker.passage_window
+    splitter = Splitter(window.tokenizer if window is not None else None)
+    log = args.out.with_suffix(".jsonl")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    rows = done_queries(log)
+    for n, qid in enumerate(ds.qids, 1):
+        if qid in rows:
+            continue
+        head = ds.candidates[qid][: args.depth]
+        texts = [h.text for h in head]
+        scores, spans, seconds = score_query(
+            reranker, splitter, ds.topics[qid], texts, args.overlap
+        )
+        row = {
+            "qid": qid,
+            "docids": [h.docid for h in head],
+            "scores": scores,
+            "spans": spans,
+            "seconds": seconds,
+        }
+        with log.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        rows[qid] = row
+        print(f"{n}/{len(ds.qids)} {qid}: {sum(map(len, scores))} windows, {seconds:.1f} s")
+    rows = {q: rows[q] for q in ds.qids}
+    summary: dict[str, Any] = {
+        "data": str(args.data),
+        "reranker": args.reranker,
+        "model": reranker.model_name,
+        "depth": args.depth,
+        "overlap": args.overlap,
+        "window": None if window is None else window.tokens,
+        "queries": len(rows),
+        "documents": sum(len(r["docids"]) for r in rows.values()),
+        "windows": sum(len(s) for r in rows.values() for s in r["scores"]),
+        "windows_seconds": sum(r["seconds"] for r in rows.values()),
+        "pooling": {},
+    }
+    for pooling in POOLINGS:
+        values = per_query(pooled_run(rows, pooling), ds.qrels, MEASURES)
+        summary["pooling"][pooling] = {
+            m: sum(v.values()) / max(len(v), 1) for m, v in values.items()
+        }
+        summary["pooling"][pooling]["per_query_ndcg10"] = values["nDCG@10"]
+    if not args.no_first_timing:
+        summary["first_seconds"] = first_only_seconds(reranker, ds, args.depth, splitter)
+    tmp = args.out.with_suffix(".json.partial")
+    tmp.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    tmp.replace(args.out.with_suffix(".json"))
+    brief = {p: round(v["nDCG@10"], 4) for p, v in summary["pooling"].items()}
+    print(json.dumps({k: summary[k] for k in ("windows", "windows_seconds", "documents")}), brief)
+
+
+if __name__ == "__main__":
+    main()
