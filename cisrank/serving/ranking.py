@@ -223,11 +223,11 @@ class RankingService:
         )
         chunking = serving.config.chunking.replace(max_chunks_per_doc=q.max_chunks_per_doc)
         plan, tokens = await serving.window_costs(name, q.query, scored, "documents", chunking)
-        if not q.truncation and (i := plan.too_long()) is not None:
+        if not q.truncation and (too_long := plan.too_long()) is not None:
             raise InvalidField(
-                f"documents.{i}",
+                f"documents.{too_long}",
                 f"does not fit the model's window of {plan.window} tokens with this query (it "
-                f"is {plan.windows[i]} windows long), and truncation is off: shorten it, or allow "
+                f"is {plan.windows[too_long]} windows long), and truncation is off: shorten it, or allow "
                 "truncation to score it by its best window",
             )
         windows = await self._score(name, q.query, plan.texts(scored), tokens=tokens)
