@@ -227,8 +227,8 @@ class RankingService:
             raise InvalidField(
                 f"documents.{too_long}",
                 f"does not fit the model's window of {plan.window} tokens with this query (it "
-                f"is {plan.windows[too_long]} windows long), and truncation is off: shorten it, or allow "
-                "truncation to score it by its best window",
+                f"is {plan.windows[too_long]} windows long), and truncation is off: shorten it, "
+                "or allow truncation to score it by its best window",
             )
         windows = await self._score(name, q.query, plan.texts(scored), tokens=tokens)
         pooled = pool(plan, windows, chunking.pooling)
