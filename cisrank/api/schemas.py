@@ -305,13 +305,41 @@ class NoiseIn(NoiseSpec):
     )
 
 
+class ChunksUsed(BaseModel):
+    chunked_documents: int = Field(
+        default=0, description="Documents longer than the reranker's window, cut into windows."
+    )
+    windows_scored: int = Field(default=0, description="Windows scored, every document's.")
+    windows_dropped: int = Field(
+        default=0, description="Windows not scored: past max_chunks_per_doc (or first pooling)."
+    )
+
+
+class ChosenSpan(BaseModel):
+    """The part of a long document the prompt received: its best window's span of the text."""
+
+    start: int = Field(description="Its first character in the document's text as sent.")
+    end: int = Field(description="The character after its last (text[start:end]).")
+    score: float = Field(description="The window's raw score (the model's, never normalized).")
+
+
 class RerankChoice(BaseModel):
     """What the reranker of `rerank` chose: the request's documents it kept, best first, and
-    their scores (raw, as /v1/rerank gives them)."""
+    their scores (raw, as /v1/rerank gives them). A document longer than the reranker's window
+    is scored by its best window (the server's chunking, as /v1/rerank) and only that window's
+    span of its text goes in the prompt: `best_chunks` says which."""
 
     reranker: str
     indexes: list[int] = Field(description="Indexes of the request's documents, best first.")
     scores: list[float]
+    best_chunks: list[ChosenSpan | None] = Field(
+        default_factory=list,
+        description="Per kept document, in `indexes` order, the span of its text the prompt "
+        "received (its best window); null where the document went in whole.",
+    )
+    chunks: ChunksUsed | None = Field(
+        default=None, description="What the ranking's chunking did, as /v1/rerank's usage."
+    )
 
 
 class ContextRequest(ContextQuery):

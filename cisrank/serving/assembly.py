@@ -53,11 +53,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from cisrank.data.types import Passage, top_order
+from cisrank.data.types import BestChunk, Passage, top_order
 from cisrank.errors import CisrankError, DataError
+from cisrank.rerank.chunking import ChunkPlan, Span, pool
 from cisrank.serving.config import Limits
 from cisrank.serving.engine import Serving
 from cisrank.serving.errors import BackendFailed, ClientGone, InvalidField, TimedOut
@@ -542,16 +543,45 @@ def _generate(
 
 @dataclass(frozen=True)
 class RerankPlan:
-    """A request's `rerank`, before any work: the served reranker, the tokens of each (query,
-    document) pair it ranks (counted as a rerank request's), and how many documents go on."""
+    """A request's `rerank`, before any work: the served reranker, the windows it scores of
+    each document (`ChunkPlan`, over the document's title and text, as `/v1/rerank` plans
+    them), the tokens of each (query, window) pair (counted as a rerank request's), and how
+    many documents go on."""
 
     name: str
+    windows: ChunkPlan
     tokens: list[int]
     k: int
 
     @property
     def cost(self) -> int:
         return sum(self.tokens)
+
+    def window_passages(self, passages: Sequence[Passage]) -> list[Passage]:
+        """Every window of every document as the passage the prompt would receive were it the
+        document's best (`best_window`): what the prompt-size bound is taken over, since the
+        ranking picks at most k of them. A window of a document counts once per window, so
+        the bound can only over-count (two windows of one document), never under-count."""
+        return [
+            best_window(p, (a, b))[0]
+            for p, spans in zip(passages, self.windows.spans, strict=True)
+            for a, b in spans
+        ]
+
+
+def best_window(passage: Passage, span: Span) -> tuple[Passage, BestChunk | None]:
+    """The passage a document's best window puts in the prompt, and that window's span in the
+    document's text as sent (None: the document was read whole). The window spans the
+    document's `contents` (its title, a newline, its text), so the title stays the title and
+    the span is moved into the text; a window inside the title alone keeps the whole text."""
+    if tuple(span) == (0, len(passage.contents)):
+        return passage, None
+    offset = len(passage.title) + 1 if passage.title else 0
+    start, end = max(0, span[0] - offset), max(0, span[1] - offset)
+    if start >= end:
+        return passage, None
+    part = Passage(passage.docid, passage.text[start:end], passage.title)
+    return part, BestChunk(start, end, 0.0)
 
 
 def costliest(
@@ -632,21 +662,50 @@ class ContextService:
         pairs counted with the ranking reranker's tokenizer (`Serving.pair_costs`)."""
         if body.rerank is None:
             return None
-        name = self.serving.resolve_reranker(body.rerank.reranker, "rerank.reranker")
+        serving = self.serving
+        name = serving.resolve_reranker(body.rerank.reranker, "rerank.reranker")
         texts = [p.contents for p in passages]
-        _, tokens, _ = await self.serving.pair_costs(name, body.query, texts, "documents")
-        return RerankPlan(name, tokens, min(body.rerank.top_k, len(passages)))
+        windows, tokens = await serving.window_costs(
+            name, body.query, texts, "documents", serving.config.chunking
+        )
+        return RerankPlan(name, windows, tokens, min(body.rerank.top_k, len(passages)))
 
-    async def _rerank(self, plan: RerankPlan, query: str, passages: list[Passage]) -> RerankPick:
+    async def _rerank(
+        self, plan: RerankPlan, query: str, passages: list[Passage]
+    ) -> tuple[RerankPick, list[Passage]]:
         """Rank every passage (title and text, as `cisrank eval rag` does) with the planned
-        reranker, through its batcher like a rerank request; its best `k`, best first."""
+        reranker, through its batcher like a rerank request, a long one by its best window
+        (`cisrank.rerank.chunking.pool`, the server's pooling); its best `k`, best first, and
+        the passages they put in the prompt: a long document's best window, not the whole page
+        (the span in `best_chunks`)."""
         scorer = self.serving.model_thread(plan.name)
         texts = [p.contents for p in passages]
-        raw = await scorer.score(query, texts, "documents", plan.tokens)
+        windows = await scorer.score(query, plan.windows.texts(texts), "documents", plan.tokens)
+        pooled = pool(plan.windows, windows, self.serving.config.chunking.pooling)
+        raw = [score for score, _ in pooled]
         best = top_order(raw, plan.k)
-        return RerankPick(
-            reranker=plan.name, indexes=best, scores=[_json_safe(raw[i]) for i in best]
+        chosen, spans = [], []
+        for i in best:
+            chunk = pooled[i][1]
+            part, span = best_window(passages[i], (chunk.start, chunk.end))
+            chosen.append(part)
+            spans.append(None if span is None else replace(span, score=_json_safe(chunk.score)))
+        pick = RerankPick(
+            reranker=plan.name,
+            indexes=best,
+            scores=[_json_safe(raw[i]) for i in best],
+            best_chunks=spans,
+            chunks=plan.windows.usage,
         )
+        return pick, chosen
+
+    async def _ranked(
+        self, plan: RerankPlan | None, query: str, passages: list[Passage]
+    ) -> tuple[RerankPick | None, list[Passage]]:
+        """The documents that go on and what put them there: without `rerank`, every one whole."""
+        if plan is None:
+            return None, passages
+        return await self._rerank(plan, query, passages)
 
     async def _noise(self, body: ContextQuery, passages: list[Passage]) -> list[Passage]:
         from cisrank.context import sample_noise, sample_store_noise
@@ -718,7 +777,8 @@ class ContextService:
         plan = await self._rerank_plan(body, passages)
         ranking = plan.cost if plan is not None else 0
         counter = self.serving.counter(name, lm=True)
-        shapes = context_shapes(body, template, passages, noise, plan.k if plan else None)
+        bound = plan.window_passages(passages) if plan else passages
+        shapes = context_shapes(body, template, bound, noise, plan.k if plan else None)
         sizes, cost, culprit = await prompt_tokens(shapes, engine, counter, budget, timeout, cancel)
         if cost + ranking > budget:
             reranked = f", and {ranking} to rerank the documents" if plan is not None else ""
@@ -728,9 +788,8 @@ class ContextService:
                 f"arrangement scores, most of them from {culprit}{reranked}) is over the limit "
                 f"of {budget}: send fewer or shorter documents, or a cheaper arrangement",
             )
-        choice = await self._rerank(plan, body.query, passages) if plan is not None else None
+        choice, chosen = await self._ranked(plan, body.query, passages)
         index = choice.indexes if choice is not None else list(range(len(passages)))
-        chosen = [passages[i] for i in index]
         model = self.serving.model_thread(name, cancel)
         late = f"not assembled within {timeout:g} s: the server is overloaded, retry later"
         async with model.admitted(cost, late):
@@ -776,7 +835,8 @@ class ContextService:
         budget = limits.max_request_cost
         timeout = config.batching.request_timeout_s
         plan = await self._rerank_plan(body, passages)
-        rows, shapes = generate_shapes(body, template, passages, plan.k if plan else None)
+        bound = plan.window_passages(passages) if plan else passages
+        rows, shapes = generate_shapes(body, template, bound, plan.k if plan else None)
         counter = self.serving.counter(name, lm=True)
         _, prefill, culprit = await prompt_tokens(shapes, engine, counter, budget, timeout, cancel)
         cost = prefill + rows * body.max_new_tokens
@@ -789,9 +849,8 @@ class ContextService:
                 f"{culprit}, and rows x new tokens{reranked}) is over the limit of {budget}: "
                 "send fewer or shorter documents, or fewer new tokens",
             )
-        choice = await self._rerank(plan, body.query, passages) if plan is not None else None
+        choice, chosen = await self._ranked(plan, body.query, passages)
         index = choice.indexes if choice is not None else list(range(len(passages)))
-        chosen = [passages[i] for i in index]
         # the client's scores of the chosen documents, else the reranker's (replug's weights)
         scores = [body.scores[i] for i in index] if body.scores is not None else None
         if scores is None and choice is not None:

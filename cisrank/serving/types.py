@@ -475,6 +475,11 @@ class RerankPick:
     reranker: str
     indexes: list[int]
     scores: list[float]
+    best_chunks: list[BestChunk | None] = field(default_factory=list)
+    """Per kept document, the span of its text its best window holds, which the prompt
+    received (None: the document was read whole)."""
+    chunks: ChunkUsage | None = None
+    """What the ranking's chunking did (windows scored, documents chunked, windows left out)."""
 
 
 @dataclass(frozen=True)

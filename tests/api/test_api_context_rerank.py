@@ -9,6 +9,9 @@ from api_fakes import OverlapReranker, overlap
 from test_api_context import _docs, _passages
 
 from cisrank.context import ContextAssembler, EnsembleDecoder
+from cisrank.data.types import Passage
+from cisrank.rerank.base import PassageWindow
+from cisrank.rerank.chunking import Chunking
 from cisrank.serving.config import Limits
 
 QUESTION = "when was the author of hamlet born ?"
@@ -45,6 +48,8 @@ def test_context_arranges_the_rerankers_top_k(make_client, cis):
         "reranker": "overlap",
         "indexes": best,
         "scores": pytest.approx(scores),
+        "best_chunks": [None, None, None],  # a reranker without a window reads them whole
+        "chunks": {"chunked_documents": 0, "windows_scored": 5, "windows_dropped": 0},
     }
     assert words.calls == [(QUESTION, tuple(f"{d['title']}\n{d['text']}" for d in docs))]
     want = ContextAssembler(cis.engine, "qa").arrange(
@@ -145,3 +150,64 @@ def test_the_rerank_cost_counts_in_the_budget_before_any_work(make_client, cis, 
     assert r.status_code == 422, r.text
     assert r.json()["fields"][0]["field"] == "documents" and "to rerank the documents" in r.text
     assert words.calls == [] and engine_calls == []
+
+
+class WindowedOverlap(OverlapReranker):
+    """`OverlapReranker` whose model reads 4 words of a passage."""
+
+    passage_window = PassageWindow(4, None)
+
+
+PAGE = "filler words about nothing much at all here, then hamlet author born 1564"
+
+
+@pytest.mark.parametrize("route", ["/v1/context", "/v1/generate"])
+def test_a_long_document_goes_in_as_its_best_window_and_the_span_is_said(make_client, cis, route):
+    """A page longer than the reranker's window is ranked by its best window (max pooling, as
+    /v1/rerank) and only that window's span of its text goes in the prompt, said in
+    `rerank.best_chunks`; a document that fits goes in whole (null)."""
+    words = WindowedOverlap()
+    client = make_client({"cis": cis, "w": words}, chunking=Chunking(overlap_tokens=0))
+    docs = [
+        {"text": "hamlet", "title": "", "id": "short"},
+        {"text": PAGE, "title": "", "id": "page"},
+    ]
+    body = {"query": QUESTION, "documents": docs, "model": "cis", "arrange": "ranked"}
+    body["rerank"] = {"reranker": "w", "top_k": 2}
+    if route == "/v1/generate":
+        body |= {"decoding": "naive", "max_new_tokens": 2}
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()["rerank"]
+    # the page's windows of 4 words (no overlap): the third overlaps the question most
+    window = "then hamlet author born"
+    start = PAGE.index(window)
+    end = start + len(window)
+    best = overlap(QUESTION, window)
+    assert out["indexes"] == [1, 0]
+    assert out["scores"] == pytest.approx([best, overlap(QUESTION, "hamlet")])
+    assert out["best_chunks"] == [{"start": start, "end": end, "score": best}, None]
+    assert out["chunks"] == {"chunked_documents": 1, "windows_scored": 5, "windows_dropped": 0}
+    if route == "/v1/context":
+        prompt = r.json()["prompt"]
+        assert window in prompt and "filler" not in prompt and "1564" not in prompt
+        want = ContextAssembler(cis.engine, "qa").arrange(
+            QUESTION, [Passage("page", window), Passage("short", "hamlet")], "ranked"
+        )
+        assert prompt == want.prompt.text
+
+
+def test_a_page_over_the_models_context_is_served_by_its_best_window(make_client, cis):
+    """The prompt's size is bounded over the windows the ranking can pick, not the whole pages:
+    a page whose prompt cannot fit the LM's context is refused without `rerank` and served with
+    it, its best window in the prompt."""
+    client = make_client({"cis": cis, "w": WindowedOverlap()}, chunking=Chunking(overlap_tokens=0))
+    page = "filler words " * 2000 + "then hamlet author born"
+    body = {"query": QUESTION, "documents": [{"text": page, "id": "page"}], "model": "cis"}
+    r = client.post("/v1/context", json=body)
+    assert r.status_code == 422 and "context" in r.text, r.text
+    r = client.post("/v1/context", json={**body, "rerank": {"reranker": "w", "top_k": 1}})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["rerank"]["best_chunks"][0]["start"] == page.index("then hamlet author born")
+    assert "then hamlet author born" in out["prompt"] and "filler" not in out["prompt"]
