@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from cisrank.rerank.chunking import ChunkUsage
 from cisrank.serving.types import (
     ContextQuery,
     Document,
@@ -175,6 +176,17 @@ class RerankUsage(Usage):
         default=0, description="Windows not scored: past max_chunks_per_doc (or first pooling)."
     )
 
+    @classmethod
+    def counted(cls, documents: int, chunks: ChunkUsage, truncated: int = 0) -> RerankUsage:
+        """The usage of a ranking of `documents`, `truncated` of them cut, chunked as `chunks`."""
+        return cls(
+            documents=documents,
+            truncated_documents=truncated,
+            chunked_documents=chunks.chunked_documents,
+            windows_scored=chunks.windows_scored,
+            windows_dropped=chunks.windows_dropped,
+        )
+
 
 class RerankResponse(BaseModel):
     id: str
@@ -199,6 +211,11 @@ class SearchResult(BaseModel):
     score: float = Field(description="The score the ranking is by (rerank if reranked).")
     retrieval_score: float
     rerank_score: float | None = None
+    best_chunk: BestChunkOut | None = Field(
+        default=None,
+        description="When reranked: the passage's best window (the whole passage where it fits "
+        "the model).",
+    )
 
 
 class SearchResponse(BaseModel):
@@ -206,7 +223,7 @@ class SearchResponse(BaseModel):
     index: str
     model: str | None = Field(description="The reranker, or null for first-stage order.")
     results: list[SearchResult]
-    usage: Usage
+    usage: RerankUsage
 
 
 # ---- the shapes users bring: TEI's rerank, OpenAI's embeddings

@@ -29,6 +29,7 @@ from cisrank.rerank.registry import KINDS, available, default_model
 if TYPE_CHECKING:
     from cisrank.jobs.pool import WorkerOptions
     from cisrank.jobs.ray import RayOptions
+    from cisrank.rerank.chunking import Chunking
 
 Built = TypeVar("Built")
 Command = TypeVar("Command", bound=Callable[..., None])
@@ -315,3 +316,56 @@ class _WorkerFlags:
 
 WORKER_FLAGS = FlagGroup(_WorkerFlags, worker_options)
 """A worker per core (`eval`, `rerank`, `distill generate`, `index build prior`)."""
+
+
+def _chunk_help(field: str) -> str:
+    """A chunking flag's help, from its field: declared once, in `Chunking`."""
+    from cisrank.rerank.chunking import Chunking
+
+    info = Chunking.model_fields[field]
+    return f"{info.description} Default: {info.default} (serve: the config file's chunking)."
+
+
+class ChunkChanges(dict[str, Any]):
+    """The chunking flags given (None: not given), as `Chunking.replace` takes them."""
+
+    def over(self, chunking: Chunking) -> Chunking:
+        """`chunking` with the flags given, checked as one `Chunking` (an overlap over the
+        window is one line, exit 2)."""
+        return chunking.replace(**self)
+
+
+class _ChunkFlags:
+    chunk_window_tokens: Annotated[
+        int | None,
+        typer.Option("--chunk-window-tokens", min=1, help=_chunk_help("window_tokens")),
+    ] = None
+    chunk_overlap_tokens: Annotated[
+        int | None,
+        typer.Option("--chunk-overlap-tokens", min=0, help=_chunk_help("overlap_tokens")),
+    ] = None
+    chunk_pooling: Annotated[
+        str | None, typer.Option("--chunk-pooling", help=_chunk_help("pooling"))
+    ] = None
+    max_chunks_per_doc: Annotated[
+        int | None,
+        typer.Option("--max-chunks-per-doc", min=1, help=_chunk_help("max_chunks_per_doc")),
+    ] = None
+
+
+def _chunk_changes(
+    chunk_window_tokens: int | None,
+    chunk_overlap_tokens: int | None,
+    chunk_pooling: str | None,
+    max_chunks_per_doc: int | None,
+) -> ChunkChanges:
+    return ChunkChanges(
+        window_tokens=chunk_window_tokens,
+        overlap_tokens=chunk_overlap_tokens,
+        pooling=chunk_pooling,
+        max_chunks_per_doc=max_chunks_per_doc,
+    )
+
+
+CHUNK_FLAGS = FlagGroup(_ChunkFlags, _chunk_changes)
+"""How long documents are cut into windows and pooled (`serve`, `rerank`)."""

@@ -40,11 +40,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cisrank import env
-from cisrank.cli.options import ModelOpt
+from cisrank.cli.options import CHUNK_FLAGS, ChunkChanges, ModelOpt, takes
 from cisrank.cli.reranker_flags import reranker_flags
 from cisrank.config import flag_name
 from cisrank.errors import CisrankError, require
-from cisrank.rerank.chunking import Chunking
 from cisrank.rerank.registry import factory_path, servable
 
 if TYPE_CHECKING:
@@ -121,21 +120,6 @@ def server_config(
         raise CisrankError(f"cannot serve that: {exc.errors()[0]['msg']}") from None
     preflight(cfg)
     return cfg
-
-
-def _chunk_help(field: str) -> str:
-    """A chunking flag's help, from its field: declared once, in `Chunking`."""
-    info = Chunking.model_fields[field]
-    return f"{info.description} Default: {info.default}; over the config file's chunking."
-
-
-def with_chunking(
-    cfg: ServerConfig, window: int | None, overlap: int | None, pooling: str | None
-) -> ServerConfig:
-    """`cfg` with the chunking flags given (None: keep the config's), checked as one
-    `Chunking` (an overlap over the window is one line, exit 2)."""
-    chunking = cfg.chunking.replace(window_tokens=window, overlap_tokens=overlap, pooling=pooling)
-    return cfg.model_copy(update={"chunking": chunking})
 
 
 def _stopped_by_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -237,6 +221,7 @@ class LoadWatch(threading.Thread):
 
 
 @reranker_flags(every_field=True, omit=("model",))
+@takes(chunking=CHUNK_FLAGS)
 def serve(
     config: Annotated[
         Path | None,
@@ -281,17 +266,8 @@ def serve(
             help="Worker processes; each loads its own copy of every model.",
         ),
     ] = 1,
-    chunk_window_tokens: Annotated[
-        int | None,
-        typer.Option("--chunk-window-tokens", min=1, help=_chunk_help("window_tokens")),
-    ] = None,
-    chunk_overlap_tokens: Annotated[
-        int | None,
-        typer.Option("--chunk-overlap-tokens", min=0, help=_chunk_help("overlap_tokens")),
-    ] = None,
-    chunk_pooling: Annotated[
-        str | None, typer.Option("--chunk-pooling", help=_chunk_help("pooling"))
-    ] = None,
+    *,
+    chunking: ChunkChanges,
     **options: Any,
 ) -> None:
     """Serve the REST API: /v1/rerank (Cohere and Jina shape; also /v2/rerank, and /rerank,
@@ -330,7 +306,7 @@ def serve(
     """
     env.api_keys()  # before the checks of the config, which can take minutes
     cfg = server_config(config, reranker, model, index or (), options)
-    cfg = with_chunking(cfg, chunk_window_tokens, chunk_overlap_tokens, chunk_pooling)
+    cfg = cfg.model_copy(update={"chunking": chunking.over(cfg.chunking)})
     run_server(cfg, host, port, workers)
 
 

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cisrank.data.types import top_order
+from cisrank.data.types import BestChunk, top_order
 from cisrank.fusion import minmax, sigmoid
 from cisrank.rerank.base import Reranker
-from cisrank.rerank.chunking import pool
+from cisrank.rerank.chunking import ChunkPlan, ChunkUsage, Pooling, pool
 from cisrank.serving.engine import (
     Serving,
     embedding_dimensions,
@@ -192,6 +192,21 @@ class RankingService:
         """Scores through the batcher (`ModelThread.score`), finite for JSON."""
         return _finite(await self.serving.model_thread(name).score(query, texts, field, tokens))
 
+    async def _pooled(
+        self,
+        name: str,
+        query: str,
+        texts: list[str],
+        plan: ChunkPlan,
+        tokens: Sequence[int],
+        pooling: Pooling,
+        field: str = "documents",
+    ) -> list[tuple[float, BestChunk]]:
+        """Every planned window of `texts` scored through the batcher, pooled per document
+        (`cisrank.rerank.chunking.pool`): what `/v1/rerank` and a reranked `/v1/search` rank."""
+        windows = await self._score(name, query, plan.texts(texts), field, tokens)
+        return pool(plan, windows, pooling)
+
     async def rerank(self, q: RerankQuery) -> Ranking:
         """Rank `q.documents` for `q.query`, most relevant first."""
         serving = self.serving
@@ -230,8 +245,7 @@ class RankingService:
                 f"is {plan.windows[too_long]} windows long), and truncation is off: shorten it, "
                 "or allow truncation to score it by its best window",
             )
-        windows = await self._score(name, q.query, plan.texts(scored), tokens=tokens)
-        pooled = pool(plan, windows, chunking.pooling)
+        pooled = await self._pooled(name, q.query, scored, plan, tokens, chunking.pooling)
         raw = [score for score, _ in pooled]
         shown = normalize_scores(raw, q.normalize or serving.config.normalize)
         return Ranking(
@@ -381,10 +395,19 @@ class RankingService:
             raise BackendFailed(
                 f"index '{index}' failed to answer; details are in the server log"
             ) from None
+        chunks = ChunkUsage()
+        best: list[BestChunk | None] = [None] * len(hits)
         if reranker is not None and hits:
             passages = [h.text for h in hits]
-            _, tokens, _ = await serving.pair_costs(reranker, q.query, passages, "depth")
-            raw = await self._score(reranker, q.query, passages, "query", tokens)
+            plan, tokens = await serving.window_costs(
+                reranker, q.query, passages, "depth", config.chunking
+            )
+            pooled = await self._pooled(
+                reranker, q.query, passages, plan, tokens, config.chunking.pooling, "query"
+            )
+            raw = [score for score, _ in pooled]
+            best = [chunk for _, chunk in pooled]
+            chunks = plan.usage
             order = top_order(raw, q.top_n)
             shown = normalize_scores(raw, q.normalize or config.normalize)
         else:
@@ -402,6 +425,9 @@ class RankingService:
                     score=shown[i] if reranker else first,
                     retrieval_score=first,
                     rerank_score=raw[i] if reranker else None,
+                    best_chunk=best[i],
                 )
             )
-        return SearchResults(index=index, reranker=reranker, results=results, documents=len(hits))
+        return SearchResults(
+            index=index, reranker=reranker, results=results, documents=len(hits), chunks=chunks
+        )

@@ -250,6 +250,8 @@ class FoundPassage:
     retrieval_score: float
     rerank_score: float | None
     """Raw, when reranked."""
+    best_chunk: BestChunk | None = None
+    """Its best window, when reranked (the whole passage where it fits the model)."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,8 @@ class SearchResults:
     results: list[FoundPassage]
     documents: int
     """First-stage candidates found."""
+    chunks: ChunkUsage = field(default_factory=ChunkUsage)
+    """What the reranking's chunking did (nothing without a reranker)."""
 
 
 # --------------------------------------------------------------------------- what is served

@@ -160,6 +160,44 @@ def test_search_reranked(search_client):
     assert body["model"] == "inv"
 
 
+def test_search_reranks_a_long_passage_by_its_best_window(make_client):
+    """A reranked search chunks as /v1/rerank does: a passage longer than the reranker's window
+    is scored by its best window, said in `best_chunk` and the usage."""
+    from cisrank.rerank.base import PassageWindow
+    from cisrank.rerank.chunking import Chunking
+
+    class Windowed(OverlapReranker):
+        passage_window = PassageWindow(3, None)
+
+    page = "nothing here at all, then who wrote hamlet"
+    corpus = {"page": page, "short": "hamlet wrote"}
+    client = make_client(
+        {"w": Windowed()},
+        retrievers={"toy": ListRetriever(corpus)},
+        chunking=Chunking(overlap_tokens=0),
+    )
+    q = "who wrote hamlet"
+    r = client.post("/v1/search", json={"query": q, "top_n": 2, "rerank": "w"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # the page's windows of 3 words: "nothing here at", "all, then who", "wrote hamlet"
+    start = page.index("wrote hamlet")
+    best = overlap(q, "wrote hamlet")
+    top = body["results"][0]
+    assert top["docid"] == "page" and top["rerank_score"] == pytest.approx(best)
+    assert top["best_chunk"] == {"start": start, "end": len(page), "score": best, "text": None}
+    assert body["results"][1]["best_chunk"] == {
+        "start": 0, "end": len("hamlet wrote"), "score": overlap(q, "hamlet wrote"), "text": None
+    }  # fmt: skip
+    assert body["usage"] == {
+        "documents": 2,
+        "truncated_documents": 0,
+        "chunked_documents": 1,
+        "windows_scored": 4,
+        "windows_dropped": 0,
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -92,3 +92,35 @@ def test_a_hostile_passages_file_is_one_line_naming_its_line(tmp_path):
     assert _last_line(p) == (
         f"error: {passages}:2: not UTF-8 (byte 0xe9 at column 14): give the passages file as UTF-8"
     )
+
+
+def test_a_long_passage_is_ranked_by_its_best_window_as_the_library_ranks_it(
+    tiny_bert_dir, tmp_path
+):
+    """`cisrank rerank` chunks as `cisrank serve` does: a passage over the window is scored by
+    its best window, the span and the windows counted in the JSON, the scores the library's."""
+    from cisrank.rerank import load_reranker
+    from cisrank.rerank.chunking import Chunking
+
+    long = " ".join(["the weather in spring is mild and wet"] * 6) + " paris is the capital"
+    texts = [long, "Hamlet is a tragedy."]
+    passages = tmp_path / "p.jsonl"
+    passages.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    query = "capital of France"
+    p = cli(
+        "rerank", "--reranker", "dense", "--model", str(tiny_bert_dir), "--query", query,
+        "--passages", str(passages), "--chunk-window-tokens", "8", "--chunk-overlap-tokens", "2",
+        "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    chunking = Chunking(window_tokens=8, overlap_tokens=2)
+    reranker = load_reranker("dense", str(tiny_bert_dir))
+    want = reranker.rank(query, texts, chunking=chunking)
+    assert [r["index"] for r in out["results"]] == [w.index for w in want]
+    for got, w in zip(out["results"], want, strict=True):
+        assert abs(got["score"] - w.score) < 1e-5
+        assert got["best_chunk"]["start"] == w.best_chunk.start
+        assert got["best_chunk"]["end"] == w.best_chunk.end
+    assert out["chunks"]["chunked_documents"] == 1
+    assert out["chunks"]["windows_scored"] == want.chunks.windows_scored > 2

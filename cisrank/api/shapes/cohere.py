@@ -91,13 +91,7 @@ def response_of(ranking: Ranking, body: RerankRequest, texts: list[str]) -> Rera
         id=str(uuid.uuid4()),
         model=ranking.reranker,
         results=results,
-        usage=RerankUsage(
-            documents=ranking.documents,
-            truncated_documents=ranking.truncated,
-            chunked_documents=chunks.chunked_documents,
-            windows_scored=chunks.windows_scored,
-            windows_dropped=chunks.windows_dropped,
-        ),
+        usage=RerankUsage.counted(ranking.documents, chunks, ranking.truncated),
     )
 
 

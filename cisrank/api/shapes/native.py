@@ -27,10 +27,10 @@ from cisrank.api.schemas import (
     ModelList,
     NoiseOut,
     RerankChoice,
+    RerankUsage,
     SearchRequest,
     SearchResponse,
     SearchResult,
-    Usage,
 )
 from cisrank.api.shapes.renaming import Rename, fields_renamed, item_texts
 from cisrank.serving import types
@@ -65,7 +65,7 @@ async def search(service: RankingService, body: SearchRequest) -> SearchResponse
         index=found.index,
         model=found.reranker,
         results=[SearchResult.model_validate(r, from_attributes=True) for r in found.results],
-        usage=Usage(documents=found.documents),
+        usage=RerankUsage.counted(found.documents, found.chunks),
     )
 
 
