@@ -178,7 +178,8 @@ def test_every_kind_is_served_as_the_library_ranks(kind, tiny):
 
 
 # Long documents: several sentences each, the relevant one late in some, cut into windows of 6
-# tokens overlapping by 2 (the server's config), at most 4 windows a document (the request's).
+# tokens overlapping by 2 (the server's config), at most 4 windows a document (the request's);
+# and the same texts as records ranked by their `rank_fields` (title and body lines).
 LONG = [
     " ".join(SAMPLE_SENTENCES[i] for i in order)
     for order in ([5, 6, 7, 4], [0, 1], [6, 7, 5, 2, 3], [2])
@@ -194,11 +195,27 @@ def test_long_documents_are_served_as_the_library_chunks_them(kind, tiny):
     asked = CHUNKING.replace(max_chunks_per_doc=4)
     want = library.rank(QUERY, LONG, chunking=asked)
     assert want.chunks is not None and want.chunks.windows_dropped > 0
+    fields = ["title", "body"]
+    records = [{"id": f"r{i}", "title": f"part {i}", "body": text} for i, text in enumerate(LONG)]
+    want_records = library.rank(QUERY, records, chunking=asked, rank_fields=fields)
     with _served(served, variant, 2, CHUNKING) as client:
         body = {"query": QUERY, "documents": LONG, "max_chunks_per_doc": 4}
         response = client.post("/v1/rerank", json={**body, "return_documents": True})
         assert response.status_code == 200, response.text
         answer = response.json()
+        structured = {**body, "documents": records, "rank_fields": fields}
+        response = client.post("/v1/rerank", json=structured)
+        assert response.status_code == 200, response.text
+        by_fields = response.json()["results"]
+    # records ranked by their fields' lines, long ones chunked: the library's, span for span
+    assert [r["index"] for r in by_fields] == [r.index for r in want_records]
+    for g, w in zip(by_fields, want_records, strict=True):
+        assert w.best_chunk is not None and g["id"] == records[w.index]["id"]
+        assert g["relevance_score"] == pytest.approx(w.score, abs=1e-5, rel=1e-5)
+        assert (g["best_chunk"]["start"], g["best_chunk"]["end"]) == (
+            w.best_chunk.start,
+            w.best_chunk.end,
+        )
     got = answer["results"]
     assert [r["index"] for r in got] == [r.index for r in want]
     for g, w in zip(got, want, strict=True):
