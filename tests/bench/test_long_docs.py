@@ -93,3 +93,43 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumes(long_eval, tmp_path):
     log.write_text('{"qid": "1", "scores": []}\n{"qid": "2", "sco', encoding="utf-8")
     assert list(long_eval.done_queries(log)) == ["1"]
     assert long_eval.done_queries(tmp_path / "missing.jsonl") == {}
+
+
+@pytest.fixture(scope="module")
+def long_nq(bench_script):
+    return bench_script("long_docs_nq")
+
+
+def test_the_gold_figures_count_recall_at_k_and_mrr_by_hand(long_nq):
+    """Two questions, three candidates each: window scores pooled first/max. Question a: gold 2,
+    windows [[1], [0], [0, 5]]: first ranks the gold 3rd (1 > 0 = 0: ties by index, 1 before
+    2), max 1st. Question b: gold 0, [[0, 0], [3], [1]]: the gold 3rd either way."""
+    rows = [
+        {"gold": 2, "scores": [[1.0], [0.0], [0.0, 5.0]], "spans": [[[0, 1]], [[0, 1]], [[0, 1], [1, 2]]]},
+        {"gold": 0, "scores": [[0.0, 0.0], [3.0], [1.0]], "spans": [[[0, 1], [1, 2]], [[0, 1]], [[0, 1]]]},
+    ]  # fmt: skip
+    first = long_nq.gold_figures(rows, "first")
+    assert first == {
+        "gold_recall@1": 0.0,
+        "gold_recall@3": 1.0,
+        "gold_recall@5": 1.0,
+        "MRR": pytest.approx((1 / 3 + 1 / 3) / 2),
+    }
+    best = long_nq.gold_figures(rows, "max")
+    assert best["gold_recall@1"] == 0.5 and best["MRR"] == pytest.approx((1 + 1 / 3) / 2)
+
+
+def test_a_buried_candidate_keeps_its_text_and_no_filler_holds_an_answer(long_nq):
+    from cisrank.data.types import Passage
+    from cisrank.eval.rag.answers import normalize_answer
+    from cisrank.eval.rag.questions import CandidateSet, Question
+
+    gold = Passage("g", "Shakespeare was born in 1564.", "Hamlet")
+    q = Question(0, "when was shakespeare born", ["1564"], gold)
+    cs = CandidateSet(q, [gold, Passage("o", "Paris is in France.")], 0)
+    words = "lorem ipsum dolor sit amet " * 60
+    filler = [f"{words} {i}" for i in range(40)] + ["the year 1564 was long"] * 40
+    texts, sizes = long_nq.buried(cs, [(t, normalize_answer(t)) for t in filler], "end", 0)
+    assert [t.split("\n\n")[-1] for t in texts] == cs.texts  # at the end, intact
+    assert all(t.count("1564") == c.count("1564") for t, c in zip(texts, cs.texts, strict=True))
+    assert all(1000 <= n for n in sizes) and sizes == [len(t.split()) for t in texts]
