@@ -9,7 +9,7 @@ before and after, and the status codes (to `bench/results/body_admission.json`, 
 `body_admission_nocap.json`). Run it once per cap:
 
     .venv/bin/python bench/body_admission.py                # the default cap, 256 MiB
-    .venv/bin/python bench/body_admission.py --cap 0        # no cap (2 GiB): the case
+    .venv/bin/python bench/body_admission.py --cap 0        # no cap (2 GiB): the unbounded case
     .venv/bin/python bench/body_admission.py --chunked      # the same bodies sent chunked
 
 With `--chunked` every body is sent without a Content-Length, in pieces of 64 KiB `--pace-ms`

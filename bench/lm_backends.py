@@ -4,7 +4,7 @@ Every backend scores the same (query, passage) pairs with the reverse CIS estima
 template, the configuration reported on DL19), one query at a time, in a rotating order so that
 a change of machine load hits every backend alike. Per backend: pairs/s and the speedup over
 torch float32 (same threads), the largest score difference from torch float32, and, with qrels,
-nDCG@10 of its ranking with a paired randomization test against torch float32 (the issue's bar
+nDCG@10 of its ranking with a paired randomization test against torch float32 (the bar
 for adopting an int8 type: within 0.01 on DL21, p > 0.05).
 
     python bench/lm_backends.py --model smollm2-135m-instruct --dataset trec-dl21 --depth 20

@@ -7,7 +7,7 @@ The shipped files (`cisrank-student`) are out/student with every weight rounded 
 exactly as on the original, from weights that moved by at most half a float16 ulp. The backends:
 torch float32 (exact), torch bf16 (the default on a CPU with native bf16 where onnxruntime is
 absent), ONNX Runtime float32 and ONNX Runtime int8 (the default where it is installed). Each row
-is one reranker over the same candidates; the issue's bar is the shipped weights within 0.002
+is one reranker over the same candidates; the bar is the shipped weights within 0.002
 of the float32 student on each backend.
 
     CISRANK_DATA_DIR=../shared/data .venv/bin/python bench/shipped_student.py --student out/student

@@ -1,6 +1,6 @@
 """How closely a student orders each query's candidates as its teacher does, from two run files.
 
-The issue's second figure beside nDCG@10: the mean per-query Spearman correlation between the
+The second figure beside nDCG@10: the mean per-query Spearman correlation between the
 student's scores and the teacher's over the pairs both scored (the same function `distill run`
 and the trainer's reports use, `cisrank.distill.evaluate.spearman_to_teacher`). The teacher's run
 is what `cisrank eval` (one component) or `cisrank eval fuse` (the hybrid, fused exactly as the

@@ -151,7 +151,7 @@ def test_every_client_refused_by_the_budget_reads_its_503(live_server):
     body = json.dumps({"query": "word", "documents": ["word " * 6000] * 200}).encode()  # 6 MB
     try:
         with ThreadPoolExecutor(8) as pool:
-            # Content-Length and chunked alike (the clients lost the answer with both)
+            # Content-Length and chunked alike (clients once lost the answer with both)
             sent = [i % 2 == 1 for i in range(8)]
             answers = list(pool.map(lambda c: _post_whole_body(host, port, body, c), sent))
         for chunked, (status, headers, rest) in zip(sent, answers, strict=True):

@@ -75,7 +75,7 @@ def test_a_reserved_field_is_422_naming_it(cis, route, reserved):
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_repeated_passage_text_is_refused_before_anything_is_tokenized(cis, tokenized, route):
-    """The issue's 3 documents of 30,000 characters with a document format of `{text}` x 100
+    """The reported attack's 3 documents of 30,000 characters with a document format of `{text}` x 100
     (1.8M tokens rendered before): refused naming `document_format`, the tokenizer untouched."""
     body = {"query": QUESTION, "documents": _docs(3, 30_000), "document_format": "{text}" * 100}
     r = _client(cis).post(route, json=body)
@@ -85,7 +85,7 @@ def test_repeated_passage_text_is_refused_before_anything_is_tokenized(cis, toke
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_field_referenced_many_times_counts_every_time(cis, tokenized, route):
-    """A template naming one field 100 times (the issue's 250 KB field rendered 5M tokens): the
+    """A template naming one field 100 times (a 250 KB field once rendered 5M tokens): the
     field is capped at `max_query_chars`, and within it, every reference counts."""
     template = "{documents} " + "{f} " * 100 + "{question}"
     client = _client(cis)

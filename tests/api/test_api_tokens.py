@@ -225,7 +225,7 @@ def test_embeddings_check_dimensions_before_embedding(tiny_dense):
 
 
 def test_a_context_costs_its_prompts_tokens(cis, bpe):
-    """The issue's `/v1/context` with `arrange: curvature` over 4 documents of 200 characters
+    """The reported `/v1/context` with `arrange: curvature` over 4 documents of 200 characters
     from U+10000 up: estimated at characters / 4 like English (and held the model thread 58.8
     s); its prompts are counted in tokens now: refused under a budget that English of the same
     length passes, naming `documents`."""

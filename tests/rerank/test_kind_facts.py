@@ -177,7 +177,7 @@ def kind_tests(source: str, classes: set[str]) -> list[tuple[int, str]]:
 
 
 def test_the_scan_finds_each_shape_it_forbids():
-    """The detector itself, on the shapes the issue measured (so the scan cannot pass by
+    """The detector itself, on the shapes once counted in the code (so the scan cannot pass by
     finding nothing)."""
     classes = reranker_classes()
     assert {"DenseReranker", "PooledReranker", "CISReranker", "IdentityReranker"} <= classes
