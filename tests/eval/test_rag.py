@@ -466,8 +466,8 @@ def test_the_command(hand_file, tmp_path, monkeypatch, capsys, titles):
 
 
 def test_the_experiments_rerankers_file():
-    """bench/rag_rerankers.json, the rerankers of the RAG comparison, reads as specs (the student once its
-    kind is registered)."""
+    """bench/rag_rerankers.json, the rerankers of the RAG comparison, reads as specs (the
+    student once its kind is registered)."""
     from cisrank.rerank.registry import KINDS
     from cisrank.rerank.spec import read_specs
 
