@@ -76,7 +76,8 @@ def test_a_reserved_field_is_422_naming_it(cis, route, reserved):
 @pytest.mark.parametrize("route", ROUTES)
 def test_repeated_passage_text_is_refused_before_anything_is_tokenized(cis, tokenized, route):
     """The reported attack's 3 documents of 30,000 characters with a document format of
-    `{text}` x 100 (1.8M tokens rendered before): refused naming `document_format`, the tokenizer untouched."""
+    `{text}` x 100 (1.8M tokens rendered before): refused naming `document_format`, the
+    tokenizer untouched."""
     body = {"query": QUESTION, "documents": _docs(3, 30_000), "document_format": "{text}" * 100}
     r = _client(cis).post(route, json=body)
     _refused(r, "document_format", "cannot fit the model's context", "from document_format")
