@@ -42,21 +42,25 @@ NQ_FILE = "nq-open-lim/nq-open-oracle.first2000.jsonl.gz"
 
 
 def buried(
-    cs: CandidateSet, filler: Sequence[tuple[str, str]], position: str, seed: int
+    cs: CandidateSet,
+    filler: Sequence[tuple[str, str]],
+    position: str,
+    seed: int,
+    words: tuple[int, int] = (MIN_WORDS, MAX_WORDS),
 ) -> tuple[list[str], list[int]]:
     """Each candidate's text (title and text, as `eval rag` scores it) padded by `filler`
     passages ((text, its `normalize_answer`)) that hold none of the question's answers, at
-    `position`, to a length drawn from 1,000-5,000 words by a `random.Random` seeded by (seed,
-    question, candidate); and the lengths in words."""
+    `position`, to a length drawn from `words` (1,000-5,000; (0, 0): no padding, the baseline)
+    by a `random.Random` seeded by (seed, question, candidate); and the lengths in words."""
     answers = cs.question.answers
     clean = [t for t, norm in filler if not has_answer(norm, answers, normalized=True)]
-    texts, words = [], []
+    texts, sizes = [], []
     for j, text in enumerate(cs.texts):
         rng = random.Random(f"{seed}:{cs.question.index}:{j}")
-        page = pad(text, clean, position, rng, rng.randint(MIN_WORDS, MAX_WORDS))
+        page = pad(text, clean, position, rng, rng.randint(*words))
         texts.append(page)
-        words.append(len(page.split()))
-    return texts, words
+        sizes.append(len(page.split()))
+    return texts, sizes
 
 
 def gold_figures(rows: Sequence[dict[str, Any]], pooling: str) -> dict[str, float]:
@@ -90,6 +94,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--overlap", type=int, default=32, help="tokens consecutive windows share")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--words", default=f"{MIN_WORDS},{MAX_WORDS}", help="MIN,MAX; 0,0: unpadded (baseline)"
+    )
     ap.add_argument("--out", type=Path, required=True, help="path stem of the .jsonl and .json")
     args = ap.parse_args()
     path = args.questions or data_dir() / NQ_FILE
@@ -108,7 +115,8 @@ def main() -> None:
         qid = str(cs.question.index)
         if qid in done:
             continue
-        texts, words = buried(cs, filler, args.position, args.seed)
+        lo, hi = (int(x) for x in args.words.split(","))
+        texts, words = buried(cs, filler, args.position, args.seed, (lo, hi))
         scores, spans, seconds = score_query(
             reranker, splitter, cs.question.question, texts, args.overlap
         )
@@ -127,6 +135,7 @@ def main() -> None:
         "skipped": {str(k): v for k, v in skipped.items()},
         "candidates": args.candidates,
         "position": args.position,
+        "words_range": args.words,
         "reranker": args.reranker,
         "model": reranker.model_name,
         "overlap": args.overlap,
