@@ -1,4 +1,4 @@
-"""The dense reranker on each runtime, on all-MiniLM-L6-v2 over DL19's BM25 top 100, one run.
+"""The dense reranker on each runtime (all-MiniLM-L6-v2, or `--model`) over DL19's BM25 top 100.
 
 Each (backend, dtype) of the runtime table's feature-extraction task reranks the same queries'
 top `--depth` candidates, the order of the runtimes rotated query by query (`interleaved`) so
@@ -17,7 +17,7 @@ from torch float32 over every (query, passage) of the run; the first load's seco
 included where one was made). Everything runs on `--threads` torch threads (ONNX Runtime's too).
 
     CISRANK_DATA_DIR=../shared/data OMP_NUM_THREADS=1 .venv/bin/python bench/dense_runtimes.py \
-        [--queries 2 --depth 100 --threads 1]
+        [--queries 2 --depth 100 --threads 1 --model all-mpnet-base-v2 --runtimes "torch float32,onnx int8"]
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ RUNTIMES = {
 }
 
 
-def load(name: str, options: dict[str, str]) -> tuple[DenseReranker, float]:
+def load(model: str, name: str, options: dict[str, str]) -> tuple[DenseReranker, float]:
     t = time.perf_counter()
-    reranker = DenseReranker(MODEL, **options)
+    reranker = DenseReranker(model, **options)
     if name.endswith("weights"):  # the reranker's runner swapped for the bf16-weights one
-        reranker.runner = embedder_torch.load(MODEL, "bfloat16", options={"bf16": "weights"})
+        reranker.runner = embedder_torch.load(model, "bfloat16", options={"bf16": "weights"})
     return reranker, time.perf_counter() - t
 
 
@@ -58,14 +58,21 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=2)
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default=MODEL, help="a bi-encoder (catalogue name, id or folder)")
+    ap.add_argument(
+        "--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, of: {', '.join(RUNTIMES)}"
+    )
     args = ap.parse_args()
+    asked = [r.strip() for r in args.runtimes.split(",")]
+    if TORCH_FP32 not in asked or not set(asked) <= set(RUNTIMES):
+        ap.error(f"--runtimes: {TORCH_FP32} (the reference) and any of {', '.join(RUNTIMES)}")
     torch.set_num_threads(args.threads)
     dataset = load_folder(dl19_dir())
     qids = [q for q in dataset.qids if len(dataset.candidates[q]) >= args.depth][: args.queries]
     rerankers: dict[str, DenseReranker] = {}
     loads: dict[str, float] = {}
-    for name, options in RUNTIMES.items():
-        rerankers[name], loads[name] = load(name, options)
+    for name in asked:
+        rerankers[name], loads[name] = load(args.model, name, RUNTIMES[name])
     names = list(rerankers)
     seconds: dict[str, list[float]] = {n: [] for n in names}
     scores: dict[str, list[float]] = {n: [] for n in names}
@@ -81,7 +88,7 @@ def main() -> None:
     reference = np.array(scores[TORCH_FP32])
     rows: dict[str, object] = {
         "machine": machine(),
-        "model": MODEL,
+        "model": args.model,
         "queries": len(qids),
         "depth": args.depth,
         "threads": args.threads,
@@ -93,7 +100,7 @@ def main() -> None:
             f"p50 {p50:.2f} s / {args.depth} passages, {p50 / base_p50:.2f}x torch float32's "
             f"time, max |score - float32| {gap:.2g}, first load {loads[name]:.1f} s"
         )
-    report("dense_runtimes", rows)
+    report("dense_runtimes" if args.model == MODEL else f"dense_runtimes-{args.model}", rows)
 
 
 if __name__ == "__main__":
