@@ -17,7 +17,8 @@ from torch float32 over every (query, passage) of the run; the first load's seco
 included where one was made). Everything runs on `--threads` torch threads (ONNX Runtime's too).
 
     CISRANK_DATA_DIR=../shared/data OMP_NUM_THREADS=1 .venv/bin/python bench/dense_runtimes.py \
-        [--queries 2 --depth 100 --threads 1 --model all-mpnet-base-v2 --runtimes "torch float32,onnx int8"]
+        [--queries 2 --depth 100 --threads 1 --model all-mpnet-base-v2 \
+         --runtimes "torch float32,onnx int8"]
 """
 
 from __future__ import annotations

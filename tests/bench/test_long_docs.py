@@ -104,10 +104,11 @@ def test_the_gold_figures_count_recall_at_k_and_mrr_by_hand(long_nq):
     """Two questions, three candidates each: window scores pooled first/max. Question a: gold 2,
     windows [[1], [0], [0, 5]]: first ranks the gold 3rd (1 > 0 = 0: ties by index, 1 before
     2), max 1st. Question b: gold 0, [[0, 0], [3], [1]]: the gold 3rd either way."""
+    one, two = [[0, 1]], [[0, 1], [1, 2]]
     rows = [
-        {"gold": 2, "scores": [[1.0], [0.0], [0.0, 5.0]], "spans": [[[0, 1]], [[0, 1]], [[0, 1], [1, 2]]]},
-        {"gold": 0, "scores": [[0.0, 0.0], [3.0], [1.0]], "spans": [[[0, 1], [1, 2]], [[0, 1]], [[0, 1]]]},
-    ]  # fmt: skip
+        {"gold": 2, "scores": [[1.0], [0.0], [0.0, 5.0]], "spans": [one, one, two]},
+        {"gold": 0, "scores": [[0.0, 0.0], [3.0], [1.0]], "spans": [two, one, one]},
+    ]
     first = long_nq.gold_figures(rows, "first")
     assert first == {
         "gold_recall@1": 0.0,
