@@ -219,10 +219,17 @@ def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, 
     )
     rerank = ["rerank", "-r", "cis", "--estimator", "forward", "--query", QUERY]
     rerank += ["--passages", str(passages), "--json"]
-    res = runner.invoke(app, [*rerank, *model, "--template", "qa", "--prior-store", str(store)])
+    rerank += [*model, "--template", "qa", "--prior-store", str(store)]
+    # a passage's first window is the passage cut at --max-doc-tokens, as the build stored it
+    res = runner.invoke(app, [*rerank, "--max-chunks-per-doc", "1"])
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)["results"]) == len(ROWS)
     assert PriorStore(store).count() == before == len(keys)  # every prior found, none added
+    # chunked in full (the default), the later windows' priors are computed and kept too
+    res = runner.invoke(app, rerank)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["chunks"]["chunked_documents"] > 0
+    assert PriorStore(store).count() > before
 
 
 def test_bad_model_and_bad_params_are_clear_errors(
