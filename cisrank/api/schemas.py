@@ -167,7 +167,10 @@ class Usage(BaseModel):
     truncated_documents: int = Field(default=0, description="Documents cut by max_tokens_per_doc.")
 
 
-class RerankUsage(Usage):
+class ChunksUsed(BaseModel):
+    """What chunking did to a ranking: `/v1/rerank`'s and `/v1/search`'s usage, and the
+    `rerank` step of `/v1/context` and `/v1/generate`."""
+
     chunked_documents: int = Field(
         default=0, description="Documents longer than the model's window, cut into windows."
     )
@@ -175,6 +178,10 @@ class RerankUsage(Usage):
     windows_dropped: int = Field(
         default=0, description="Windows not scored: past max_chunks_per_doc (or first pooling)."
     )
+
+
+class RerankUsage(ChunksUsed, Usage):
+    """What a ranking scored: its documents, those cut by max_tokens_per_doc, and its windows."""
 
     @classmethod
     def counted(cls, documents: int, chunks: ChunkUsage, truncated: int = 0) -> RerankUsage:
@@ -319,16 +326,6 @@ class NoiseIn(NoiseSpec):
 
     documents: list[str | ContextDocumentIn] | None = Field(
         default=None, description="The pool to draw from, as strings or {text, title?, id?}."
-    )
-
-
-class ChunksUsed(BaseModel):
-    chunked_documents: int = Field(
-        default=0, description="Documents longer than the reranker's window, cut into windows."
-    )
-    windows_scored: int = Field(default=0, description="Windows scored, every document's.")
-    windows_dropped: int = Field(
-        default=0, description="Windows not scored: past max_chunks_per_doc (or first pooling)."
     )
 
 
