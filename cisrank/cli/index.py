@@ -19,7 +19,15 @@ import typer
 
 from cisrank.cli.config_flags import config_flags
 from cisrank.cli.defaults import config_flag
-from cisrank.cli.options import ENGINE_FLAGS, WORKER_FLAGS, Engine, FlagGroup, takes
+from cisrank.cli.options import (
+    CHUNK_FLAGS,
+    ENGINE_FLAGS,
+    WORKER_FLAGS,
+    ChunkChanges,
+    Engine,
+    FlagGroup,
+    takes,
+)
 from cisrank.indexes.kinds import KINDS
 from cisrank.indexes.prior import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE, PriorIndexConfig
 from cisrank.jobs.pool import WorkerOptions
@@ -176,7 +184,7 @@ def build_dense(
 
 
 @_command("prior")
-@takes(engine=ENGINE_FLAGS, workers=WORKER_FLAGS, build=BUILD_FLAGS)
+@takes(engine=ENGINE_FLAGS, workers=WORKER_FLAGS, chunking=CHUNK_FLAGS, build=BUILD_FLAGS)
 def build_prior(
     corpus: CorpusOpt,
     out: OutOpt,
@@ -208,16 +216,26 @@ def build_prior(
         ),
     ] = None,
     workers: WorkerOptions,
+    chunking: ChunkChanges,
     build: _Build,
 ) -> None:
-    """CIS priors: log p(K) of every passage. --engine local fills OUT/priors.sqlite (a prior
-    store); --engine ray writes the Parquet prior table OUT/priors.parquet. Either file, or the
-    folder, is what --prior-store takes."""
+    """CIS priors: log p(K) of every window of every passage, cut as the reranker's chunking
+    cuts it (the --chunk-* flags and --max-chunks-per-doc: give the same to serve or rerank).
+    --engine local fills OUT/priors.sqlite (a prior store); --engine ray writes the Parquet
+    prior table OUT/priors.parquet. Either file, or the folder, is what --prior-store takes."""
     if shard_size is not None and engine.ray is None:
         from cisrank.errors import CisrankError
 
         raise CisrankError("--shard-size needs --engine ray")
-    params = {"model": model, "max_doc_tokens": max_doc_tokens, "dtype": dtype, "backend": backend}
+    from cisrank.rerank.chunking import Chunking
+
+    params: dict[str, Any] = {
+        "model": model,
+        "max_doc_tokens": max_doc_tokens,
+        "dtype": dtype,
+        "backend": backend,
+        "chunking": chunking.over(Chunking()),
+    }
     from cisrank.jobs.pool import for_device, set_threads
 
     pool = for_device(workers, device)

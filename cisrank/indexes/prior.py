@@ -36,6 +36,7 @@ from cisrank.jobs import ray as ray_jobs
 from cisrank.jobs.pool import WorkerOptions
 from cisrank.jobs.ray import POS, SHARD, Engine, RayOptions, check_engine
 from cisrank.jobs.shards import Progress, Shards, ShardWriter, batched, run_shards
+from cisrank.rerank.chunking import Chunking, Splitter, plan_request
 from cisrank.rerank.prior_table import TABLE_FILE
 from cisrank.retrieval.base import IndexConfig
 from cisrank.runtimes.table import BackendName
@@ -77,6 +78,14 @@ class PriorIndexConfig(IndexConfig):
         default="torch",
         description="Runtime of the causal LM, as the reranker's --backend (auto: onnx int8 on "
         "a CPU with the onnx extra); part of the store's key, so it must match the reranker's.",
+    )
+    chunking: Chunking = Field(
+        default_factory=Chunking,
+        description="How a passage longer than max_doc_tokens is cut into windows, as the "
+        "reranker's chunking cuts it (serve's `chunking`, rerank's --chunk-* flags): a prior is "
+        "stored for every window the reranker will score, so a long passage costs no prior "
+        "pass at query time. Pooling first or max_chunks_per_doc 1: the first window alone "
+        "(the passage cut at max_doc_tokens).",
     )
 
     @field_validator("model", mode="before")
@@ -241,6 +250,7 @@ class _PriorModel:
     batch_tokens: int | None
     device: str | None
     backend: str
+    chunking: Chunking
 
     @staticmethod
     def fields(
@@ -254,6 +264,7 @@ class _PriorModel:
             "batch_tokens": batch_tokens,
             "device": device,
             "backend": config.backend,
+            "chunking": config.chunking,
         }
 
     def reranker(self, store: str | None = None) -> Any:
@@ -278,6 +289,17 @@ class _PriorModel:
             engine=engine,
         )
 
+    def window_ids(self, reranker: Any, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+        """(the token ids of every window of `texts` the CIS reranker scores at query time
+        under `chunking`, the windows of each text): planned by `plan_request`, the one function
+        the library and the server plan windows with. A CIS window reads no query tokens, so a
+        passage's windows are the same for every query."""
+        splitter = getattr(reranker, "_prior_splitter", None)
+        if splitter is None:  # one copy of the tokenizer per loaded model, not per batch
+            splitter = reranker._prior_splitter = Splitter(reranker.passage_window.tokenizer)
+        plan = plan_request(splitter, reranker.passage_window, "", texts, self.chunking)
+        return reranker.passage_ids(plan.texts(texts)), [len(spans) for spans in plan.spans]
+
     def describe(self, reranker: Any) -> dict[str, Any]:
         engine = reranker.engine
         return {
@@ -301,7 +323,7 @@ class PriorStoreJob(_PriorModel):
         return self.reranker(self.store)
 
     def score(self, reranker: Any, texts: list[str]) -> int:
-        reranker.summed_log_priors(reranker.passage_ids(texts))
+        reranker.summed_log_priors(self.window_ids(reranker, texts)[0])
         return len(texts)
 
     def close(self, reranker: Any) -> None:
@@ -324,6 +346,7 @@ class PriorShardJob(_PriorModel):
         return self.reranker()
 
     def score(self, reranker: Any, batch: Any) -> Any:
+        import numpy as np
         import pyarrow as pa
 
         from cisrank.rerank.prior_store import passage_key
@@ -331,16 +354,30 @@ class PriorShardJob(_PriorModel):
 
         texts = batch.column("text").to_pylist()
         items: list[tuple[str, float, int]] = []
+        windows: list[int] = []
         for start in range(0, len(texts), self.batch_size):
-            docs = reranker.passage_ids(texts[start : start + self.batch_size])
+            docs, counts = self.window_ids(reranker, texts[start : start + self.batch_size])
             logprobs = reranker.summed_log_priors(docs)
             items += [(passage_key(d), lp, len(d)) for d, lp in zip(docs, logprobs, strict=True)]
-        table = pa.table(prior_rows(reranker.store_fingerprint, items), schema=table_schema())
+            windows += counts
+        flat = pa.table(prior_rows(reranker.store_fingerprint, items), schema=table_schema())
+        # one row per passage (the driver counts a shard's rows back), its windows' as lists
+        offsets = pa.array(np.concatenate([[0], np.cumsum(windows)]), pa.int32())
+        table = pa.table(
+            {
+                name: pa.ListArray.from_arrays(offsets, flat.column(name).combine_chunks())
+                for name in flat.column_names
+            }
+        )
         return table.append_column(SHARD, batch.column(SHARD)).append_column(POS, batch.column(POS))
 
 
 def _shard_path(folder: Path, index: int) -> Path:
     return folder / f"prior-{index:05d}.parquet"
+
+
+_PASSAGES = b"cisrank.passages"
+"""A shard file's metadata key: the passages its window rows come from."""
 
 
 def _prior_shard_ok(path: Path, rows: int, fingerprint: str) -> bool:
@@ -351,18 +388,25 @@ def _prior_shard_ok(path: Path, rows: int, fingerprint: str) -> bool:
         table = pq.read_table(path, columns=["fingerprint"])
     except (OSError, ValueError):
         return False
-    if table.num_rows != rows:
+    if (table.schema.metadata or {}).get(_PASSAGES) != str(rows).encode():
         return False
-    return rows == 0 or pc.all(pc.equal(table.column(0), fingerprint)).as_py() is True
+    return table.num_rows == 0 or pc.all(pc.equal(table.column(0), fingerprint)).as_py() is True
 
 
 def _shard_parquet(shard: int, table: Any) -> bytes:
-    """A shard's prior rows (`PriorShardJob.score`'s) as the bytes of its Parquet file."""
+    """A shard's prior rows (`PriorShardJob.score`'s, a passage a row) as the bytes of its
+    Parquet file: a window a row, the passages counted in the file's metadata."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from cisrank.rerank.prior_table import table_schema
+
+    lists = table.drop_columns([SHARD, POS])
+    flat = pa.table({n: pc.list_flatten(lists.column(n)) for n in lists.column_names})
+    flat = flat.cast(table_schema()).replace_schema_metadata({_PASSAGES: str(table.num_rows)})
     sink = pa.BufferOutputStream()
-    pq.write_table(table.drop_columns([SHARD, POS]), sink, compression="zstd")
+    pq.write_table(flat, sink, compression="zstd")
     return sink.getvalue().to_pybytes()
 
 
@@ -449,7 +493,10 @@ def _join_table(path: Path, shard_dir: Path, shards: int) -> int:
 
     from cisrank.rerank.prior_table import table_schema, write_prior_table
 
-    parts = [pq.read_table(_shard_path(shard_dir, i)) for i in range(shards)]
+    parts = [
+        pq.read_table(_shard_path(shard_dir, i)).replace_schema_metadata(None)
+        for i in range(shards)
+    ]
     joined = pa.concat_tables(parts) if parts else table_schema().empty_table()
     return write_prior_table(path, joined)
 

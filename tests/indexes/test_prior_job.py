@@ -183,6 +183,27 @@ def _cli(monkeypatch, capsys, args: list[str]) -> tuple[int, str, str]:
     return int(exc.value.code or 0), out.out, out.err
 
 
+def _windows_by_hand(tokenizer_dir: Path, texts: list[str], window: int) -> list[str]:
+    """Every window of `texts` cut by hand from the tokenizer's offsets: `window` tokens, each
+    starting `window - window // 2` tokens after the last (the default overlap, 32 tokens, is
+    capped at half the model's window), until one reaches the last token."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    out = []
+    for text in texts:
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        if len(offsets) <= window:
+            out.append(text)
+            continue
+        start = 0
+        while True:
+            stop = min(start + window, len(offsets))
+            out.append(text[offsets[start][0] : offsets[stop - 1][1]])
+            if stop == len(offsets):
+                break
+            start += window - window // 2
+    return out
+
+
 def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, ref):
     out = tmp_path / "prior"
     runner = CliRunner()
@@ -199,17 +220,23 @@ def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, 
     short = CISReranker(
         max_doc_tokens=6, engine=ref.engine, estimator="forward"
     )  # truncation is part of the key
-    keys = {passage_key(d) for d in short.passage_ids(CONTENTS)}
+    # every 6-token window of every passage has its prior: the values of one [BOS, window]
+    # forward each, the windows cut by hand
+    windows = _windows_by_hand(tiny_gpt2_dir, CONTENTS, 6)
+    keys = {passage_key(d) for d in short.passage_ids(windows)}
+    assert len(windows) > 3 * len(CONTENTS)
     assert data["params"]["max_doc_tokens"] == 6
+    assert data["params"]["chunking"]["overlap_tokens"] == 32
     assert data["model"]["store_fingerprint"] == short.store_fingerprint
-    assert data["build"]["priors_stored"] == len(keys) < DISTINCT  # 6 tokens: some passages meet
+    assert data["build"]["priors_stored"] == len(keys)
+    stored = _stored(out / PRIOR_FILE, short, windows)
+    brute = _brute_priors(tiny_gpt2_dir, windows)
+    assert np.abs(np.array([lp for lp, _ in stored]) - brute).max() <= TOL
     with pytest.raises(CisrankError, match="is a prior index, which is not a retriever"):
         open_index(out)
     res = runner.invoke(app, [*build, *model, "-q"])
     assert res.exit_code != 0 and "already holds a complete index" in str(res.exception)
 
-    store = out / PRIOR_FILE
-    before = PriorStore(store).count()
     passages = tmp_path / "passages.jsonl"
     passages.write_text(
         "".join(
@@ -219,17 +246,29 @@ def test_cli_build_info_and_use_as_prior_store(tmp_path, corpus, tiny_gpt2_dir, 
     )
     rerank = ["rerank", "-r", "cis", "--estimator", "forward", "--query", QUERY]
     rerank += ["--passages", str(passages), "--json"]
-    rerank += [*model, "--template", "qa", "--prior-store", str(store)]
-    # a passage's first window is the passage cut at --max-doc-tokens, as the build stored it
-    res = runner.invoke(app, [*rerank, "--max-chunks-per-doc", "1"])
+    rerank += [*model, "--template", "qa"]
+    # chunked in full (the default, as the build cut them): every window's prior is found
+    store = out / PRIOR_FILE
+    res = runner.invoke(app, [*rerank, "--prior-store", str(store)])
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)["results"]) == len(ROWS)
-    assert PriorStore(store).count() == before == len(keys)  # every prior found, none added
-    # chunked in full (the default), the later windows' priors are computed and kept too
-    res = runner.invoke(app, rerank)
-    assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["chunks"]["chunked_documents"] > 0
-    assert PriorStore(store).count() > before
+    assert PriorStore(store).count() == len(keys)  # none added
+
+    # --max-chunks-per-doc 1: each passage's first window, the passage cut at --max-doc-tokens
+    first = tmp_path / "first"
+    build = ["index", "build", "prior", "--corpus", str(corpus), "--out", str(first)]
+    res = runner.invoke(app, [*build, *model, "--max-chunks-per-doc", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    store = first / PRIOR_FILE
+    cut = {passage_key(d) for d in short.passage_ids(CONTENTS)}
+    assert PriorStore(store).count() == len(cut) < DISTINCT  # 6 tokens: some passages meet
+    res = runner.invoke(app, [*rerank, "--prior-store", str(store), "--max-chunks-per-doc", "1"])
+    assert res.exit_code == 0, res.output
+    assert PriorStore(store).count() == len(cut)  # every prior found, none added
+    res = runner.invoke(app, [*rerank, "--prior-store", str(store)])  # the later windows'
+    assert res.exit_code == 0, res.output
+    assert PriorStore(store).count() == len(keys)
 
 
 def test_bad_model_and_bad_params_are_clear_errors(

@@ -123,6 +123,28 @@ def test_ray_prior_table_equals_the_local_store(local_prior, ray_prior, tiny_gpt
     assert [c.status for c in report.checks] == ["ok"]
 
 
+def test_ray_stores_every_window_as_the_local_store_does(
+    corpus, tiny_gpt2_dir, tmp_path, ray_cluster
+):
+    """At 6 tokens a window, passages have several windows: a shard's rows are then more than
+    its passages, and the table still holds every window's prior of the local store, the shard
+    files counting passages, not rows."""
+    params = {"model": str(tiny_gpt2_dir), "max_doc_tokens": 6}
+    local = tmp_path / "local"
+    build_index("prior", corpus, local, params, progress=False, options={"batch_size": BATCH})
+    out = tmp_path / "ray"
+    opts = {"engine": "ray", "shard_size": SHARD, "batch_size": BATCH, "ray": ONE_ACTOR}
+    m = build_index("prior", corpus, out, params, progress=False, options=opts)
+    table = _table_rows(out / TABLE_FILE)
+    fingerprint = m.model["store_fingerprint"]
+    store = PriorStore(local / PRIOR_FILE)
+    assert len(table) == m.build["priors_stored"] == store.count(fingerprint) > 2 * len(ROWS)
+    found = store.get_many(fingerprint, list(table))
+    assert set(found) == set(table)
+    assert max(abs(table[k][0] - found[k][0]) for k in table) <= 1e-5
+    assert m.build["passages"] == len(ROWS)
+
+
 def test_the_parquet_table_gives_the_cis_scores_of_the_sqlite_store(
     local_prior, ray_prior, tiny_gpt2_dir, tmp_path
 ):
