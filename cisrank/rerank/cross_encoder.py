@@ -125,7 +125,7 @@ class CrossEncoderReranker(BaseReranker):
         def run(rows: list[int]) -> list[float]:
             return runner.logits(self._pads.collate(enc, rows)).tolist()
 
-        return batcher.run(lengths, run, 0.0)
+        return batcher.run(lengths, run, 0.0, self.runner.lanes)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Raw logit of each (query, passage) pair, input order; duplicates scored once."""

@@ -18,6 +18,7 @@ padding bound (padding is pure loss on a CPU), the cross-encoder by row count.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -90,12 +91,15 @@ class LengthBatcher:
         lengths: Sequence[int],
         score: Callable[[list[int]], Sequence[R]],
         empty: R,
+        lanes: Executor | None = None,
     ) -> list[R]:
         """One result per item: `score(batch)` gives one per index of each planned batch;
-        items of length 0 get `empty`."""
+        items of length 0 get `empty`. With `lanes`, the batches are scored concurrently on
+        its threads, longest first (a runtime that releases the GIL, as ONNX Runtime does)."""
         out: list[R] = [empty] * len(lengths)
-        for batch in self.plan(lengths):
-            values = score(batch)
+        batches = self.plan(lengths)
+        scored = lanes.map(score, batches) if lanes is not None else map(score, batches)
+        for batch, values in zip(batches, scored, strict=True):
             if len(values) != len(batch):
                 raise RuntimeError(f"batch of {len(batch)} rows gave {len(values)} results")
             for i, v in zip(batch, values, strict=True):

@@ -20,6 +20,7 @@ one row of the runtime table (`cisrank.runtimes.table`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -57,6 +58,12 @@ class EmbedderBackend(Protocol):
     @property
     def dimensions(self) -> int | None:
         """The length of its embeddings, as the model declares it."""
+        ...
+
+    @property
+    def lanes(self) -> Executor | None:
+        """Threads that run its batches at once (ONNX int8, `int8_lanes`); None: one after
+        the other."""
         ...
 
     def embed(self, texts: Sequence[str], batch_size: int, normalize: bool = True) -> np.ndarray:

@@ -18,7 +18,9 @@ length, padded by hand: `cisrank.runtimes.batching`). int8 quantizes the weight 
 dynamically (per-channel int8 weights, activations per tensor at run time, `quantize_dynamic_int8`),
 attention products of two activations staying float32; its activation scale is taken over the
 whole batch, so int8 embeds one text a batch on its own (`DYNAMIC_INT8_CPU_BATCH_SIZE`): a
-passage's embedding is then a function of the passage, whatever shares its request.
+passage's embedding is then a function of the passage, whatever shares its request. One text a
+batch is too small a product for a second thread to share, so int8 runs a one-thread session on
+`threads` lanes at once (`int8_lanes`): each embedding is the one-thread session's.
 
 A model with a default prompt (`config_sentence_transformers.json`) is refused: the prompt's
 tokens would have to be excluded from pooling as sentence-transformers does; the torch backend
@@ -44,6 +46,7 @@ from cisrank.runtimes.onnx_export import (
     OPSET,
     export_module,
     import_onnxruntime,
+    int8_lanes,
     local_source,
     open_export,
     open_session,
@@ -221,10 +224,11 @@ class OnnxEmbedder:
     ) -> None:
         ort = import_onnxruntime(_FEATURE)
         source = local_source(model, "bi-encoder")
+        session_threads, self.lanes = int8_lanes(compute_type, threads)
         folder = open_export(
             source,
             _export_onnx,
-            lambda f: self._open(ort, f, compute_type, threads),
+            lambda f: self._open(ort, f, compute_type, session_threads),
             kind=ONNX_KIND,
             files=ONNX_MODEL,
             what=f"bi-encoder '{model}'",
@@ -273,7 +277,7 @@ class OnnxEmbedder:
             return list(normalized(out) if normalize else np.asarray(out, np.float32))
 
         empty = np.zeros(self.dimensions or 0, dtype=np.float32)
-        rows = LengthBatcher(batch_size=batch_size).run(lengths, run, empty)
+        rows = LengthBatcher(batch_size=batch_size).run(lengths, run, empty, self.lanes)
         return np.stack(rows).astype(np.float32, copy=False)
 
 

@@ -37,6 +37,7 @@ class TorchEmbedder:
     """A loaded `SentenceTransformer` as an `EmbedderBackend`."""
 
     name = "torch"
+    lanes = None  # torch batches on its own intra-op threads
 
     def __init__(self, encoder: Any, *, compute_type: str, autocast: bool) -> None:
         self.encoder = encoder

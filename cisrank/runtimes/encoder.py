@@ -16,6 +16,7 @@ Runtimes: `encoder_torch` (exact float32, bf16 with a float32 head, torch's dyna
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -62,6 +63,12 @@ class EncoderBackend(Protocol):
     @property
     def max_positions(self) -> int | None:
         """The model's position table, where its config says."""
+        ...
+
+    @property
+    def lanes(self) -> Executor | None:
+        """Threads that run its batches at once (ONNX int8, `int8_lanes`); None: one after
+        the other."""
         ...
 
     def logits(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -38,6 +38,7 @@ from cisrank.runtimes.onnx_export import (
     OPSET,
     export_module,
     import_onnxruntime,
+    int8_lanes,
     local_source,
     open_export,
     open_session,
@@ -212,10 +213,11 @@ class OnnxCrossEncoder:
     def __init__(self, model: str, compute_type: str, threads: int) -> None:
         ort = import_onnxruntime(_ONNX_FEATURE)
         source = local_source(model, "cross-encoder")
+        session_threads, self.lanes = int8_lanes(compute_type, threads)
         folder = open_export(
             source,
             _export_onnx,
-            lambda f: self._open(ort, f, compute_type, threads),
+            lambda f: self._open(ort, f, compute_type, session_threads),
             kind=ONNX_KIND,
             files=ONNX_MODEL,
             what=f"cross-encoder '{model}'",

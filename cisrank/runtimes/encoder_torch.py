@@ -168,6 +168,7 @@ class TorchEncoder:
     run under inference mode, the first logit read in float32."""
 
     name = "torch"
+    lanes = None  # torch batches on its own intra-op threads
 
     def __init__(
         self,

@@ -31,6 +31,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,18 @@ def open_export(
             )
             discard(folder)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def int8_lanes(compute_type: str, threads: int) -> tuple[int, ThreadPoolExecutor | None]:
+    """(a session's intra-op threads, the lanes its batches run on). Dynamic int8 scores one
+    row a batch (its activation scale is the batch's, so a score would move with its company),
+    a product too small for a second thread to share: it runs a one-thread session on `threads`
+    lanes at once instead (ONNX Runtime releases the GIL), 1.8x faster on 2 cores
+    (bench/RESULTS.md), each score the one-thread session's whatever the thread count. Other
+    compute types batch rows: `threads` intra-op threads, no lanes."""
+    if compute_type != "int8" or threads <= 1:
+        return threads, None
+    return 1, ThreadPoolExecutor(threads, thread_name_prefix="onnx-int8")
 
 
 def open_session(
