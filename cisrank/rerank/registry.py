@@ -357,11 +357,14 @@ class RerankerSpec(ComponentConfig):
         "the model (`cisrank.jobs.pool`): one request's passages are shared among them. Default: "
         "one per CPU core for the causal-LM kinds "
         f"({kind_list(k for k in servable() if k.causal_lm)}), whose 100-passage requests "
-        "take seconds; one for the encoders; one on a GPU. With `cisrank serve --workers N` "
+        "take seconds; one for the encoders (served: on every core's thread); one on a GPU. With `cisrank serve --workers N` "
         "(N HTTP processes, each with its own rerankers), set it to cores / N.",
     )
     threads_per_worker: int | None = Field(
-        default=None, ge=1, description="Torch threads of each of those processes (default 1)."
+        default=None,
+        ge=1,
+        description="Threads of each of those processes (default 1; a served encoder's one "
+        "process: a thread per core).",
     )
     _record: RerankerKind[Any, Any] | None = PrivateAttr(default=None)
 
@@ -481,13 +484,16 @@ class RerankerSpec(ComponentConfig):
         """The processes its model work runs on, decided here only: `workers`, else the spec's
         own; of a default count, one on a GPU (one process fills it) and one for a served
         encoder (it scores a request in milliseconds: a worker's round trip would cost more
-        than it saves), a worker per core otherwise."""
-        from cisrank.jobs.pool import WorkerOptions, for_device
+        than it saves) on a thread per core unless its threads are given, a worker per core
+        otherwise."""
+        from cisrank.jobs.pool import WorkerOptions, cores, for_device
 
         given = workers or WorkerOptions(self.workers, self.threads_per_worker or 1)
         record = self._record
         if given.workers is None and serving and (record is None or not record.causal_lm):
-            given = WorkerOptions(1, given.threads_per_worker)
+            # one process: every core is its threads' (ONNX int8's lanes, torch's intra-op)
+            threads = self.threads_per_worker if workers is None else given.threads_per_worker
+            given = WorkerOptions(1, threads or cores())
         return for_device(given, self.options.get("device"))
 
     def _from_factory(self) -> Reranker:

@@ -7,7 +7,7 @@ import pytest
 from builders import InProcessPool
 
 from cisrank.errors import CisrankError
-from cisrank.jobs.pool import WorkerOptions, balanced_split
+from cisrank.jobs.pool import WorkerOptions, balanced_split, cores
 from cisrank.rerank.pooled import PooledReranker
 from cisrank.rerank.registry import RerankerSpec, load_reranker
 from cisrank.testing import SAMPLE_SENTENCES
@@ -127,7 +127,9 @@ def test_the_default_worker_count_is_decided_by_the_spec():
     """One place: a served encoder on one process, a served causal LM on a worker per core (the
     pool's default), one on a GPU; an explicit count, the call's or the spec's, stands."""
     cis, dense = RerankerSpec(kind="cis"), RerankerSpec(kind="dense")
-    assert dense.pool(None, serving=True) == WorkerOptions(1)
+    assert dense.pool(None, serving=True) == WorkerOptions(1, cores())  # one, on every core
+    thin = RerankerSpec(kind="dense", threads_per_worker=1)
+    assert thin.pool(None, serving=True) == WorkerOptions(1, 1)
     assert cis.pool(None, serving=True) == WorkerOptions()
     assert dense.pool(None, serving=False) == WorkerOptions()  # a job's: once it pays
     assert RerankerSpec(kind="cis", options={"device": "cuda"}).pool(None, True) == WorkerOptions(1)
