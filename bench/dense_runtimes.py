@@ -11,6 +11,15 @@ that load from other processes hits every one alike:
   cache, reused by later runs and by `cisrank eval --backend onnx`) and run by ONNX Runtime,
   int8 one text a batch.
 
+With `--st-python`, sentence-transformers' own paths (`st torch`, `st onnx`, `st onnx int8`:
+bench/st_peer.py) run in a peer process under that interpreter, on the same weights (the same
+model folder), in the same rotation, each timed inside the peer. sentence-transformers'
+`backend="onnx"` needs optimum-onnx, which pins transformers < 4.58, so its interpreter is a
+virtual environment of its own:
+
+    python3.11 -m venv /tmp/stvenv && /tmp/stvenv/bin/pip install torch==2.13.0 \
+        "transformers<4.58" sentence-transformers==5.1.2 "optimum-onnx[onnxruntime]==0.1.0"
+
 Prints, per runtime: p50 seconds per query (one query embedding plus `--depth` passages), its
 ratio to torch float32 (time over time: under 1 is faster), and the largest |score difference|
 from torch float32 over every (query, passage) of the run; the first load's seconds (an export
@@ -24,14 +33,18 @@ included where one was made). Everything runs on `--threads` torch threads (ONNX
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from common import dl19_dir, machine, report
+from common import add_tag_option, dl19_dir, machine, report, result_name
 
 from cisrank.data.datasets import load_folder
+from cisrank.models.resolve import resolve_model
 from cisrank.rerank.dense import DenseReranker
 from cisrank.runtimes import embedder_torch
 
@@ -54,6 +67,46 @@ def load(model: str, name: str, options: dict[str, str]) -> tuple[DenseReranker,
     return reranker, time.perf_counter() - t
 
 
+ST_RUNTIMES = ("st torch", "st onnx", "st onnx int8")
+PEER = Path(__file__).resolve().parent / "st_peer.py"
+
+
+class Peer:
+    """sentence-transformers in its own interpreter (bench/st_peer.py): `score` as a reranker's,
+    `last` the seconds the peer timed for its last answer."""
+
+    def __init__(self, python: str, model: str, work: Path, threads: int, names: list[str]):
+        folder = resolve_model(model)
+        self.proc = subprocess.Popen(
+            [python, str(PEER), folder, str(work), str(threads), ",".join(names)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.loads = self._read()["loads"]
+        self.last = 0.0
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the sentence-transformers peer exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def scorer(self, name: str):
+        def score(query: str, passages: list[str]) -> list[float]:
+            assert self.proc.stdin is not None
+            ask = {"name": name, "query": query, "passages": passages}
+            self.proc.stdin.write(json.dumps(ask) + "\n")
+            self.proc.stdin.flush()
+            got = self._read()
+            self.last = got["seconds"]
+            return got["scores"]
+
+        return score
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queries", type=int, default=2)
@@ -63,6 +116,10 @@ def main() -> None:
     ap.add_argument(
         "--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, of: {', '.join(RUNTIMES)}"
     )
+    ap.add_argument("--st-python", default=None, help="an interpreter with sentence-transformers")
+    ap.add_argument("--st-runtimes", default=",".join(ST_RUNTIMES))
+    ap.add_argument("--st-work", type=Path, default=Path("out/st-peer"), help="its export copy")
+    add_tag_option(ap)
     args = ap.parse_args()
     asked = [r.strip() for r in args.runtimes.split(",")]
     if TORCH_FP32 not in asked or not set(asked) <= set(RUNTIMES):
@@ -74,7 +131,17 @@ def main() -> None:
     loads: dict[str, float] = {}
     for name in asked:
         rerankers[name], loads[name] = load(args.model, name, RUNTIMES[name])
-    names = list(rerankers)
+    scorers = {name: r.score for name, r in rerankers.items()}
+    peer = None
+    if args.st_python:
+        st = [r.strip() for r in args.st_runtimes.split(",")]
+        if not set(st) <= set(ST_RUNTIMES):
+            ap.error(f"--st-runtimes: any of {', '.join(ST_RUNTIMES)}")
+        work = args.st_work / Path(args.model).name
+        peer = Peer(args.st_python, args.model, work, args.threads, st)
+        loads.update(peer.loads)
+        scorers.update({name: peer.scorer(name) for name in st})
+    names = list(scorers)
     seconds: dict[str, list[float]] = {n: [] for n in names}
     scores: dict[str, list[float]] = {n: [] for n in names}
     for k, qid in enumerate(qids):
@@ -82,8 +149,9 @@ def main() -> None:
         passages = [h.text for h in dataset.candidates[qid][: args.depth]]
         for name in names[k % len(names) :] + names[: k % len(names)]:
             t = time.perf_counter()
-            got = rerankers[name].score(query, passages)
-            seconds[name].append(time.perf_counter() - t)
+            got = scorers[name](query, passages)
+            took = time.perf_counter() - t
+            seconds[name].append(peer.last if name in ST_RUNTIMES and peer else took)
             scores[name] += got
     base_p50 = statistics.median(seconds[TORCH_FP32])
     reference = np.array(scores[TORCH_FP32])
@@ -101,7 +169,19 @@ def main() -> None:
             f"p50 {p50:.2f} s / {args.depth} passages, {p50 / base_p50:.2f}x torch float32's "
             f"time, max |score - float32| {gap:.2g}, first load {loads[name]:.1f} s"
         )
-    report("dense_runtimes" if args.model == MODEL else f"dense_runtimes-{args.model}", rows)
+    fastest_st = min(
+        (n for n in names if n in ST_RUNTIMES),
+        key=lambda n: statistics.median(seconds[n]),
+        default=None,
+    )
+    if fastest_st is not None:
+        best = statistics.median(seconds[fastest_st])
+        rows["sentence-transformers' fastest"] = fastest_st
+        rows["speed vs sentence-transformers' fastest"] = {
+            n: f"{best / statistics.median(seconds[n]):.2f}x" for n in names if n not in ST_RUNTIMES
+        }
+    base = "dense_runtimes" if args.model == MODEL else f"dense_runtimes-{args.model}"
+    report(result_name(base, args.tag), rows)
 
 
 if __name__ == "__main__":

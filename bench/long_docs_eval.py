@@ -93,13 +93,23 @@ def main() -> None:
     ap.add_argument("data", type=Path, help="a padded dataset folder (bench/long_docs.py)")
     ap.add_argument("--reranker", default="student")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--backend", default=None, help="the reranker's runtime (torch, onnx, auto)")
+    ap.add_argument("--dtype", default=None, help="its compute type (float32, int8, bfloat16)")
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--overlap", type=int, default=32, help="tokens consecutive windows share")
     ap.add_argument("--out", type=Path, required=True, help="path stem of the .jsonl and .json")
     ap.add_argument("--no-first-timing", action="store_true")
+    ap.add_argument(
+        "--limit", type=int, default=None, help="the set's first N queries only (a cheaper run)"
+    )
     args = ap.parse_args()
     ds = load_folder(args.data)
-    reranker = load_reranker(args.reranker, args.model)
+    if args.limit is not None:
+        keep = set(ds.qids[: args.limit])
+        ds.topics = {q: t for q, t in ds.topics.items() if q in keep}
+        ds.qrels = {q: j for q, j in ds.qrels.items() if q in keep}
+    options = {"backend": args.backend, "dtype": args.dtype}
+    reranker = load_reranker(args.reranker, args.model, **options)
     window = reranker.passage_window
     splitter = Splitter(window.tokenizer if window is not None else None)
     log = args.out.with_suffix(".jsonl")
@@ -129,7 +139,10 @@ def main() -> None:
         "data": str(args.data),
         "reranker": args.reranker,
         "model": reranker.model_name,
+        "backend": args.backend,
+        "dtype": args.dtype,
         "depth": args.depth,
+        "limit": args.limit,
         "overlap": args.overlap,
         "window": None if window is None else window.tokens,
         "queries": len(rows),

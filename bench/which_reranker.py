@@ -16,6 +16,9 @@ then starts one `cisrank serve` per reranker with the quick-start flags the READ
 sends each the same DL19 requests (a query and its BM25 top 100), one request at a time, the
 order of the servers rotated request by request so that load from elsewhere hits all alike.
 Reports p50 latency and pairs/s per reranker, with the CPU flags (ratios depend on them).
+With `--clients N`, each turn of a server is a burst of N requests sent at once by N clients
+(the next N DL19 queries), so the p50 is a request's latency under N-fold concurrency and
+pairs/s the server's throughput over its bursts.
 
     CISRANK_DATA_DIR=../shared/data HF_HUB_OFFLINE=1 .venv/bin/python bench/which_reranker.py
 """
@@ -29,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -109,6 +113,7 @@ def main() -> None:
     ap.add_argument("--only", action="append", help="rerankers to include (default: all)")
     ap.add_argument("--no-eval", action="store_true", help="latency only")
     ap.add_argument("--evals-only", action="store_true", help="the evaluations only (no server)")
+    ap.add_argument("--clients", type=int, default=1, help="concurrent clients (bursts of N)")
     add_tag_option(ap)
     args = ap.parse_args()
     names = args.only or list(RERANKERS)
@@ -120,33 +125,46 @@ def main() -> None:
         for name, by in figures.items():
             print(name, {d: round(v, 4) for d, v in by.items()})
         return
-    requests = dl19_requests(dl19_dir(), 100)[: args.requests]
+    every = dl19_requests(dl19_dir(), 100)
+    requests = every[: args.requests]
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     seconds: dict[str, list[float]] = {n: [] for n in names}
+    busy: dict[str, float] = dict.fromkeys(names, 0.0)  # wall seconds of each server's bursts
+    clients = [httpx.Client(timeout=900) for _ in range(args.clients)]
+
+    def post(k: int, url: str, query: str, passages: list[str]) -> float:
+        started = time.perf_counter()
+        r = clients[k].post(f"{url}/v1/rerank", json={"query": query, "documents": passages})
+        r.raise_for_status()
+        return time.perf_counter() - started
+
     try:
         for name in names:
             port = free_port()
             servers[name] = (serve(RERANKERS[name], port), f"http://127.0.0.1:{port}")
         for proc, url in servers.values():
             wait_ready(url, proc, timeout=900)
-        with httpx.Client(timeout=900) as client:
-            for i, (query, passages) in enumerate(requests):
+        with ThreadPoolExecutor(args.clients) as pool:
+            for i in range(len(requests)):
+                burst = [every[(i * args.clients + k) % len(every)] for k in range(args.clients)]
                 order = names[i % len(names) :] + names[: i % len(names)]
                 for name in order:
                     url = servers[name][1]
-                    body = {"query": query, "documents": passages}
                     started = time.perf_counter()
-                    r = client.post(f"{url}/v1/rerank", json=body)
-                    seconds[name].append(time.perf_counter() - started)
-                    r.raise_for_status()
-                print(f"request {i + 1}/{len(requests)}", flush=True)
+                    futures = [pool.submit(post, k, url, q, p) for k, (q, p) in enumerate(burst)]
+                    seconds[name] += [f.result() for f in futures]
+                    busy[name] += time.perf_counter() - started
+                print(f"turn {i + 1}/{len(requests)}", flush=True)
     finally:
+        for client in clients:
+            client.close()
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=120)
     rows = {}
     print(
-        f"\n{len(requests)} requests of 100 DL19 passages; CPU flags {machine_info()['cpu_flags']}"
+        f"\n{len(requests)} turns of {args.clients} concurrent requests of 100 DL19 passages; "
+        f"CPU flags {machine_info()['cpu_flags']}"
     )
     print("| reranker | DL19 nDCG@10 | DL21 nDCG@10 | p50 latency | pairs/s | served by |")
     print("|---|---|---|---|---|---|")
@@ -155,17 +173,20 @@ def main() -> None:
         rows[name] = {
             **{f"{d}_nDCG@10": figures.get(name, {}).get(d) for d in DATASETS},
             "p50_s": p50,
-            "pairs_per_s": 100 / p50,
+            "pairs_per_s": 100 * len(seconds[name]) / busy[name],
+            "clients": args.clients,
             "seconds": seconds[name],
             "command": "cisrank serve " + " ".join(RERANKERS[name]),
         }
         dl19, dl21 = (figures.get(name, {}).get(d) for d in DATASETS)
         fmt = lambda v: f"{v:.4f}" if v is not None else "-"  # noqa: E731
         print(
-            f"| {name} | {fmt(dl19)} | {fmt(dl21)} | {p50:.2f} s | {100 / p50:.0f} | "
+            f"| {name} | {fmt(dl19)} | {fmt(dl21)} | {p50:.2f} s | "
+            f"{rows[name]['pairs_per_s']:.0f} | "
             f"`{rows[name]['command']}` |"
         )
-    write_result(result_name("which_reranker", args.tag), {"requests": len(requests), "rows": rows})
+    payload = {"requests": len(requests), "clients": args.clients, "rows": rows}
+    write_result(result_name("which_reranker", args.tag), payload)
 
 
 if __name__ == "__main__":
