@@ -240,6 +240,15 @@ def _manifest_model(config: PriorIndexConfig, info: dict[str, Any]) -> dict[str,
 
 
 @dataclass(frozen=True)
+class _PriorState:
+    """What a prior job's worker loads once: the CIS reranker and a splitter of its own over
+    the reranker's tokenizer (a fast tokenizer is not shared between threads)."""
+
+    reranker: Any
+    splitter: Splitter
+
+
+@dataclass(frozen=True)
 class _PriorModel:
     """The model of a prior job as each of its workers or actors loads it: its own engine, and
     the CIS reranker's prior path (summed log-probabilities)."""
@@ -267,9 +276,10 @@ class _PriorModel:
             "chunking": config.chunking,
         }
 
-    def reranker(self, store: str | None = None) -> Any:
-        """The CIS reranker, keeping its priors in the store at `store` (None: in its memory);
-        the model is loaded before the store is opened, so a bad model leaves no file."""
+    def loaded(self, store: str | None = None) -> _PriorState:
+        """The CIS reranker, keeping its priors in the store at `store` (None: in its memory),
+        with its window splitter; the model is loaded before the store is opened, so a bad
+        model leaves no file."""
         from cisrank.lm.backends import load_engine
         from cisrank.rerank.cis import CISReranker
         from cisrank.rerank.prior_store import PriorStore
@@ -281,30 +291,31 @@ class _PriorModel:
             dtype=self.dtype,
             batch_tokens=self.batch_tokens,
         )
-        return CISReranker(
+        reranker = CISReranker(
             self.model,
             max_doc_tokens=self.max_doc_tokens,
             normalize="sum",
             prior_store=PriorStore(store) if store is not None else None,
             engine=engine,
         )
+        # one copy of the tokenizer per loaded model, not per batch
+        window = reranker.passage_window
+        return _PriorState(reranker, Splitter(window.tokenizer if window is not None else None))
 
-    def window_ids(self, reranker: Any, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+    def window_ids(self, state: _PriorState, texts: list[str]) -> tuple[list[list[int]], list[int]]:
         """(the token ids of every window of `texts` the CIS reranker scores at query time
         under `chunking`, the windows of each text): planned by `plan_request`, the one function
         the library and the server plan windows with. A CIS window reads no query tokens, so a
         passage's windows are the same for every query."""
-        splitter = getattr(reranker, "_prior_splitter", None)
-        if splitter is None:  # one copy of the tokenizer per loaded model, not per batch
-            splitter = reranker._prior_splitter = Splitter(reranker.passage_window.tokenizer)
-        plan = plan_request(splitter, reranker.passage_window, "", texts, self.chunking)
+        reranker = state.reranker
+        plan = plan_request(state.splitter, reranker.passage_window, "", texts, self.chunking)
         return reranker.passage_ids(plan.texts(texts)), [len(spans) for spans in plan.spans]
 
-    def describe(self, reranker: Any) -> dict[str, Any]:
-        engine = reranker.engine
+    def describe(self, state: _PriorState) -> dict[str, Any]:
+        engine = state.reranker.engine
         return {
             "fingerprint": engine.fingerprint(),
-            "store_fingerprint": reranker.store_fingerprint,
+            "store_fingerprint": state.reranker.store_fingerprint,
             "dtype": engine.compute_type,
             "device": engine.device,
             "batch_tokens": engine.batch_tokens,
@@ -319,15 +330,15 @@ class PriorStoreJob(_PriorModel):
 
     store: str
 
-    def load(self) -> Any:
-        return self.reranker(self.store)
+    def load(self) -> _PriorState:
+        return self.loaded(self.store)
 
-    def score(self, reranker: Any, texts: list[str]) -> int:
-        reranker.summed_log_priors(self.window_ids(reranker, texts)[0])
+    def score(self, state: _PriorState, texts: list[str]) -> int:
+        state.reranker.summed_log_priors(self.window_ids(state, texts)[0])
         return len(texts)
 
-    def close(self, reranker: Any) -> None:
-        reranker.prior_store.close()
+    def close(self, state: _PriorState) -> None:
+        state.reranker.prior_store.close()
 
 
 # ---------------------------------------------------------------------------------- Ray engine
@@ -341,11 +352,11 @@ class PriorShardJob(_PriorModel):
 
     batch_size: int
 
-    def load(self) -> Any:
+    def load(self) -> _PriorState:
         # no prior store: the priors a shard repeats are kept in the reranker's memory
-        return self.reranker()
+        return self.loaded()
 
-    def score(self, reranker: Any, batch: Any) -> Any:
+    def score(self, state: _PriorState, batch: Any) -> Any:
         import numpy as np
         import pyarrow as pa
 
@@ -356,11 +367,11 @@ class PriorShardJob(_PriorModel):
         items: list[tuple[str, float, int]] = []
         windows: list[int] = []
         for start in range(0, len(texts), self.batch_size):
-            docs, counts = self.window_ids(reranker, texts[start : start + self.batch_size])
-            logprobs = reranker.summed_log_priors(docs)
+            docs, counts = self.window_ids(state, texts[start : start + self.batch_size])
+            logprobs = state.reranker.summed_log_priors(docs)
             items += [(passage_key(d), lp, len(d)) for d, lp in zip(docs, logprobs, strict=True)]
             windows += counts
-        flat = pa.table(prior_rows(reranker.store_fingerprint, items), schema=table_schema())
+        flat = pa.table(prior_rows(state.reranker.store_fingerprint, items), schema=table_schema())
         # one row per passage (the driver counts a shard's rows back), its windows' as lists
         offsets = pa.array(np.concatenate([[0], np.cumsum(windows)]), pa.int32())
         table = pa.table(

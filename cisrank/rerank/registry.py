@@ -357,8 +357,9 @@ class RerankerSpec(ComponentConfig):
         "the model (`cisrank.jobs.pool`): one request's passages are shared among them. Default: "
         "one per CPU core for the causal-LM kinds "
         f"({kind_list(k for k in servable() if k.causal_lm)}), whose 100-passage requests "
-        "take seconds; one for the encoders (served: on every core's thread); one on a GPU. With `cisrank serve --workers N` "
-        "(N HTTP processes, each with its own rerankers), set it to cores / N.",
+        "take seconds; one for the encoders (served: on every core's thread); one on a GPU. "
+        "With `cisrank serve --workers N` (N HTTP processes, each with its own rerankers), "
+        "set it to cores / N.",
     )
     threads_per_worker: int | None = Field(
         default=None,
