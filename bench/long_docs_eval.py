@@ -35,6 +35,8 @@ from cisrank.rerank.registry import load_reranker
 
 POOLINGS = ("first", "max", "mean")
 MEASURES = ("nDCG@10", "R(rel=2)@100")
+CUT = ("docids", "scores", "spans")
+"""A log row's per-document fields, in first-stage order."""
 
 
 def done_queries(path: Path) -> dict[str, dict[str, Any]]:
@@ -134,7 +136,10 @@ def main() -> None:
             f.write(json.dumps(row) + "\n")
         rows[qid] = row
         print(f"{n}/{len(ds.qids)} {qid}: {sum(map(len, scores))} windows, {seconds:.1f} s")
-    rows = {q: rows[q] for q in ds.qids}
+    # a log scored deeper serves a shallower summary: a query's first `depth` documents are
+    # scored as they would be alone (a window's score depends on its text, not its company)
+    cut = any(len(rows[q]["docids"]) > args.depth for q in ds.qids)
+    rows = {q: {**rows[q], **{k: rows[q][k][: args.depth] for k in CUT}} for q in ds.qids}
     summary: dict[str, Any] = {
         "data": str(args.data),
         "reranker": args.reranker,
@@ -148,7 +153,8 @@ def main() -> None:
         "queries": len(rows),
         "documents": sum(len(r["docids"]) for r in rows.values()),
         "windows": sum(len(s) for r in rows.values() for s in r["scores"]),
-        "windows_seconds": sum(r["seconds"] for r in rows.values()),
+        # a cut log's seconds are its deeper lists': not this depth's cost
+        "windows_seconds": None if cut else sum(r["seconds"] for r in rows.values()),
         "pooling": {},
     }
     for pooling in POOLINGS:

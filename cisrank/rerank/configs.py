@@ -110,8 +110,8 @@ class DenseRerankerConfig(ComponentConfig):
         "under autocast), CPU or GPU; onnx: the model's modules exported once to ONNX and run "
         "by ONNX Runtime (CPU), float32 (as torch's to 1e-5) or int8; auto: the fastest whose "
         "DL21 nDCG@10 is within 0.003 of float32's: onnx int8 on a CPU with the onnx extra "
-        "(0.31x float32's time, DL21 0.5801 vs 0.5775), torch bf16 on a CPU with native bf16 "
-        "without it, torch on a GPU (bench/RESULTS.md).",
+        "(0.31x float32's time, DL21 0.5801 vs 0.5775), torch float32 on a CPU without it "
+        "(bf16 moved an embedding with its batch company), torch on a GPU (bench/RESULTS.md).",
     )
     dtype: Annotated[str | None, Flag()] = Field(
         default=None,
