@@ -273,6 +273,15 @@ def synth_cmd(
     filter_model: Annotated[
         str | None, typer.Option("--filter-model", help="The filter teacher's model.")
     ] = None,
+    held_out: Annotated[
+        str,
+        typer.Option(
+            "--held-out",
+            help="Query sets (names under $CISRANK_DATA_DIR, or topics files) whose queries are "
+            "never kept: a written query equal to one of theirs (case and spacing aside) is "
+            "dropped as held-out. The project's recipe passes trec-dl19,trec-dl21.",
+        ),
+    ] = "",
     *,
     synth: dict[str, Any],
     workers: WorkerOptions,
@@ -286,6 +295,7 @@ def synth_cmd(
 
     config = SynthConfig().replace(**synth)
     spec = None if filter_teacher is None else TeacherSpec.of(filter_teacher, filter_model)
+    held = {name: _held_out_queries(name) for name in _names(held_out)}
     summary = synthesize(
         corpus,
         out,
@@ -293,6 +303,7 @@ def synth_cmd(
         shots=shots or default_shots(),
         first_stage=first_stage or (),
         teacher=spec,
+        held_out=held,
         workers=workers,
         progress=not quiet,
     )
@@ -301,6 +312,16 @@ def synth_cmd(
         f"{out}: {summary['kept']} of {summary['written']} queries kept "
         f"({summary['kept_passages']} of {summary['sampled_passages']} passages); dropped: {dropped}"
     )
+
+
+def _held_out_queries(name: str) -> list[str]:
+    """The queries of `--held-out`'s `name`: a topics file where one is, else a named set."""
+    from cisrank.data.datasets import load_named, read_topics
+
+    path = Path(name)
+    if path.is_file():
+        return list(read_topics(path).values())
+    return list(load_named(name, require_qrels=False).topics.values())
 
 
 @distill_app.command("pack")

@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ TOPICS_FILE = "topics.tsv"
 CANDIDATES_FILE = "candidates.json.gz"
 QRELS_FILE = "qrels.txt"
 SUMMARY_FILE = "synth.json"
+HELD_OUT = "held-out"
+"""Why a query that is an evaluation set's query is dropped."""
 
 
 class SynthShardJob:
@@ -203,9 +205,14 @@ class Written:
 
 
 def clean_all(
-    rows: Sequence[dict[str, Any]], shots: Sequence[Shot], config: SynthConfig
+    rows: Sequence[dict[str, Any]],
+    shots: Sequence[Shot],
+    config: SynthConfig,
+    held_out: Collection[str] = (),
 ) -> list[Written]:
-    """Every reply cleaned and judged: no query (`synth_prompt.rejection`), or `duplicate` of a
+    """Every reply cleaned and judged: no query (`synth_prompt.rejection`), `held-out` (the
+    text of a query in `held_out`, keys of `query_key`: an evaluation set's queries are never
+    trained on, even when a generator writes one from another passage), or `duplicate` of a
     query written earlier (case and spacing aside), the first one kept."""
     seen: set[str] = set()
     out = []
@@ -213,6 +220,8 @@ def clean_all(
         query = clean(r["text"])
         drawn = draw_shots(shots, config.num_shots, config.seed, r["docid"], r["n"])
         why = rejection(query, drawn, config.max_words)
+        if why is None and query_key(query) in held_out:
+            why = HELD_OUT
         if why is None:
             key = query_key(query)
             why = "duplicate" if key in seen else None
@@ -424,13 +433,16 @@ def synthesize(
     shots: str | Path,
     first_stage: Sequence[str | Path] = (),
     teacher: Any = None,
+    held_out: Mapping[str, Collection[str]] | None = None,
     workers: WorkerOptions | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Write, filter and save training queries for `corpus` into `out` (see the module
     docstring); returns the summary written to `synth.json`. `first_stage`: index folders whose
     fused top `depth` are a query's candidates (default: BM25 over the corpus, in memory);
-    `teacher`: the `TeacherSpec` of the `teacher` filter."""
+    `teacher`: the `TeacherSpec` of the `teacher` filter; `held_out`: query sets by name (DL19,
+    DL21) whose queries are dropped wherever one is written (compared as `query_key`s; a
+    judgment, not the generation, so a resumed run with other sets generates nothing again)."""
     started = time.perf_counter()
     if (config.filter == "teacher") != (teacher is not None):
         raise DataError(
@@ -453,7 +465,9 @@ def synthesize(
     out.mkdir(parents=True, exist_ok=True)
     rows = generate_all(items, config, out, identity, workers=workers, progress=progress)
     generated_s = time.perf_counter() - started
-    queries = clean_all(rows, shot_list, config)
+    held = held_out or {}
+    held_keys = {query_key(q) for queries in held.values() for q in queries}
+    queries = clean_all(rows, shot_list, config, held_keys)
     retriever, retriever_name = _first_stage(first_stage, passages, config.depth)
     ranks = filter_queries(
         queries,
@@ -467,6 +481,7 @@ def synthesize(
     )
     apply_filter(queries, ranks, config)
     summary = _summary(queries, config, corpus, shots, first_stage, teacher, len(passages))
+    summary["held_out"] = {name: len(queries) for name, queries in held.items()}
     summary["sampled_passages"] = len({it.docid for it in items})
     summary["seconds"] = {
         "generate": round(generated_s, 1),

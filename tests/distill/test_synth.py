@@ -208,6 +208,28 @@ def test_which_queries_are_kept_hand_made(tiny_gpt2_bpe_dir, corpus, shots, tmp_
     assert open_["kept"] == 2 and "filter" not in open_["dropped"]
 
 
+def test_a_held_out_sets_query_is_never_kept(tiny_gpt2_bpe_dir, corpus, shots, tmp_path):
+    out = tmp_path / "synth"
+    config = SynthConfig(
+        generator=str(tiny_gpt2_bpe_dir), max_new_tokens=3, shard_passages=2, seed=13
+    )
+    synthesize(corpus, out, config, shots=shots, progress=False)
+    _hand_replies(out, REPLIES)
+    stamps = {p: p.stat().st_mtime_ns for p in (out / GENERATED).glob("shard-*.jsonl")}
+    # d1's query (kept above) is an evaluation query, written in another case and spacing
+    held = {"dev": ["Where did the  cat sit on the MAT", "an unrelated query"]}
+    summary = synthesize(corpus, out, config, shots=shots, held_out=held, progress=False)
+    assert summary["kept"] == 0 and summary["held_out"] == {"dev": 2}
+    assert summary["dropped"] == {"empty": 1, "filter": 1, "held-out": 2, "shot": 1}
+    rows = {r["qid"]: r for r in map(json.loads, (out / "queries.jsonl").read_text().splitlines())}
+    # d4 writes d1's query again: held out too (not a duplicate of a query that was kept)
+    assert rows["d1#q0"]["dropped"] == rows["d4#q0"]["dropped"] == "held-out"
+    assert (out / "topics.tsv").read_text() == ""
+    # judging is not generating: no shard was written again
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert len(list((out / GENERATED).glob("shard-*.jsonl"))) == len(stamps)
+
+
 def test_a_teacher_filter_ranks_the_source_among_the_candidates(
     tiny_gpt2_bpe_dir, corpus, shots, tmp_path
 ):
