@@ -80,11 +80,13 @@ def pooled_run(rows: dict[str, dict[str, Any]], pooling: str) -> Run:
     return Run.from_scores(pooling, scores)
 
 
-def first_only_seconds(reranker: Any, ds: Any, depth: int, splitter: Splitter) -> float:
-    """Seconds to score every query's candidates by their first window alone."""
+def first_only_seconds(
+    reranker: Any, ds: Any, depth: int, splitter: Splitter, qids: list[str] | None = None
+) -> float:
+    """Seconds to score every query's (or `qids`') candidates by their first window alone."""
     chunking = Chunking(pooling="first")
     total = 0.0
-    for qid in ds.qids:
+    for qid in ds.qids if qids is None else qids:
         texts = [h.text for h in ds.candidates[qid][:depth]]
         plan = plan_request(splitter, reranker.passage_window, ds.topics[qid], texts, chunking)
         started = time.perf_counter()
@@ -102,8 +104,7 @@ def retime(reranker: Any, ds: Any, args: argparse.Namespace, splitter: Splitter)
     for qid in qids:
         texts = [h.text for h in ds.candidates[qid][: args.depth]]
         windows += score_query(reranker, splitter, ds.topics[qid], texts, args.overlap)[2]
-    sub = argparse.Namespace(qids=qids, candidates=ds.candidates, topics=ds.topics)
-    first = first_only_seconds(reranker, sub, args.depth, splitter)
+    first = first_only_seconds(reranker, ds, args.depth, splitter, qids)
     return {
         "queries": len(qids),
         "windows_seconds": windows,

@@ -220,10 +220,10 @@ def clean_all(
         query = clean(r["text"])
         drawn = draw_shots(shots, config.num_shots, config.seed, r["docid"], r["n"])
         why = rejection(query, drawn, config.max_words)
-        if why is None and query_key(query) in held_out:
+        key = query_key(query)
+        if why is None and key in held_out:
             why = HELD_OUT
         if why is None:
-            key = query_key(query)
             why = "duplicate" if key in seen else None
             seen.add(key)
         out.append(Written(f"{r['docid']}#q{r['n']}", r["docid"], r["n"], r["text"], query, why))
@@ -466,7 +466,7 @@ def synthesize(
     rows = generate_all(items, config, out, identity, workers=workers, progress=progress)
     generated_s = time.perf_counter() - started
     held = held_out or {}
-    held_keys = {query_key(q) for queries in held.values() for q in queries}
+    held_keys = {query_key(q) for texts in held.values() for q in texts}
     queries = clean_all(rows, shot_list, config, held_keys)
     retriever, retriever_name = _first_stage(first_stage, passages, config.depth)
     ranks = filter_queries(
@@ -481,7 +481,7 @@ def synthesize(
     )
     apply_filter(queries, ranks, config)
     summary = _summary(queries, config, corpus, shots, first_stage, teacher, len(passages))
-    summary["held_out"] = {name: len(queries) for name, queries in held.items()}
+    summary["held_out"] = {name: len(texts) for name, texts in held.items()}
     summary["sampled_passages"] = len({it.docid for it in items})
     summary["seconds"] = {
         "generate": round(generated_s, 1),
