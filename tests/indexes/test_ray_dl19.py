@@ -24,13 +24,16 @@ from cisrank.rerank.prior_table import TABLE_FILE
 pytestmark = [pytest.mark.slow, pytest.mark.shared_data, pytest.mark.timeout(600)]
 CANDIDATES = "candidates-bm25-top100.json"
 MAX_DOC = 96
+# float32: the table and the store are compared, not the runtime; on a CPU with native bf16 the
+# default (bf16 in fixed shapes, one row a call) costs this test three times the time
+DTYPE = "float32"
 
 
 def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
     dl19_dir, tiny_gpt2_bpe_dir, tmp_path, ray_cluster
 ):
     corpus, model = dl19_dir / CANDIDATES, str(tiny_gpt2_bpe_dir)
-    params = {"model": model, "max_doc_tokens": MAX_DOC}
+    params = {"model": model, "max_doc_tokens": MAX_DOC, "dtype": DTYPE}
     local = build_index(
         "prior", corpus, tmp_path / "local", params, progress=False, options={"batch_size": 128}
     )
@@ -60,7 +63,11 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
     dataset = load_folder(dl19_dir)
     qid = dataset.qids[0]
     reranker = CISReranker(
-        model, max_doc_tokens=MAX_DOC, prior_store=str(tmp_path / "ray"), estimator="forward"
+        model,
+        max_doc_tokens=MAX_DOC,
+        prior_store=str(tmp_path / "ray"),
+        estimator="forward",
+        dtype=DTYPE,
     )
     reranker.score(dataset.topics[qid], [h.text for h in dataset.candidates[qid][:20]])
     assert reranker.prior_store.stats() == {"hits": 20, "misses": 0}
@@ -71,7 +78,7 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
         res = CliRunner().invoke(
             app,
             ["eval", "trec-dl19", "--data-dir", str(dl19_dir), "--reranker", "cis",
-             "--estimator", "forward", "--model", model, "--max-doc-tokens", str(MAX_DOC), "--prior-store", str(store),
+             "--estimator", "forward", "--model", model, "--max-doc-tokens", str(MAX_DOC), "--dtype", DTYPE, "--prior-store", str(store),
              "--depth", "20", "--json", "-q", "--output", str(out)],
         )  # fmt: skip
         assert res.exit_code == 0, res.output
