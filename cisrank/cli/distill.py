@@ -433,7 +433,11 @@ def train_cmd(
     ] = None,
     teacher_set: Annotated[
         list[Path] | None,
-        typer.Option("--teacher-set", help="A packed teacher set (distill pack; repeatable)."),
+        typer.Option(
+            "--teacher-set",
+            help="A packed teacher set (distill pack; repeatable); PATH@N trains on N of its "
+            "queries, drawn by --seed (a larger N of the same seed holds a smaller one's).",
+        ),
     ] = None,
     pool: Annotated[
         Path | None,

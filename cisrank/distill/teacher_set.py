@@ -81,6 +81,40 @@ class TeacherSet:
             out.setdefault(q, []).append(i)
         return {q: sorted(ix, key=lambda i: self.rank[i]) for q, ix in out.items()}
 
+    def sample(self, queries: int, seed: int) -> TeacherSet:
+        """The rows of `queries` of its queries, drawn by `seed`: the first of a seeded shuffle of
+        the sorted qids, so that a larger sample of the same seed holds a smaller one (the points
+        of a learning curve are nested, each adding queries to the last). All of them when it
+        has no more."""
+        if queries < 1:
+            raise DataError(f"a teacher set sample needs at least one query, got {queries}")
+        qids = sorted(set(self.qid))
+        if queries >= len(qids):
+            return self
+        order = np.random.default_rng(seed).permutation(len(qids))
+        kept = {qids[i] for i in order[:queries]}
+        rows = [i for i, q in enumerate(self.qid) if q in kept]
+        return TeacherSet(
+            qid=[self.qid[i] for i in rows],
+            docid=[self.docid[i] for i in rows],
+            rank=[self.rank[i] for i in rows],
+            scores={name: col[rows] for name, col in self.scores.items()},
+            provenance=self.provenance,
+            queries=None
+            if self.queries is None
+            else {q: t for q, t in self.queries.items() if q in kept},
+        )
+
+
+def parse_set_spec(spec: str | Path) -> tuple[Path, int | None]:
+    """`PATH` or `PATH@N` (N of its queries, `TeacherSet.sample`): the path and N. A file whose
+    name itself ends in `@` and digits is read whole."""
+    text = str(spec)
+    path, sep, count = text.rpartition("@")
+    if not sep or not count.isdigit() or Path(text).exists():
+        return Path(text), None
+    return Path(path), int(count)
+
 
 def pack(
     components: Mapping[str, str | Path],

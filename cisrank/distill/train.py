@@ -75,16 +75,21 @@ def load_teacher_sets(
     fuse_spec: str | None = None,
     fusion: str = "zscore",
     pool: str | Path | None = None,
+    seed: int = 12,
 ) -> list[dict[str, Any]]:
     """Per query of committed teacher sets (`distill.teacher_set`): text joined back by id, and
     labels fused from the named components (per-query normalized, weighted sum; the first
-    component alone when `fuse_spec` is None)."""
+    component alone when `fuse_spec` is None). A path `PATH@N` takes N of the set's queries,
+    drawn by `seed` (nested across N: a learning curve's slices of one set)."""
     from cisrank.distill import teacher_set as TS
     from cisrank.fusion import fuse, parse_weights
 
     queries: list[dict[str, Any]] = []
-    for path in paths:
+    for spec in paths:
+        path, count = TS.parse_set_spec(spec)
         ts = TS.load(path)
+        if count is not None:
+            ts = ts.sample(count, seed)
         weights = parse_weights(fuse_spec) if fuse_spec else {ts.components[0]: 1.0}
         unknown = sorted(set(weights) - set(ts.components))
         if unknown:
@@ -325,7 +330,9 @@ def training_queries(
     sets, each cut to `config.list_depth` passages."""
     queries = load_teacher_rows(data) if data else []
     if teacher_sets:
-        queries += load_teacher_sets(teacher_sets, config.teacher_fuse, config.teacher_fusion, pool)
+        queries += load_teacher_sets(
+            teacher_sets, config.teacher_fuse, config.teacher_fusion, pool, config.seed
+        )
     queries = cut_depth(queries, config.list_depth)
     if config.list_depth is not None:
         depth = f"the training lists cut to --list-depth {config.list_depth}"

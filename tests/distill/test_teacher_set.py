@@ -259,3 +259,24 @@ def test_a_broken_or_degenerate_teacher_set_is_refused_in_one_line_before_traini
     assert run.last_line.startswith(f"error: teacher set '{bad}'"), run.last_line
     assert message in run.last_line, run.last_line
     assert not out.exists()
+
+
+def test_a_sampled_set_trains_on_the_seeded_queries_nested_across_sizes(packed):
+    source, _, path = packed
+    qids = sorted(q.qid for q in source.queries)
+    assert len(qids) >= 3
+    whole = {q["query"]: q for q in load_teacher_sets([path])}
+    drawn = {}
+    for n in (1, 2):
+        got = load_teacher_sets([f"{path}@{n}"], seed=7)
+        # the first n of the seed's shuffle of the sorted qids, computed here apart
+        want = {qids[i] for i in np.random.default_rng(7).permutation(len(qids))[:n]}
+        topic = {q.qid: q.query for q in source.queries}
+        assert {topic[q] for q in want} == {q["query"] for q in got}
+        for q in got:  # each sampled query's whole list, as the unsampled set gives it
+            assert q == whole[q["query"]]
+        drawn[n] = {q["query"] for q in got}
+    assert drawn[1] < drawn[2]  # a learning curve's points are nested
+    assert len(load_teacher_sets([f"{path}@{len(qids) + 5}"], seed=7)) == len(qids)
+    with pytest.raises(DataError, match="at least one query"):
+        load_teacher_sets([f"{path}@0"])
