@@ -24,16 +24,29 @@ from cisrank.rerank.prior_table import TABLE_FILE
 pytestmark = [pytest.mark.slow, pytest.mark.shared_data, pytest.mark.timeout(600)]
 CANDIDATES = "candidates-bm25-top100.json"
 MAX_DOC = 96
-# float32: the table and the store are compared, not the runtime; on a CPU with native bf16 the
-# default (bf16 in fixed shapes, one row a call) costs this test three times the time
+# float32 on one torch thread everywhere: the table and the store are compared, not the runtime.
+# On a CPU with native bf16 the default (bf16 in fixed shapes, one row a call) cost this test 3x;
+# float32 on 2 threads beside the suite's other worker (2 cores) cost it 6x (OpenMP threads
+# waiting on each other when the cores are taken): 331 s instead of 56.
 DTYPE = "float32"
 
 
 def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
     dl19_dir, tiny_gpt2_bpe_dir, tmp_path, ray_cluster
 ):
+    import torch
+
+    torch.set_num_threads(1)  # restored after the test (tests/conftest.py)
     corpus, model = dl19_dir / CANDIDATES, str(tiny_gpt2_bpe_dir)
-    params = {"model": model, "max_doc_tokens": MAX_DOC, "dtype": DTYPE}
+    # the first window of each passage, what `eval` scores (it cuts a passage at MAX_DOC): the
+    # priors of every window a chunked reranker scores are tested on the Ray table in
+    # tests/indexes/test_ray_jobs.py::test_ray_stores_every_window_as_the_local_store_does
+    params = {
+        "model": model,
+        "max_doc_tokens": MAX_DOC,
+        "dtype": DTYPE,
+        "chunking": {"pooling": "first"},
+    }
     local = build_index(
         "prior", corpus, tmp_path / "local", params, progress=False, options={"batch_size": 128}
     )
@@ -47,7 +60,7 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
             "engine": "ray",
             "batch_size": 128,
             "shard_size": 512,
-            "ray": RayOptions(actors=1, num_cpus=2),  # the local build's 2 torch threads
+            "ray": RayOptions(actors=1, num_cpus=1),  # the local build's 1 torch thread
         },
     )
     assert local.corpus["passages"] == ray.corpus["passages"] == 4297
@@ -79,7 +92,7 @@ def test_ray_prior_table_gives_the_dl19_cis_run_of_the_sqlite_store(
             app,
             ["eval", "trec-dl19", "--data-dir", str(dl19_dir), "--reranker", "cis",
              "--estimator", "forward", "--model", model, "--max-doc-tokens", str(MAX_DOC), "--dtype", DTYPE, "--prior-store", str(store),
-             "--depth", "20", "--json", "-q", "--output", str(out)],
+             "--depth", "20", "--workers", "1", "--threads-per-worker", "1", "--json", "-q", "--output", str(out)],
         )  # fmt: skip
         assert res.exit_code == 0, res.output
         runs[name] = (Run.read_trec(out / "run.trec").as_dict(), json.loads(res.stdout))
