@@ -355,16 +355,6 @@ class ExactPriorJob(_ExactModel):
     where it has one (the local job) and its memory otherwise (a Ray actor)."""
 
     def load(self):
-        from cisrank.indexes.prior import PriorState
-        from cisrank.rerank.cis import CISReranker
-        from cisrank.rerank.prior_store import PriorStore
-
-        store = getattr(self.job, "store", None)
-        reranker = CISReranker(
-            self.job.model,
-            max_doc_tokens=self.job.max_doc_tokens,
-            normalize="sum",
-            prior_store=PriorStore(store) if store is not None else None,
-            engine=exact_engine(self.job.batch_tokens),
+        return self.job.loaded(
+            getattr(self.job, "store", None), engine=exact_engine(self.job.batch_tokens)
         )
-        return PriorState.of(reranker)

@@ -22,7 +22,7 @@ import io
 import json
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +94,12 @@ class TeacherSet:
         order = np.random.default_rng(seed).permutation(len(qids))
         kept = {qids[i] for i in order[:queries]}
         rows = [i for i, q in enumerate(self.qid) if q in kept]
-        return TeacherSet(
+        return replace(
+            self,
             qid=[self.qid[i] for i in rows],
             docid=[self.docid[i] for i in rows],
             rank=[self.rank[i] for i in rows],
             scores={name: col[rows] for name, col in self.scores.items()},
-            provenance=self.provenance,
             queries=None
             if self.queries is None
             else {q: t for q, t in self.queries.items() if q in kept},

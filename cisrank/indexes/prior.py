@@ -240,19 +240,12 @@ def _manifest_model(config: PriorIndexConfig, info: dict[str, Any]) -> dict[str,
 
 
 @dataclass(frozen=True)
-class PriorState:
+class _PriorState:
     """What a prior job's worker loads once: the CIS reranker and a splitter of its own over
     the reranker's tokenizer (a fast tokenizer is not shared between threads)."""
 
     reranker: Any
     splitter: Splitter
-
-    @classmethod
-    def of(cls, reranker: Any) -> PriorState:
-        """The state of a loaded CIS reranker: one copy of the tokenizer per loaded model, not
-        per batch."""
-        window = reranker.passage_window
-        return cls(reranker, Splitter(window.tokenizer if window is not None else None))
 
 
 @dataclass(frozen=True)
@@ -283,15 +276,15 @@ class _PriorModel:
             "chunking": config.chunking,
         }
 
-    def loaded(self, store: str | None = None) -> PriorState:
+    def loaded(self, store: str | None = None, engine: Any = None) -> _PriorState:
         """The CIS reranker, keeping its priors in the store at `store` (None: in its memory),
-        with its window splitter; the model is loaded before the store is opened, so a bad
-        model leaves no file."""
+        with its window splitter; the model (or the given `engine`, as a test hands in one) is
+        loaded before the store is opened, so a bad model leaves no file."""
         from cisrank.lm.backends import load_engine
         from cisrank.rerank.cis import CISReranker
         from cisrank.rerank.prior_store import PriorStore
 
-        engine = load_engine(
+        engine = engine or load_engine(
             self.model,
             backend=self.backend,
             device=self.device,
@@ -305,9 +298,11 @@ class _PriorModel:
             prior_store=PriorStore(store) if store is not None else None,
             engine=engine,
         )
-        return PriorState.of(reranker)
+        # one copy of the tokenizer per loaded model, not per batch
+        window = reranker.passage_window
+        return _PriorState(reranker, Splitter(window.tokenizer if window is not None else None))
 
-    def window_ids(self, state: PriorState, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+    def window_ids(self, state: _PriorState, texts: list[str]) -> tuple[list[list[int]], list[int]]:
         """(the token ids of every window of `texts` the CIS reranker scores at query time
         under `chunking`, the windows of each text): planned by `plan_request`, the one function
         the library and the server plan windows with. A CIS window reads no query tokens, so a
@@ -316,7 +311,7 @@ class _PriorModel:
         plan = plan_request(state.splitter, reranker.passage_window, "", texts, self.chunking)
         return reranker.passage_ids(plan.texts(texts)), [len(spans) for spans in plan.spans]
 
-    def describe(self, state: PriorState) -> dict[str, Any]:
+    def describe(self, state: _PriorState) -> dict[str, Any]:
         engine = state.reranker.engine
         return {
             "fingerprint": engine.fingerprint(),
@@ -335,14 +330,14 @@ class PriorStoreJob(_PriorModel):
 
     store: str
 
-    def load(self) -> PriorState:
+    def load(self) -> _PriorState:
         return self.loaded(self.store)
 
-    def score(self, state: PriorState, texts: list[str]) -> int:
+    def score(self, state: _PriorState, texts: list[str]) -> int:
         state.reranker.summed_log_priors(self.window_ids(state, texts)[0])
         return len(texts)
 
-    def close(self, state: PriorState) -> None:
+    def close(self, state: _PriorState) -> None:
         state.reranker.prior_store.close()
 
 
@@ -357,11 +352,11 @@ class PriorShardJob(_PriorModel):
 
     batch_size: int
 
-    def load(self) -> PriorState:
+    def load(self) -> _PriorState:
         # no prior store: the priors a shard repeats are kept in the reranker's memory
         return self.loaded()
 
-    def score(self, state: PriorState, batch: Any) -> Any:
+    def score(self, state: _PriorState, batch: Any) -> Any:
         import numpy as np
         import pyarrow as pa
 

@@ -25,9 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_data, pytest.mark.timeout(600
 CANDIDATES = "candidates-bm25-top100.json"
 MAX_DOC = 96
 # float32 on one torch thread everywhere: the table and the store are compared, not the runtime.
-# On a CPU with native bf16 the default (bf16 in fixed shapes, one row a call) cost this test 3x;
-# float32 on 2 threads beside the suite's other worker (2 cores) cost it 6x (OpenMP threads
-# waiting on each other when the cores are taken): 331 s instead of 56.
+# On a CPU with native bf16 the default (bf16 in fixed shapes, one row a call) cost this test 3x,
+# and 2 threads beside the suite's other worker (2 cores) ran slower still.
 DTYPE = "float32"
 
 
