@@ -477,9 +477,11 @@ def train_cmd(
         keep_checkpoints=keep_checkpoints,
         device=device,
     )
+    kind = "dense" if cfg.student == "bi" else "cross-encoder"
     typer.echo(
         f"{out}: {record['examples']} examples, {record['train_seconds']:.0f} s; "
-        f"best dev nDCG@10 {record['best_dev_metric']}; load with CrossEncoder('{out}')"
+        f"best dev nDCG@10 {record['best_dev_metric']}; serve it with "
+        f"`cisrank serve --reranker {kind} --model {out}`"
     )
 
 

@@ -13,7 +13,6 @@ from cisrank.distill.evaluate import spearman_to_teacher
 from cisrank.distill.losses import load_loss
 from cisrank.distill.losses.bi import BI_SCALE, BiListNetLoss, PairMSELoss, scaled_cosine
 from cisrank.distill.train import student_kind, train
-from cisrank.errors import DataError
 from cisrank.rerank.registry import kind_of
 
 
@@ -65,8 +64,28 @@ def test_listwise_lists_become_columns_of_one_length():
     assert list(ex.columns) == ["query", "doc_0", "doc_1", "doc_2", "labels"]
     assert ex.columns["doc_1"] == ["p2", "y"] and ex.columns["labels"][1] == [0.0, 5.0, 1.0]
     short = [*queries, {"query": "c", "passages": ["u", "v"], "scores": [1.0, 0.0]}]
-    with pytest.raises(DataError, match=r"lists of one length, got lengths \[2, 3\]"):
-        loss.bi_examples(loss.examples(short, cfg))
+    ex = loss.bi_examples(loss.examples(short, cfg))
+    assert ex.columns["doc_2"] == ["p3", "z", ""]
+    assert ex.columns["labels"][2][:2] == [1.0, 0.0] and np.isnan(ex.columns["labels"][2][2])
+
+
+def test_a_short_list_padded_to_the_batch_width_trains_as_it_would_alone():
+    """The padded slot of a shorter list is left out of its softmax: the batch's loss is the
+    mean of each list's ListNet loss computed apart in numpy, over its own passages only."""
+    rng = np.random.default_rng(1)
+    q, d0, d1, d2 = (rng.normal(size=(2, 5)) for _ in range(4))
+    labels = np.array([[1.0, -0.5, 0.2], [0.3, 2.0, np.nan]])  # the second list has 2
+    model = _Fixed([torch.tensor(x, dtype=torch.float32) for x in (q, d0, d1, d2)])
+    got = BiListNetLoss(model)([{"column": i} for i in range(4)], torch.tensor(labels)).item()
+
+    def alone(row: int, docs: tuple) -> float:
+        s = BI_SCALE * np.array([_cos(q[row], d[row]) for d in docs])
+        y = labels[row, : len(docs)]
+        t = np.exp(y) / np.exp(y).sum()
+        return float(-(t * (s - np.log(np.exp(s).sum()))).sum())
+
+    want = (alone(0, (d0, d1, d2)) + alone(1, (d0, d1))) / 2
+    assert np.isfinite(got) and got == pytest.approx(want, rel=1e-5)
 
 
 @pytest.mark.parametrize(("loss", "epochs", "batch"), [("margin-mse", 12, 4), ("listwise", 15, 1)])

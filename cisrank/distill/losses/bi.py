@@ -52,7 +52,8 @@ class PairMSELoss(nn.Module):
 class BiListNetLoss(nn.Module):
     """ListNet (the cross-encoder's `listnet_loss`) over each query's list, the student's scores
     `scaled_cosine(query, passage)`. The trainer tokenizes each column apart, so a list comes
-    as columns of equal length (`ListNet.bi_examples`): the query, then its passages."""
+    as columns of equal length (`ListNet.bi_examples`): the query, then its passages, a shorter
+    list padded with passages whose label is NaN and which the loss leaves out."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
@@ -61,8 +62,8 @@ class BiListNetLoss(nn.Module):
     def forward(self, sentence_features: Sequence[dict[str, Tensor]], labels: Tensor) -> Tensor:
         q, *docs = (self.model(f)["sentence_embedding"] for f in sentence_features)
         scores = torch.stack([scaled_cosine(q, d) for d in docs], dim=1)
-        mask = torch.ones_like(scores, dtype=torch.bool)
-        return listnet_loss(scores, labels.float().to(scores.device), mask)
+        labels = labels.float().to(scores.device)
+        return listnet_loss(scores, labels, ~labels.isnan())
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"scale": BI_SCALE}

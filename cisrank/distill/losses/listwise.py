@@ -16,6 +16,7 @@ pairs (bench/RESULTS.md); the sort's own gain was not measured apart.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,20 +108,17 @@ class ListNet(StudentLoss):
         return BiListNetLoss(model)
 
     def bi_examples(self, examples: Examples) -> Examples:
-        """The lists as columns a bi-encoder's trainer tokenizes one by one (`doc_0`, ...):
-        lists of the most common length are kept, others refused in one line (cut them with
-        --list-depth)."""
-        sizes = {len(d) for d in examples.columns["docs"]}
-        if len(sizes) != 1:
-            raise DataError(
-                f"a bi-encoder's listwise loss takes lists of one length, got lengths "
-                f"{sorted(sizes)}: pass --list-depth N (each query's first N passages)"
-            )
-        (n,) = sizes
+        """The lists as columns a bi-encoder's trainer tokenizes one by one (`doc_0`, ...), as
+        wide as the longest list: a shorter list (a query the first stage found fewer passages
+        for) is padded with empty passages whose labels are NaN, which `BiListNetLoss` masks out,
+        so it trains as its own list would alone."""
+        n = max(len(d) for d in examples.columns["docs"])
+        docs = [list(d) + [""] * (n - len(d)) for d in examples.columns["docs"]]
+        labels = [list(v) + [math.nan] * (n - len(v)) for v in examples.columns["labels"]]
         cols: dict[str, list[Any]] = {"query": examples.columns["query"]}
         for i in range(n):
-            cols[f"doc_{i}"] = [d[i] for d in examples.columns["docs"]]
-        cols["labels"] = examples.columns["labels"]
+            cols[f"doc_{i}"] = [d[i] for d in docs]
+        cols["labels"] = labels
         return Examples(cols)
 
     def sampler(self, examples: Examples) -> type | None:
