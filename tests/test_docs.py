@@ -64,6 +64,7 @@ def test_the_own_data_page_covers_every_file_of_the_example_folder():
         "first-stage.json",
         "judgments.txt",
         "questions.jsonl",
+        "shots.jsonl",
         "topics.tsv",
     ]
     assert all(f"(../examples/own-data/{name})" in page for name in files)
