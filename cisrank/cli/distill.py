@@ -463,7 +463,7 @@ def train_cmd(
     device: DeviceOpt = None,
 ) -> None:
     """Train a CrossEncoder on teacher rows or teacher sets (MSE, margin-MSE or listwise)."""
-    from cisrank.distill.train import train
+    from cisrank.distill.train import student_kind, train
 
     cfg = _config(training)
     record = train(
@@ -477,11 +477,10 @@ def train_cmd(
         keep_checkpoints=keep_checkpoints,
         device=device,
     )
-    kind = "dense" if cfg.student == "bi" else "cross-encoder"
     typer.echo(
         f"{out}: {record['examples']} examples, {record['train_seconds']:.0f} s; "
         f"best dev nDCG@10 {record['best_dev_metric']}; serve it with "
-        f"`cisrank serve --reranker {kind} --model {out}`"
+        f"`cisrank serve --reranker {student_kind(cfg)} --model {out}`"
     )
 
 
