@@ -13,8 +13,10 @@ are missing and writes their files; this module only distributes the scoring of 
 
 Actors take one GPU each where the cluster has GPUs (Ray pins each to its own device through
 CUDA_VISIBLE_DEVICES), else `num_cpus` CPUs each (torch then runs that many threads). Ray Data
-restarts an actor that dies and retries its block (the default); `max_retries=0` makes a dead
-actor fail the job instead, and a rerun scores only the shards that were not written.
+restarts an actor that dies and retries its blocks (the default; at least once: a block that had
+finished as the actor died may be scored again, and the driver keeps its first copy);
+`max_retries=0` makes a dead actor fail the job instead, and a rerun scores only the shards that
+were not written.
 
 The cluster: `address` (or RAY_ADDRESS) joins a running one; otherwise a local one is started for
 the job and stopped after it. A cluster already initialized in this process (a test fixture, a
@@ -233,9 +235,6 @@ def score_on_actors(
     """Score `blocks` (pyarrow Tables, one per shard to do, each with SHARD and POS columns) on
     an actor pool and hand every shard's complete result (a Table sorted by POS) to `on_shard`
     as soon as its `expected[shard]` rows have all arrived. Returns the shards handed over."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     refs = [ray.put(b) for b in blocks]
     if not refs:
         return 0
@@ -252,23 +251,43 @@ def score_on_actors(
         **_pool_args(ray, min(res.actors, len(refs))),
         **_remote_args(options, res),
     )
+    return assemble_shards(
+        ds.iter_batches(batch_size=None, batch_format="pyarrow"), expected, on_shard
+    )
+
+
+def assemble_shards(
+    batches: Iterable[Any], expected: dict[int, int], on_shard: Callable[[int, Any], None]
+) -> int:
+    """Hand each shard's rows (pyarrow Tables carrying SHARD and POS) to `on_shard` once, sorted
+    by POS, as soon as its `expected[shard]` rows have all arrived; returns the shards handed.
+
+    Why a shard can come back twice: Ray's retries are at least once. An actor that dies with
+    blocks in flight has them run again on its successor, and a block it had finished but whose
+    completion had not yet reached the driver is among them, so its rows arrive a second time.
+    The scoring is deterministic, so a second copy of a shard already handed over is dropped
+    (logged); more rows than expected for a shard still pending is an error."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     pending: dict[int, list[Any]] = {}
-    done = 0
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+    handed: set[int] = set()
+    for batch in batches:
         if batch.num_rows == 0:
             continue
         shards = batch.column(SHARD)
-        for shard in pc.unique(shards).to_pylist():
-            part = batch.filter(pc.equal(shards, shard))
-            pending.setdefault(int(shard), []).append(part)
-            rows = sum(p.num_rows for p in pending[int(shard)])
-            want = expected[int(shard)]
+        for shard in (int(s) for s in pc.unique(shards).to_pylist()):
+            if shard in handed:
+                log.info("shard %d came back again after a retry: the copy is dropped", shard)
+                continue
+            pending.setdefault(shard, []).append(batch.filter(pc.equal(shards, shard)))
+            rows = sum(p.num_rows for p in pending[shard])
+            want = expected[shard]
             if rows > want:
                 raise RuntimeError(f"shard {shard}: {rows} result rows, expected {want}")
             if rows == want:
-                table = pa.concat_tables(pending.pop(int(shard))).sort_by(POS)
-                on_shard(int(shard), table)
-                done += 1
+                on_shard(shard, pa.concat_tables(pending.pop(shard)).sort_by(POS))
+                handed.add(shard)
     if pending:
         raise RuntimeError(f"shards {sorted(pending)} came back incomplete")
-    return done
+    return len(handed)

@@ -314,7 +314,11 @@ def test_ray_dense_index_equals_the_local_one_even_when_a_worker_dies(
     corpus, tiny_bert_dir, tmp_path, ray_cluster
 ):
     """A worker killed midway is restarted by Ray (the default) and its shard retried: the job
-    completes in one run, every shard scored once, and the index is the local build's."""
+    completes in one run, every shard is written once, and the index is the local build's.
+    Ray retries at least once: a shard the actor had finished but whose completion had not yet
+    reached the driver when it died may be scored again (seen under load), so the log holds
+    every shard, the killed one once (it died before logging), and at most the blocks in
+    flight twice; the driver hands each shard over once (`assemble_shards`)."""
     import faiss
 
     params = {"model": str(tiny_bert_dir), "shard_size": 4, "batch_size": 4}
@@ -334,7 +338,9 @@ def test_ray_dense_index_equals_the_local_one_even_when_a_worker_dies(
         },
     )
     assert not marker.exists()  # the actor did die once
-    assert _scored(log) == [0, 1, 2, 3, 4] and m.build["shards_scored"] == 5
+    scored = _scored(log)
+    assert sorted(set(scored)) == [0, 1, 2, 3, 4] and scored.count(2) == 1
+    assert m.build["shards_scored"] == 5
     assert m.build["engine"] == "ray" and m.model["dtype"] == local.model["dtype"] == "float32"
     a = np.load(tmp_path / "local" / "embeddings.npy")
     b = np.load(out / "embeddings.npy")
