@@ -160,7 +160,7 @@ class SynthConfig(ComponentConfig):
         description="The causal LM that writes the queries: a catalogue name, Hugging Face id or "
         "folder. Default SmolLM2-135M-Instruct, which wrote the committed synthetic teacher set "
         "(54% kept by the round trip, 1.05 s a query a core on AMD EPYC; Qwen2.5-Coder-0.5B costs "
-        "about 3x and is not compared yet, bench/RESULTS.md, 'A student that beats similarity').",
+        "about 1.9x, its yield not measured yet, bench/RESULTS.md, 'A student that beats similarity').",
     )
     passages: Annotated[int | None, Flag()] = Field(
         default=None,
