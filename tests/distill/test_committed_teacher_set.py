@@ -114,19 +114,24 @@ def test_the_dl22_set_is_dl22s_bm25_top_100_rank_for_rank(data_root, monkeypatch
     assert set(ts.qid) <= set(texts.queries) and set(ts.docid) <= set(texts.passages)
 
 
-SYNTH = TEACHERS / "synth-smollm2-pool-top20.parquet"
-"""Queries `distill synth` wrote from the training pool's passages, one a passage, kept where
-RRF(BM25, MiniLM) ranks their source first."""
+SYNTH = {
+    TEACHERS / "synth-smollm2-pool-top20.parquet": 4_300,
+    TEACHERS / "synth-qwen-pool-top20.parquet": 3_195,
+}
+"""Queries `distill synth` wrote from the training pool's passages (SmolLM2-135M-Instruct for all
+7,974, Qwen2.5-Coder-0.5B-Instruct for the first 5,184 of the same seeded order), one a passage,
+kept where RRF(BM25, MiniLM) ranks their source first: the set and its kept count."""
 
 
 def _squashed(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def test_the_synthetic_set_carries_its_queries_and_their_sources():
-    ts = TS.load(SYNTH)
+@pytest.mark.parametrize(("path", "kept"), list(SYNTH.items()), ids=[p.stem for p in SYNTH])
+def test_the_synthetic_set_carries_its_queries_and_their_sources(path, kept):
+    ts = TS.load(path)
     assert ts.components == ["dense", "minilm", "qrels"]
-    _lists_ranked(ts, 4_300, 20)
+    _lists_ranked(ts, kept, 20)
     assert ts.queries is not None and set(ts.queries) == set(ts.qid)
     assert all(q.strip() for q in ts.queries.values())
     teachers = {k: v["teacher"] for k, v in ts.provenance["components"].items()}
@@ -140,15 +145,16 @@ def test_the_synthetic_set_carries_its_queries_and_their_sources():
     # a query's one graded pair is the passage it was written from (qid "<docid>#q0"), ranked
     # first by the round-trip filter
     graded = [i for i, g in enumerate(ts.scores["qrels"]) if g]
-    assert len(graded) == 4_300 and set(np.unique(ts.scores["qrels"])) == {0.0, 1.0}
+    assert len(graded) == kept and set(np.unique(ts.scores["qrels"])) == {0.0, 1.0}
     assert all(ts.qid[i] == f"{ts.docid[i]}#q0" and ts.rank[i] == 1 for i in graded)
 
 
-def test_no_synthetic_query_is_an_evaluation_query(data_root, tmp_path):
+@pytest.mark.parametrize("path", list(SYNTH), ids=[p.stem for p in SYNTH])
+def test_no_synthetic_query_is_an_evaluation_query(path, data_root, tmp_path):
     """The data rules, checked here against the topic files themselves: no DL19 or DL21 query
     (case and spacing aside) is among the written queries, and every passage is in the pool
     that leaves DL19's and DL21's passages out by text."""
-    ts = TS.load(SYNTH)
+    ts = TS.load(path)
     held = set()
     for name in ("trec-dl19", "trec-dl21"):
         for line in (data_root / name / "topics.tsv").read_text(encoding="utf-8").splitlines():
