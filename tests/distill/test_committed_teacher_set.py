@@ -121,13 +121,14 @@ SYNTH = {
 """Queries `distill synth` wrote from the training pool's passages (SmolLM2-135M-Instruct for all
 7,974, Qwen2.5-Coder-0.5B-Instruct for the first 5,184 of the same seeded order), one a passage,
 kept where RRF(BM25, MiniLM) ranks their source first: the set and its kept count."""
+SYNTH_IDS = [p.stem for p in SYNTH]
 
 
 def _squashed(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@pytest.mark.parametrize(("path", "kept"), list(SYNTH.items()), ids=[p.stem for p in SYNTH])
+@pytest.mark.parametrize(("path", "kept"), list(SYNTH.items()), ids=SYNTH_IDS)
 def test_the_synthetic_set_carries_its_queries_and_their_sources(path, kept):
     ts = TS.load(path)
     assert ts.components == ["dense", "minilm", "qrels"]
@@ -149,7 +150,7 @@ def test_the_synthetic_set_carries_its_queries_and_their_sources(path, kept):
     assert all(ts.qid[i] == f"{ts.docid[i]}#q0" and ts.rank[i] == 1 for i in graded)
 
 
-@pytest.mark.parametrize("path", list(SYNTH), ids=[p.stem for p in SYNTH])
+@pytest.mark.parametrize("path", list(SYNTH), ids=SYNTH_IDS)
 def test_no_synthetic_query_is_an_evaluation_query(path, data_root, tmp_path):
     """The data rules, checked here against the topic files themselves: no DL19 or DL21 query
     (case and spacing aside) is among the written queries, and every passage is in the pool
